@@ -1,0 +1,30 @@
+"""Merge and analyse per-rank PyTorch profiler traces on a Dask cluster."""
+from __future__ import annotations
+
+from ._version import __version__
+from .errors import (
+    MergeError,
+    OutputExistsError,
+    RankError,
+    SchedulerConnectionError,
+    TraceFileNotFoundError,
+    TraceFormatError,
+    TraceFuseError,
+)
+from .merge import merge_traces
+from .model import MergeSummary
+from .tracefuse import TraceFuse
+
+__all__ = [
+    "MergeError",
+    "MergeSummary",
+    "OutputExistsError",
+    "RankError",
+    "SchedulerConnectionError",
+    "TraceFileNotFoundError",
+    "TraceFormatError",
+    "TraceFuse",
+    "TraceFuseError",
+    "__version__",
+    "merge_traces",
+]

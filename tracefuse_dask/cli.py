@@ -1,0 +1,202 @@
+"""The ``tracefuse`` command line: parses arguments, calls the public API, maps errors in one place."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import signal
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from ._version import __version__
+from .errors import TraceFuseError
+from .io import DEFAULT_RANK_REGEX
+
+__all__ = ["main"]
+
+
+class _UsageError(Exception):
+    pass
+
+
+def _storage_options(text: str | None) -> dict[str, Any] | None:
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise _UsageError(f"--storage-options is not valid JSON ({e.msg} at char {e.pos}); "
+                          "pass an object such as '{\"anon\": true}'") from None
+    if not isinstance(value, dict):
+        raise _UsageError("--storage-options must be a JSON object such as '{\"anon\": true}'")
+    return value
+
+
+def _add_cluster_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("cluster")
+    g.add_argument("--workers", type=int, metavar="N",
+                   help="size of the embedded LocalCluster (default: one worker per core)")
+    g.add_argument("--scheduler", metavar="ADDRESS",
+                   help="connect to an existing Dask scheduler (also DASK_SCHEDULER_ADDRESS)")
+    g.add_argument("--scheduler-file", metavar="PATH", help="connect through a Dask scheduler file")
+    g.add_argument("--timeout", type=float, default=10.0, metavar="S",
+                   help="seconds to wait for the scheduler (default: 10)")
+
+
+def _add_input_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("inputs", nargs="+", metavar="INPUT",
+                   help="trace files, folders or globs; local paths or fsspec URLs (s3://, gs://, ...)")
+    p.add_argument("--rank-regex", default=DEFAULT_RANK_REGEX, metavar="REGEX",
+                   help="regex with a named group 'rank', applied to file names when a file has no "
+                        f"distributedInfo.rank (default: {DEFAULT_RANK_REGEX})")
+    p.add_argument("--storage-options", metavar="JSON", help="fsspec storage options as a JSON object")
+    p.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tracefuse",
+        description="Merge per-rank PyTorch profiler (Kineto) traces into one Perfetto trace, on Dask.",
+    )
+    parser.add_argument("--version", action="version", version=f"tracefuse {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    m = sub.add_parser("merge", help="merge per-rank traces into one trace",
+                       description="Merge per-rank traces into one trace that Perfetto opens with every "
+                                   "rank on one aligned timeline.")
+    _add_input_args(m)
+    m.add_argument("-o", "--output", required=True, metavar="OUT",
+                   help="merged trace; gzip (one member per rank) when it ends in .gz")
+    f = m.add_argument_group("selection and filters")
+    f.add_argument("--ranks", metavar="SPEC", help="merge a subset of ranks: A-B, :S stride, commas, e.g. 0-63:8,100")
+    f.add_argument("--include-pyfunc", action="store_true", help="keep python_function events (dropped by default)")
+    f.add_argument("--keep", metavar="PRESETS", help="keep only a union of presets: gpu,comm,cpu (M events always stay)")
+    f.add_argument("--steps", metavar="A-B", help="keep ProfilerStep#A to #B inclusive; GPU events follow their launch")
+    f.add_argument("--window", metavar="START_MS:END_MS",
+                   help="keep events starting in this window, in ms from the earliest kept event of all ranks")
+    o = m.add_argument_group("output")
+    o.add_argument("--rewrite-ids", action="store_true",
+                   help="also make External id and correlation unique across ranks (originals kept as <field>_raw)")
+    o.add_argument("--keep-empty-processes", action="store_true", help="keep processes that have no events")
+    o.add_argument("--gzip-members", choices=("rank", "single"), default="rank",
+                   help="one gzip member per rank (default; Perfetto >= v48) or a single member for old viewers")
+    o.add_argument("-f", "--force", action="store_true", help="replace an existing output")
+    r = m.add_argument_group("reporting")
+    r.add_argument("--summary-json", action="store_true", help="print one JSON summary line on stdout")
+    r.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary on stderr")
+    r.add_argument("-v", "--verbose", action="store_true", help="log what happens on stderr")
+    r.add_argument("--performance-report", metavar="FILE", help="write Dask's HTML performance report (needs bokeh)")
+    _add_cluster_args(m)
+
+    i = sub.add_parser("info", help="describe traces without merging them",
+                       description="Describe per-rank traces: ranks, sizes, events per category, time span, "
+                                   "pids and flows. Nothing is written.")
+    _add_input_args(i)
+    i.add_argument("--json", action="store_true", help="print JSON for machines instead of a table")
+    _add_cluster_args(i)
+
+    e = sub.add_parser("example", help="write a small realistic multi-rank example to merge",
+                       description="Write synthetic but Kineto-shaped per-rank traces (NCCL collectives, "
+                                   "kernels, flows) to OUT_DIR.")
+    e.add_argument("out_dir", metavar="OUT_DIR", help="folder to write rank*.pt.trace.json.gz into")
+    e.add_argument("--ranks", type=int, default=8, help="number of ranks (default: 8)")
+    e.add_argument("--rank-mb", type=float, default=1.0, help="uncompressed MB per rank (default: 1)")
+    e.add_argument("--straggler", type=int, default=None, metavar="RANK", help="make this rank arrive late")
+    return parser
+
+
+@contextlib.contextmanager
+def _handle_errors(debug: bool) -> Iterator[None]:
+    try:
+        yield
+    except TraceFuseError as e:
+        if debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        print("interrupted: temporary files were removed", file=sys.stderr)
+        raise SystemExit(130) from None
+    except Exception as e:
+        if debug:
+            raise
+        print(f"error: {type(e).__name__}: {e}\nTIP: rerun with --debug for the traceback", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``tracefuse`` command; return its exit code (0 ok, 1 error, 2 usage, 130 interrupted)."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    debug = getattr(args, "debug", False)
+    try:
+        so = _storage_options(getattr(args, "storage_options", None))
+    except _UsageError as e:
+        parser.error(str(e))
+    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        with _handle_errors(debug):
+            if args.command == "merge":
+                return _merge(args, so)
+            if args.command == "info":
+                return _info(args, so)
+            return _example(args)
+    except SystemExit as e:
+        return int(e.code or 0)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return 0
+
+
+def _merge(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
+    from .merge import merge_traces
+
+    summary = merge_traces(
+        args.inputs, args.output, storage_options=so, ranks=args.ranks, rank_regex=args.rank_regex,
+        include_pyfunc=args.include_pyfunc, keep=args.keep, steps=args.steps, window=args.window,
+        rewrite_ids=args.rewrite_ids, keep_empty_processes=args.keep_empty_processes,
+        gzip_members=args.gzip_members, force=args.force, workers=args.workers, scheduler=args.scheduler,
+        scheduler_file=args.scheduler_file, timeout=args.timeout,
+        show_progress=not args.quiet and sys.stderr.isatty(), performance_report=args.performance_report,
+    )
+    if not args.quiet:
+        print(f"merged {summary.ranks} ranks: {summary.events_in:,} events in, {summary.events_out:,} out; "
+              f"{summary.bytes_in / 1e6:,.1f} MB in, {summary.bytes_out / 1e6:,.1f} MB out, "
+              f"{summary.seconds:.2f} s ({summary.mb_per_s:,.1f} MB/s)", file=sys.stderr)
+        for path in summary.ignored:
+            print(f"ignored {path}", file=sys.stderr)
+        for w in summary.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        print(f"wrote {summary.output}", file=sys.stderr)
+    if args.summary_json:
+        keys = ("ranks", "skipped", "events_in", "events_out", "bytes_out", "seconds", "mb_per_s", "output",
+                "status", "warnings")
+        data = summary.to_json()
+        print(json.dumps({k: data[k] for k in keys}))
+    return 0
+
+
+def _info(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
+    from .info import describe_traces, format_table
+
+    report = describe_traces(args.inputs, storage_options=so, rank_regex=args.rank_regex, workers=args.workers,
+                             scheduler=args.scheduler, scheduler_file=args.scheduler_file, timeout=args.timeout)
+    print(json.dumps(report, indent=1) if args.json else format_table(report))
+    return 0
+
+
+def _example(args: argparse.Namespace) -> int:
+    from .synth import write_example
+
+    paths = write_example(args.out_dir, ranks=args.ranks, rank_bytes=int(args.rank_mb * 1e6),
+                          straggler=args.straggler)
+    print(f"wrote {len(paths)} rank traces to {args.out_dir}", file=sys.stderr)
+    return 0

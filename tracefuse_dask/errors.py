@@ -1,0 +1,45 @@
+"""Exception hierarchy of tracefuse_dask.
+
+Every error names the file and rank it concerns and says how to fix it. Where a
+builtin exception fits, ours subclasses it as well, so ``except FileNotFoundError``
+keeps working.
+"""
+from __future__ import annotations
+
+__all__ = [
+    "TraceFuseError",
+    "TraceFormatError",
+    "TraceFileNotFoundError",
+    "RankError",
+    "MergeError",
+    "OutputExistsError",
+    "SchedulerConnectionError",
+]
+
+
+class TraceFuseError(Exception):
+    """Base class for tracefuse_dask errors."""
+
+
+class TraceFormatError(TraceFuseError, ValueError):
+    """A trace file is not a readable Kineto Chrome trace (bad JSON, bad field types)."""
+
+
+class TraceFileNotFoundError(TraceFuseError, FileNotFoundError):
+    """An input file, folder or glob matched nothing."""
+
+
+class RankError(TraceFuseError, ValueError):
+    """A rank is missing, duplicated or inconsistent across the input set."""
+
+
+class MergeError(TraceFuseError):
+    """The merge cannot be done as asked (id overflow, negative time, bad option)."""
+
+
+class OutputExistsError(TraceFuseError, FileExistsError):
+    """The output exists and ``force`` was not given."""
+
+
+class SchedulerConnectionError(TraceFuseError, ConnectionError):
+    """The Dask scheduler could not be reached in time."""

@@ -1,0 +1,152 @@
+"""``tracefuse info``: what a set of trace files holds, one parse task per file, nothing written."""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .io import DEFAULT_RANK_REGEX, expand_inputs, load_trace
+from .merge import connect
+from .model import InputFile
+from .rewrite import is_device_event, to_ns
+
+__all__ = ["describe_traces", "format_table"]
+
+_U32 = 1 << 32
+
+
+def _describe_rank(f: InputFile, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
+    doc, nbytes = load_trace(f.path, storage_options)
+    events = doc["traceEvents"]
+    info = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
+    base = doc.get("baseTimeNanoseconds") if type(doc.get("baseTimeNanoseconds")) is int else None
+    cats: Counter[str] = Counter()
+    host: set[Any] = set()
+    device: set[Any] = set()
+    strings: set[str] = set()
+    flow_ends: dict[Any, set[str]] = {}
+    lo = hi = None
+    for ev in events:
+        if not isinstance(ev, dict):
+            continue
+        ph = ev.get("ph")
+        pid = ev.get("pid")
+        if ph == "M":
+            continue
+        cats[str(ev.get("cat", ph))] += 1
+        if isinstance(pid, str):
+            strings.add(pid)
+        elif is_device_event(ev):
+            device.add(pid)
+        elif ph not in ("s", "t", "f"):
+            host.add(pid)
+        if ph in ("s", "f", "t"):
+            flow_ends.setdefault((ev.get("cat"), ev.get("name"), ev.get("id")), set()).add(ph)
+        try:
+            start = to_ns(ev["ts"])
+            end = start + to_ns(ev.get("dur", 0))
+        except (KeyError, TypeError, ValueError):
+            continue
+        lo = start if lo is None or start < lo else lo
+        hi = end if hi is None or end > hi else hi
+    ids = [k[2] for k in flow_ends]
+    if f.hint_source == "key":
+        rank = f.rank_hint
+    elif type(info.get("rank")) is int:
+        rank = info["rank"]
+    else:
+        rank = f.rank_hint
+    offset = base or 0
+    return {
+        "rank": rank,
+        "path": f.path,
+        "bytes": f.size,
+        "bytes_uncompressed": nbytes,
+        "world_size": info.get("world_size"),
+        "host_name": doc.get("host_name"),
+        "base_time_ns": base,
+        "events": len(events),
+        "categories": dict(sorted(cats.items())),
+        "start_ns": None if lo is None else offset + lo,
+        "end_ns": None if hi is None else offset + hi,
+        "pids": {"host": sorted(p for p in host if isinstance(p, int)), "device": sorted(device),
+                 "string": sorted(strings)},
+        "flows": {
+            "ids": len(flow_ends),
+            "unpaired": sum(1 for ends in flow_ends.values() if not {"s", "f"} <= ends),
+            "max_id": max((i for i in ids if isinstance(i, int)), default=None),
+            "ids_over_32_bits": sum(1 for i in ids if isinstance(i, int) and i >= _U32),
+        },
+    }
+
+
+def describe_traces(
+    urlpath: str | Iterable[str] | Mapping[int, str],
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    rank_regex: str = DEFAULT_RANK_REGEX,
+    client: Any = None,
+    workers: int | None = None,
+    scheduler: str | None = None,
+    scheduler_file: str | None = None,
+    timeout: float = 10.0,
+) -> dict[str, Any]:
+    """Describe trace files without rewriting or writing anything.
+
+    Returns
+    -------
+    dict
+        ``files``, ``ranks``, ``world_size``, ``bytes``, ``events``, ``categories``,
+        ``start_ns``/``end_ns``/``span_ms`` over all ranks, ``skipped`` and ``per_rank``.
+    """
+    files, skipped = expand_inputs(urlpath, storage_options=storage_options, rank_regex=rank_regex)
+    so = dict(storage_options or {})
+    with connect(client, scheduler=scheduler, scheduler_file=scheduler_file, workers=workers,
+                 timeout=timeout) as c:
+        per_rank = c.gather(c.map(_describe_rank, files, storage_options=so, pure=False))
+    per_rank.sort(key=lambda r: (r["rank"] is None, r["rank"] if r["rank"] is not None else 0, r["path"]))
+    cats: Counter[str] = Counter()
+    for r in per_rank:
+        cats.update(r["categories"])
+    starts = [r["start_ns"] for r in per_rank if r["start_ns"] is not None]
+    ends = [r["end_ns"] for r in per_rank if r["end_ns"] is not None]
+    sizes = sorted({r["world_size"] for r in per_rank if r["world_size"] is not None})
+    return {
+        "files": len(per_rank),
+        "ranks": [r["rank"] for r in per_rank],
+        "world_size": sizes[0] if len(sizes) == 1 else sizes or None,
+        "bytes": sum(r["bytes"] or 0 for r in per_rank),
+        "bytes_uncompressed": sum(r["bytes_uncompressed"] for r in per_rank),
+        "events": sum(r["events"] for r in per_rank),
+        "categories": dict(sorted(cats.items())),
+        "start_ns": min(starts, default=None),
+        "end_ns": max(ends, default=None),
+        "span_ms": (max(ends) - min(starts)) / 1e6 if starts and ends else None,
+        "skipped": skipped,
+        "per_rank": per_rank,
+    }
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """A human-readable table of ``describe_traces``'s report."""
+    lines = [
+        f"{report['files']} files, ranks {report['ranks']}, world size {report['world_size']}, "
+        f"{report['bytes'] / 1e6:,.1f} MB ({report['bytes_uncompressed'] / 1e6:,.1f} MB uncompressed), "
+        f"{report['events']:,} events, span {report['span_ms'] or 0:,.3f} ms",
+        "",
+        f"{'rank':>5} {'MB':>8} {'events':>9} {'base time (ns)':>20} {'span ms':>10} {'host pids':>10} "
+        f"{'gpu pids':>8} {'flows':>6} {'unpaired':>8}  path",
+    ]
+    for r in report["per_rank"]:
+        span = (r["end_ns"] - r["start_ns"]) / 1e6 if r["start_ns"] is not None else 0.0
+        lines.append(
+            f"{'?' if r['rank'] is None else r['rank']:>5} {(r['bytes'] or 0) / 1e6:>8.2f} {r['events']:>9,} "
+            f"{r['base_time_ns'] if r['base_time_ns'] is not None else '-':>20} {span:>10.3f} "
+            f"{len(r['pids']['host']):>10} {len(r['pids']['device']):>8} {r['flows']['ids']:>6} "
+            f"{r['flows']['unpaired']:>8}  {r['path']}"
+        )
+    lines.append("")
+    lines.append("events per category: " + ", ".join(f"{k} {v:,}" for k, v in report["categories"].items()))
+    for s in report["skipped"]:
+        lines.append(f"skipped: {s}")
+    return "\n".join(lines)

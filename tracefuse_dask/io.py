@@ -1,0 +1,294 @@
+"""Finding, opening and sniffing trace files through fsspec.
+
+Compression is detected from the content (the gzip magic), never from the name
+alone, because trace files are often misnamed.
+"""
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from collections.abc import Iterable, Mapping
+from typing import IO, Any
+
+import fsspec
+import orjson
+from isal import igzip
+
+from .errors import TraceFileNotFoundError, TraceFormatError
+from .model import InputFile
+
+__all__ = [
+    "DEFAULT_RANK_REGEX",
+    "GZIP_LEVEL",
+    "TMP_SUFFIX",
+    "expand_inputs",
+    "gzip_member",
+    "is_own_artifact",
+    "load_trace",
+    "parse_json",
+    "rank_from_name",
+    "read_header",
+    "relative_sources",
+]
+
+DEFAULT_RANK_REGEX = r"(?:rank|worker)[\[\-_]?(?P<rank>\d+)"
+TMP_SUFFIX = ".tracefuse-tmp"
+MANIFEST_SUFFIX = ".manifest.json"
+GZIP_LEVEL = 1  # isal level: fast, and fixed so the bytes are deterministic
+_GZIP_MAGIC = b"\x1f\x8b"
+_TRACE_NAME = re.compile(r"\.json(\.gz)?$|\.gz$", re.IGNORECASE)
+_GLOB_CHARS = re.compile(r"[*?\[]")
+_HEADER_CHUNK = 1 << 16
+_HEADER_LIMIT = 1 << 24
+
+
+def gzip_member(data: bytes) -> bytes:
+    """Compress ``data`` as one deterministic gzip member (fixed level, mtime 0)."""
+    return igzip.compress(data, compresslevel=GZIP_LEVEL, mtime=0)
+
+
+def is_own_artifact(path: str) -> bool:
+    """True for files tracefuse writes beside its output: manifests and temporary parts."""
+    return TMP_SUFFIX in path or path.endswith(MANIFEST_SUFFIX)
+
+
+def rank_from_name(path: str, rank_regex: str = DEFAULT_RANK_REGEX) -> int | None:
+    """The rank written in the file's basename, or None."""
+    m = re.search(rank_regex, posixpath.basename(path), re.IGNORECASE)
+    if m is None:
+        return None
+    try:
+        return int(m.group("rank"))
+    except (IndexError, ValueError):
+        return None
+
+
+def _fs_for(urlpath: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
+    fs, path = fsspec.core.url_to_fs(urlpath, **dict(storage_options or {}))
+    return fs, path
+
+
+def _unstrip(fs: Any, path: str) -> str:
+    return fs.unstrip_protocol(path) if fs.protocol not in ("file", ("file", "local")) else path
+
+
+def expand_inputs(
+    urlpath: str | Iterable[str] | Mapping[int, str],
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    rank_regex: str = DEFAULT_RANK_REGEX,
+) -> tuple[list[InputFile], list[str]]:
+    """Expand folders and globs into input files, with their rank hints.
+
+    Parameters
+    ----------
+    urlpath
+        A folder, a glob, a file, a list of those, or a ``{rank: path}`` dict.
+    storage_options
+        Passed to fsspec.
+    rank_regex
+        Regex with a named group ``rank``, applied to each basename.
+
+    Returns
+    -------
+    (files, skipped)
+        The input files, and the paths skipped because tracefuse wrote them or
+        they are not JSON traces by name.
+
+    Raises
+    ------
+    TraceFileNotFoundError
+        When an item matches nothing.
+    """
+    if isinstance(urlpath, Mapping):
+        files = []
+        for rank, path in sorted(urlpath.items()):
+            if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+                raise TraceFormatError(f"rank key {rank!r} for {path}: ranks must be ints >= 0")
+            fs, p = _fs_for(path, storage_options)
+            files.append(InputFile(path, _size(fs, p, path), rank, "key", False))
+        return files, []
+    items = [urlpath] if isinstance(urlpath, str) else list(urlpath)
+    if not items:
+        raise TraceFileNotFoundError("no input given; pass a folder, a glob or trace files")
+    files: list[InputFile] = []
+    skipped: list[str] = []
+    order = 0
+    for item in items:
+        item = str(item)
+        fs, p = _fs_for(item, storage_options)
+        if _GLOB_CHARS.search(p):
+            found = fs.glob(p, detail=True)
+            listed = True
+        elif fs.isdir(p):
+            found = {info["name"]: info for info in fs.ls(p, detail=True)}
+            listed = True
+        else:
+            hint = rank_from_name(p, rank_regex)
+            files.append(InputFile(item, _size(fs, p, item), hint if hint is not None else order,
+                                   "name" if hint is not None else "order", False))
+            order += 1
+            continue
+        matched = 0
+        for name, info in sorted(found.items()):
+            if info.get("type") == "directory":
+                continue
+            full = _unstrip(fs, name)
+            if is_own_artifact(name) or not _TRACE_NAME.search(name):
+                skipped.append(full)
+                continue
+            hint = rank_from_name(name, rank_regex)
+            files.append(InputFile(full, info.get("size"), hint, "name" if hint is not None else None, True))
+            matched += 1
+        if not matched:
+            raise TraceFileNotFoundError(
+                f"{item}: no trace files found (looked for *.json and *.json.gz); check the path or glob"
+            )
+    return files, skipped
+
+
+def _size(fs: Any, path: str, shown: str) -> int | None:
+    try:
+        return fs.size(path)
+    except FileNotFoundError:
+        raise TraceFileNotFoundError(f"{shown}: no such file; check the path") from None
+
+
+def _open_raw(path: str, storage_options: Mapping[str, Any] | None) -> IO[bytes]:
+    try:
+        return fsspec.open(path, "rb", **dict(storage_options or {})).open()
+    except FileNotFoundError:
+        raise TraceFileNotFoundError(f"{path}: no such file; check the path") from None
+
+
+def _decompressed_stream(f: IO[bytes]) -> IO[bytes]:
+    head = f.read(2)
+    f.seek(0)
+    return igzip.IGzipFile(fileobj=f, mode="rb") if head == _GZIP_MAGIC else f
+
+
+def read_bytes(path: str, storage_options: Mapping[str, Any] | None = None) -> bytes:
+    """Read one file whole, decompressing it if its content is gzip."""
+    with _open_raw(path, storage_options) as f:
+        raw = f.read()
+    if raw[:2] == _GZIP_MAGIC:
+        try:
+            return igzip.decompress(raw)
+        except (OSError, EOFError, ValueError) as e:
+            raise TraceFormatError(
+                f"{path}: corrupt or truncated gzip ({e}); re-export the trace or drop this file"
+            ) from None
+    return raw
+
+
+def parse_json(path: str, storage_options: Mapping[str, Any] | None = None, *,
+               rank: int | None = None) -> tuple[Any, int]:
+    """Parse one file whole with orjson; return the document and its uncompressed size."""
+    data = read_bytes(path, storage_options)
+    who = f"{path}" + (f" (rank {rank})" if rank is not None else "")
+    if not data.strip():
+        raise TraceFormatError(f"{who}: the file is empty; the profiler probably died before writing it. "
+                               "Re-export the trace or drop this file")
+    try:
+        return orjson.loads(data), len(data)
+    except orjson.JSONDecodeError as e:
+        cut = " (the file ends early: it was probably truncated)" if e.pos >= len(data.rstrip()) - 1 else ""
+        raise TraceFormatError(f"{who}: not valid JSON at byte {e.pos}: {e.msg}{cut}. "
+                               "Re-export the trace or drop this file") from None
+
+
+def load_trace(path: str, storage_options: Mapping[str, Any] | None = None, *,
+               rank: int | None = None) -> tuple[dict[str, Any], int]:
+    """Parse one trace whole and check its top-level shape; return it and its uncompressed size."""
+    doc, nbytes = parse_json(path, storage_options, rank=rank)
+    check_document(doc, f"{path}" + (f" (rank {rank})" if rank is not None else ""))
+    return doc, nbytes
+
+
+def check_document(doc: Any, who: str) -> None:
+    """Raise TraceFormatError unless ``doc`` is an object with a ``traceEvents`` list."""
+    if not isinstance(doc, dict):
+        raise TraceFormatError(f"{who}: the top level is a JSON {type(doc).__name__}, not an object "
+                               "with traceEvents; is this a Kineto/Chrome trace?")
+    if "traceEvents" not in doc:
+        raise TraceFormatError(f"{who}: no traceEvents key; is this a Kineto/Chrome trace?")
+    if not isinstance(doc["traceEvents"], list):
+        raise TraceFormatError(f"{who}: traceEvents is a {type(doc['traceEvents']).__name__}, not a list")
+
+
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+def _scan_header(text: str, eof: bool) -> tuple[dict[str, Any], bool] | None:
+    """Decode the top-level keys that precede ``traceEvents``.
+
+    Returns ``(keys, reached_events)``, or None when more text is needed.
+    """
+    dec = json.JSONDecoder()
+    i = _WS.match(text, 0).end()
+    if i >= len(text):
+        return None if not eof else ({}, False)
+    if text[i] != "{":
+        raise ValueError("the file does not start with a JSON object")
+    i += 1
+    header: dict[str, Any] = {}
+    try:
+        while True:
+            i = _WS.match(text, i).end()
+            if i >= len(text):
+                return None
+            if text[i] == "}":
+                return header, False
+            if text[i] == ",":
+                i += 1
+                continue
+            key, i = dec.raw_decode(text, i)
+            i = _WS.match(text, i).end()
+            if text[i : i + 1] != ":":
+                raise ValueError(f"expected ':' after key {key!r}")
+            i = _WS.match(text, i + 1).end()
+            if key == "traceEvents":
+                return header, True
+            header[key], i = dec.raw_decode(text, i)
+    except (json.JSONDecodeError, IndexError):
+        if eof:
+            raise ValueError("the header is not valid JSON") from None
+        return None
+
+
+def read_header(path: str, storage_options: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], bool, int]:
+    """Read the top-level keys before ``traceEvents`` without parsing the events.
+
+    Returns ``(header, reached_events, bytes_read)``. ``reached_events`` is False
+    when the header could not be read this way: the caller then parses the file
+    whole (some files put ``baseTimeNanoseconds`` after the events).
+    """
+    with _open_raw(path, storage_options) as raw:
+        try:
+            f = _decompressed_stream(raw)
+            buf = b""
+            while len(buf) < _HEADER_LIMIT:
+                chunk = f.read(_HEADER_CHUNK)
+                buf += chunk
+                try:
+                    got = _scan_header(buf.decode("utf-8", errors="replace"), eof=not chunk)
+                except ValueError:
+                    return {}, False, len(buf)
+                if got is not None:
+                    return got[0], got[1], len(buf)
+                if not chunk:
+                    break
+        except (OSError, EOFError) as e:
+            raise TraceFormatError(f"{path}: corrupt or truncated gzip ({e}); re-export the trace or drop this file") from None
+    return {}, False, len(buf)
+
+
+def relative_sources(paths: list[str]) -> dict[str, str]:
+    """Each path relative to the common prefix of all of them, for location-free metadata."""
+    stripped = {p: p.split("://", 1)[-1] for p in paths}
+    try:
+        prefix = posixpath.commonpath([posixpath.dirname(s) for s in stripped.values()])
+    except ValueError:  # a mix of absolute and relative paths
+        prefix = ""
+    return {p: posixpath.relpath(s, prefix) if prefix else s for p, s in stripped.items()}

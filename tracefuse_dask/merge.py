@@ -1,0 +1,568 @@
+"""The Dask side of the merge: per-rank tasks, one small reduce, and the final concatenation.
+
+Phase A reads each rank's header in a task and returns a ``RankHeader``. The
+client reduces those into a plan (ranks, base times), which is the only
+cross-rank state. Phase B rewrites each rank in a task that writes its own
+partition next to the output and returns counts. A last task streams the
+header and the partitions, in rank order, into the output and renames it into
+place. The client never holds trace bytes.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Callable
+
+import dask
+import fsspec
+import orjson
+from dask.base import tokenize
+from distributed import Client, LocalCluster, progress
+
+from ._version import __version__
+from .errors import (
+    MergeError,
+    OutputExistsError,
+    RankError,
+    SchedulerConnectionError,
+    TraceFormatError,
+    TraceFuseError,
+)
+from .io import (
+    DEFAULT_RANK_REGEX,
+    TMP_SUFFIX,
+    check_document,
+    expand_inputs,
+    gzip_member,
+    load_trace,
+    parse_json,
+    read_header,
+    relative_sources,
+)
+from .model import (
+    KEEP_PRESETS,
+    InputFile,
+    MergeOptions,
+    MergeSummary,
+    RankHeader,
+    RankResult,
+    RankSet,
+    RankTask,
+    parse_steps,
+    parse_window,
+)
+from .rewrite import RankEvents
+
+__all__ = ["connect", "merge_traces", "build_options"]
+
+log = logging.getLogger("tracefuse_dask")
+
+_BIG_OUTPUT = 1_500_000_000
+_SEP = b",\n"
+_COPY_BUFFER = 1 << 23
+
+
+@contextlib.contextmanager
+def connect(
+    client: Client | None = None,
+    *,
+    scheduler: str | None = None,
+    scheduler_file: str | None = None,
+    workers: int | None = None,
+    timeout: float = 10.0,
+) -> Iterator[Client]:
+    """Yield a Dask client: the one given, an existing cluster's, or an embedded LocalCluster.
+
+    An existing cluster comes from ``scheduler``, ``scheduler_file`` or the
+    ``scheduler-address`` Dask config (``DASK_SCHEDULER_ADDRESS``). Otherwise a
+    process-based ``LocalCluster`` with ``workers`` single-threaded workers
+    (default: one per core) is started and closed on exit.
+
+    Raises
+    ------
+    SchedulerConnectionError
+        When the scheduler does not answer within ``timeout`` seconds.
+    """
+    if client is not None:
+        yield client
+        return
+    address = scheduler or dask.config.get("scheduler-address", None)
+    where = scheduler_file or address
+    try:
+        if scheduler_file:
+            c = Client(scheduler_file=scheduler_file, timeout=timeout)
+        elif address:
+            c = Client(address, timeout=timeout)
+        else:
+            c = None
+    except (OSError, TimeoutError, ValueError) as e:
+        raise SchedulerConnectionError(
+            f"could not connect to the Dask scheduler at {where} within {timeout:g} s ({e}); check "
+            "--scheduler/--scheduler-file/DASK_SCHEDULER_ADDRESS, or omit them to use a local cluster"
+        ) from None
+    if c is not None:
+        with c:
+            yield c
+        return
+    n = workers or os.cpu_count() or 1
+    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
+                      silence_logs=logging.ERROR) as cluster, Client(cluster) as c:
+        yield c
+
+
+def build_options(
+    *,
+    include_pyfunc: bool = False,
+    keep: str | Iterable[str] | None = None,
+    steps: str | tuple[int, int] | None = None,
+    window: str | tuple[float, float] | None = None,
+    filter_fn: Callable[[dict[str, Any]], bool] | None = None,
+    rewrite_ids: bool = False,
+    keep_empty_processes: bool = False,
+) -> MergeOptions:
+    """Check the filter options and turn them into ``MergeOptions``.
+
+    Raises
+    ------
+    MergeError
+        On an unknown preset, a bad step range or window, or an unpicklable ``filter_fn``.
+    """
+    presets = None
+    if keep:
+        presets = frozenset(p.strip() for p in (keep.split(",") if isinstance(keep, str) else keep))
+        bad = presets - set(KEEP_PRESETS)
+        if bad:
+            raise MergeError(f"unknown --keep preset(s) {', '.join(sorted(bad))}; choose from {', '.join(KEEP_PRESETS)}")
+    try:
+        step_range = parse_steps(steps) if isinstance(steps, str) else (tuple(steps) if steps else None)
+        if isinstance(window, str):
+            window_ns = parse_window(window)
+        elif window is not None:
+            window_ns = parse_window(f"{window[0]!r}:{window[1]!r}")
+        else:
+            window_ns = None
+    except ValueError as e:
+        raise MergeError(str(e)) from None
+    if filter_fn is not None:
+        import cloudpickle
+
+        try:
+            cloudpickle.dumps(filter_fn)
+        except Exception as e:
+            raise MergeError(
+                f"filter_fn cannot be pickled ({type(e).__name__}: {e}); it runs in the Dask workers, so "
+                "use a module-level function or a lambda that captures only picklable values"
+            ) from None
+    return MergeOptions(include_pyfunc, presets, step_range, window_ns, filter_fn, rewrite_ids, keep_empty_processes)
+
+
+def _read_header_rank(
+    f: InputFile, storage_options: Mapping[str, Any] | None, earliest: MergeOptions | None
+) -> RankHeader:
+    """Phase A task: the header of one file; the whole file only where it must."""
+    header, reached, nbytes = read_header(f.path, storage_options)
+    is_merged = isinstance(header.get("metadata"), dict) and "tracefuse" in header["metadata"]
+    need_rank = f.hint_source != "key" and not isinstance((header.get("distributedInfo") or {}).get("rank"), int)
+    full = not reached or "baseTimeNanoseconds" not in header or (need_rank and f.rank_hint is None)
+    if is_merged or not (full or earliest is not None):
+        return RankHeader(f.path, None, None, header.get("baseTimeNanoseconds"), header,
+                          is_merged=is_merged, bytes_in=f.size or 0)
+    doc, nbytes = parse_json(f.path, storage_options)
+    if f.listed and isinstance(doc, dict) and "traceEvents" not in doc:
+        return RankHeader(f.path, None, None, None, {}, is_trace=False)
+    check_document(doc, f.path)
+    header = {k: v for k, v in doc.items() if k != "traceEvents"}
+    is_merged = isinstance(header.get("metadata"), dict) and "tracefuse" in header["metadata"]
+    base = header.get("baseTimeNanoseconds")
+    h = RankHeader(f.path, None, None, base, header, is_merged=is_merged, full_read=True, bytes_in=nbytes)
+    if earliest is not None and not is_merged:
+        sel = RankEvents(doc["traceEvents"], _base_of(base, f.path), earliest, f.path)
+        h.earliest_ns = sel.earliest_ns(kept_only=False)
+        h.earliest_kept_ns = sel.earliest_ns(kept_only=True)
+    return h
+
+
+def _base_of(base: Any, path: str) -> int:
+    if base is None:
+        return 0
+    if type(base) is not int or base < 0:
+        raise TraceFormatError(f"{path}: baseTimeNanoseconds={base!r} is not a non-negative integer")
+    return base
+
+
+def _rewrite_rank(task: RankTask, storage_options: Mapping[str, Any] | None) -> RankResult:
+    """Phase B task: parse, filter and rewrite one rank, and write its partition."""
+    who = f"{task.path} (rank {task.rank})"
+    doc, nbytes = load_trace(task.path, storage_options, rank=task.rank)
+    events = doc["traceEvents"]
+    n_in = len(events)
+    sel = RankEvents(events, task.base, task.options, who, task.window_abs_ns)
+    out = sel.rewrite(task.rank, task.base_out)
+    del doc, events, sel
+    data = _SEP.join(map(orjson.dumps, out))
+    n_out = len(out)
+    del out
+    if task.compress and data:
+        data = gzip_member(data)
+    with fsspec.open(task.part_path, "wb", **dict(storage_options or {})) as fo:
+        fo.write(data)
+    return RankResult(task.rank, task.path, n_in, n_out, nbytes, len(data), task.part_path)
+
+
+def _concat(
+    out: str,
+    tmp_dir: str,
+    head: bytes,
+    parts: list[str],
+    gzip_out: bool,
+    single_member: bool,
+    storage_options: Mapping[str, Any] | None,
+) -> int:
+    """Final task: header, partitions in rank order, footer; then rename into place."""
+    fs, out_path = fsspec.core.url_to_fs(out, **dict(storage_options or {}))
+    partial = f"{tmp_dir.rstrip('/')}/merged.partial"
+    _, partial_path = fsspec.core.url_to_fs(partial, **dict(storage_options or {}))
+    tail = b"\n]}\n"
+    with fs.open(partial_path, "wb") as raw:
+        if gzip_out and single_member:
+            from isal import igzip
+
+            from .io import GZIP_LEVEL
+
+            dst = igzip.IGzipFile(fileobj=raw, mode="wb", compresslevel=GZIP_LEVEL, mtime=0)
+            wrap = lambda b: b  # noqa: E731
+        else:
+            dst = raw
+            wrap = gzip_member if gzip_out else (lambda b: b)
+        dst.write(wrap(head))
+        sep = wrap(_SEP)
+        for k, part in enumerate(parts):
+            if k:
+                dst.write(sep)
+            with fs.open(part, "rb") as src:
+                shutil.copyfileobj(src, dst, _COPY_BUFFER)
+        dst.write(wrap(tail))
+        if dst is not raw:
+            dst.close()
+    fs.mv(partial_path, out_path)
+    return fs.size(out_path)
+
+
+def _resolve_ranks(
+    files: list[InputFile], headers: list[RankHeader], rank_regex: str
+) -> tuple[list[tuple[int, RankHeader]], list[str], list[str]]:
+    chosen: list[tuple[int, RankHeader]] = []
+    notes: list[str] = []
+    ignored: list[str] = []
+    for f, h in zip(files, headers):
+        if h.is_merged:
+            if f.listed:
+                ignored.append(f"{f.path}: a merged trace written by tracefuse")
+                continue
+            raise TraceFormatError(f"{f.path}: this is a merged trace written by tracefuse, not a per-rank "
+                                   "trace; pass the original per-rank files instead")
+        if not h.is_trace:
+            ignored.append(f"{f.path}: a JSON file without traceEvents, not a trace")
+            continue
+        info = h.header.get("distributedInfo") or {}
+        info_rank = info.get("rank") if isinstance(info, dict) else None
+        if f.hint_source == "key":
+            rank = f.rank_hint
+        elif type(info_rank) is int and info_rank >= 0:
+            rank = info_rank
+        elif f.rank_hint is not None:
+            rank = f.rank_hint
+        else:
+            raise RankError(f"{f.path}: no rank found: no distributedInfo.rank in the file and no rank in its "
+                            f"name (regex {rank_regex!r}); pass --rank-regex with a (?P<rank>...) group, "
+                            "or give the files as a {rank: path} dict")
+        if f.hint_source == "name" and type(info_rank) is int and info_rank != f.rank_hint:
+            notes.append(f"{f.path}: the name says rank {f.rank_hint} but distributedInfo.rank is "
+                         f"{info_rank}; using {info_rank}")
+        h.rank = rank
+        ws = info.get("world_size") if isinstance(info, dict) else None
+        h.world_size = ws if type(ws) is int else None
+        chosen.append((rank, h))
+    return chosen, notes, ignored
+
+
+def _plan_bases(headers: list[RankHeader]) -> int:
+    """The one cross-rank reduce of spec §6: the merged base time.
+
+    The earliest base when every rank has one; 0 (absolute times kept) when none
+    has; otherwise the earliest absolute event over all ranks, floored to 1 s.
+    """
+    bases = [h.base for h in headers if h.base is not None]
+    if len(bases) == len(headers):
+        return min(bases)
+    if not bases:
+        return 0
+    earliest = min(h.earliest_ns for h in headers if h.earliest_ns is not None)
+    return earliest // 1_000_000_000 * 1_000_000_000
+
+
+def merge_traces(
+    urlpath: str | Iterable[str] | Mapping[int, str],
+    out: str,
+    *,
+    client: Client | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    ranks: str | Iterable[int] | None = None,
+    rank_regex: str = DEFAULT_RANK_REGEX,
+    include_pyfunc: bool = False,
+    keep: str | Iterable[str] | None = None,
+    steps: str | tuple[int, int] | None = None,
+    window: str | tuple[float, float] | None = None,
+    filter_fn: Callable[[dict[str, Any]], bool] | None = None,
+    rewrite_ids: bool = False,
+    keep_empty_processes: bool = False,
+    gzip_members: str = "rank",
+    force: bool = False,
+    workers: int | None = None,
+    scheduler: str | None = None,
+    scheduler_file: str | None = None,
+    timeout: float = 10.0,
+    show_progress: bool = False,
+    performance_report: str | None = None,
+) -> MergeSummary:
+    """Merge per-rank Kineto traces into one Perfetto-loadable trace on a Dask cluster.
+
+    Parameters
+    ----------
+    urlpath
+        A folder, a glob, a file, a list of those, or a ``{rank: path}`` dict; any fsspec URL.
+    out
+        The merged trace; gzip (one member per rank) when it ends in ``.gz``.
+    client
+        A Dask client to use. Otherwise ``scheduler``/``scheduler_file``/
+        ``DASK_SCHEDULER_ADDRESS`` name a cluster, or a LocalCluster of ``workers`` is started.
+    storage_options
+        fsspec options for inputs and output; they travel to the workers with the tasks.
+    ranks
+        A subset: a spec such as ``"0-63:8,100"`` or an iterable of ints.
+    rank_regex
+        Regex with a named group ``rank``, applied to basenames when a file has no ``distributedInfo.rank``.
+    include_pyfunc, keep, steps, window, filter_fn
+        Filters: keep ``python_function`` events; keep presets ``gpu,comm,cpu``; the
+        inclusive ``ProfilerStep#N`` range ``"A-B"``; ``"START_MS:END_MS"`` from the
+        earliest kept event; a picklable ``filter_fn(raw_event) -> bool``.
+    rewrite_ids
+        Also rewrite ``External id`` and ``correlation`` (originals kept as ``<field>_raw``).
+    keep_empty_processes
+        Keep processes that have no events (Kineto lists 16 GPUs whatever is used).
+    gzip_members
+        ``"rank"`` (one gzip member per rank, Perfetto >= v48) or ``"single"``.
+    force
+        Replace an existing output.
+    show_progress
+        Draw a progress bar on stderr.
+    performance_report
+        Write Dask's HTML performance report to this file (needs bokeh).
+
+    Returns
+    -------
+    MergeSummary
+
+    Raises
+    ------
+    TraceFuseError
+        Subclasses say what is wrong with which file and rank, and how to fix it.
+
+    Examples
+    --------
+    >>> merge_traces("traces/*.json.gz", "merged.json.gz")  # doctest: +SKIP
+    """
+    started = time.perf_counter()
+    options = build_options(include_pyfunc=include_pyfunc, keep=keep, steps=steps, window=window,
+                            filter_fn=filter_fn, rewrite_ids=rewrite_ids,
+                            keep_empty_processes=keep_empty_processes)
+    if gzip_members not in ("rank", "single"):
+        raise MergeError(f"gzip_members={gzip_members!r}; use 'rank' or 'single'")
+    try:
+        subset = RankSet.parse(ranks) if isinstance(ranks, str) else (set(ranks) if ranks is not None else None)
+    except ValueError as e:
+        raise MergeError(str(e)) from None
+    files, skipped_names = expand_inputs(urlpath, storage_options=storage_options, rank_regex=rank_regex)
+    if subset is not None:
+        files = [f for f in files if f.hint_source not in ("key", "name") or f.rank_hint in subset]
+    so = dict(storage_options or {})
+    fs, out_path = fsspec.core.url_to_fs(out, **so)
+    if fs.exists(out_path) and not force:
+        raise OutputExistsError(f"{out}: the output exists; pass --force (force=True) to replace it")
+    tmp_dir = out.rstrip("/") + TMP_SUFFIX
+    _, tmp_path = fsspec.core.url_to_fs(tmp_dir, **so)
+    if fs.exists(tmp_path):
+        fs.rm(tmp_path, recursive=True)
+    report = contextlib.nullcontext()
+    if performance_report:
+        from distributed import performance_report as _perf
+
+        report = _perf(filename=performance_report)
+    futures: list[Any] = []
+    try:
+        with connect(client, scheduler=scheduler, scheduler_file=scheduler_file, workers=workers,
+                     timeout=timeout) as c, report:
+            summary = _run(c, files, skipped_names, out, tmp_dir, options, subset, rank_regex, so,
+                           gzip_members, show_progress, futures)
+    except BaseException:
+        for fut in futures:
+            fut.cancel()
+        raise
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            fs.rm(tmp_path, recursive=True)
+    summary.seconds = round(time.perf_counter() - started, 3)
+    summary.mb_per_s = round(summary.bytes_in / 1e6 / summary.seconds, 1) if summary.seconds else 0.0
+    if summary.bytes_out > _BIG_OUTPUT:
+        summary.warnings.append(
+            f"the merged file is {summary.bytes_out / 1e9:.1f} GB: Perfetto's web UI may not load it "
+            "(about 2 GB of memory); narrow it with --keep, --steps, --window or --ranks, or open it "
+            "with trace_processor --httpd"
+        )
+    return summary
+
+
+def _gather(c: Client, futures: list[Any], show_progress: bool) -> list[Any]:
+    if show_progress:
+        with contextlib.redirect_stdout(sys.stderr):
+            progress(futures)
+    return c.gather(futures)
+
+
+def _run(
+    c: Client,
+    files: list[InputFile],
+    skipped_names: list[str],
+    out: str,
+    tmp_dir: str,
+    options: MergeOptions,
+    subset: Any,
+    rank_regex: str,
+    so: dict[str, Any],
+    gzip_members: str,
+    show_progress: bool,
+    futures: list[Any],
+) -> MergeSummary:
+    warnings: list[str] = []
+    ignored = [f"{p}: not a JSON trace by name, or written by tracefuse" for p in skipped_names]
+    earliest = None
+    if options.window_ns is not None:
+        earliest = MergeOptions(options.include_pyfunc, options.keep, options.steps, None, options.filter_fn)
+    keys = [f"tracefuse-header-{tokenize(f, so, earliest)}" for f in files]
+    futures[:] = c.map(_read_header_rank, files, storage_options=so, earliest=earliest, key=keys)
+    headers = c.gather(futures)
+    chosen, notes, more_ignored = _resolve_ranks(files, headers, rank_regex)
+    warnings.extend(notes)
+    ignored.extend(more_ignored)
+    if subset is not None:
+        chosen = [(r, h) for r, h in chosen if r in subset]
+    if not chosen:
+        raise RankError("no ranks left to merge after --ranks and skipping; check the inputs and --ranks")
+    chosen.sort(key=lambda rh: rh[0])
+    for (r1, h1), (r2, h2) in zip(chosen, chosen[1:]):
+        if r1 == r2:
+            raise RankError(f"rank {r1} appears twice: {h1.path} and {h2.path}; drop one, or give the files "
+                            "as a {rank: path} dict")
+    sizes = {h.world_size for _, h in chosen if h.world_size is not None}
+    if len(sizes) > 1:
+        by = {}
+        for r, h in chosen:
+            by.setdefault(h.world_size, f"rank {r} ({h.path})")
+        raise RankError("the inputs come from jobs of different world sizes: "
+                        + "; ".join(f"world_size {ws} in {w}" for ws, w in sorted(by.items(), key=str))
+                        + ". Merge each job on its own")
+    if sizes:
+        (ws,) = sizes
+        missing = sorted(set(range(ws)) - {r for r, _ in chosen})
+        if missing and subset is None:
+            warnings.append(f"{len(missing)} of {ws} ranks missing: {_ranges(missing)}")
+    for _, h in chosen:
+        if h.base is not None:
+            _base_of(h.base, h.path)
+    headers = [h for _, h in chosen]
+    if options.window_ns is not None or (any(h.base is not None for h in headers)
+                                         and any(h.base is None for h in headers)):
+        _fill_earliest(c, headers, so, earliest or MergeOptions(), futures)
+    base_out = _plan_bases(headers)
+    window_abs = None
+    if options.window_ns is not None:
+        t0s = [h.earliest_kept_ns for h in headers if h.earliest_kept_ns is not None]
+        if not t0s:
+            raise MergeError("no event passes the filters, so --window has no start; loosen the filters")
+        t0 = min(t0s)
+        window_abs = (t0 + options.window_ns[0], t0 + options.window_ns[1])
+    gzip_out = out.endswith(".gz")
+    compress = gzip_out and gzip_members == "rank"
+    ext = ".json.gz" if compress else ".json"
+    tasks = [RankTask(r, h.path, h.base or 0, base_out, f"{tmp_dir}/part-{r:08d}{ext}", options,
+                      window_abs, compress) for r, h in chosen]
+    keys = [f"tracefuse-rewrite-{tokenize(t, so)}" for t in tasks]
+    futures[:] = c.map(_rewrite_rank, tasks, storage_options=so, key=keys)
+    results: list[RankResult] = _gather(c, futures, show_progress)
+    sources = relative_sources([h.path for h in headers])
+    meta = {
+        "version": __version__,
+        "base_time_ns": base_out,
+        "options": options.describe(),
+        "ranks": {
+            str(r): {
+                "source": sources[h.path],
+                "baseTimeNanoseconds": h.base,
+                "distributedInfo": h.header.get("distributedInfo"),
+                "deviceProperties": h.header.get("deviceProperties"),
+                "host_name": h.header.get("host_name"),
+            }
+            for r, h in chosen
+        },
+        "skipped": [],
+    }
+    head = (b'{"schemaVersion":1,"displayTimeUnit":"ms","baseTimeNanoseconds":' + str(base_out).encode()
+            + b',"metadata":{"tracefuse":' + orjson.dumps(meta) + b'},"traceEvents":[\n')
+    parts = [res.part_path for res in results if res.part_bytes]
+    fut = c.submit(_concat, out, tmp_dir, head, parts, gzip_out, gzip_members == "single", so,
+                   key=f"tracefuse-concat-{tokenize(out, head, parts, gzip_members)}")
+    futures[:] = [fut]
+    bytes_out = fut.result()
+    return MergeSummary(
+        ranks=len(results),
+        skipped=[],
+        events_in=sum(r.events_in for r in results),
+        events_out=sum(r.events_out for r in results),
+        bytes_in=sum(r.bytes_in for r in results),
+        bytes_out=bytes_out,
+        seconds=0.0,
+        mb_per_s=0.0,
+        output=out,
+        status="ok",
+        warnings=warnings,
+        ignored=ignored,
+        rank_list=[r.rank for r in results],
+    )
+
+
+def _fill_earliest(c: Client, headers: list[RankHeader], so: dict[str, Any], opts: MergeOptions,
+                   futures: list[Any]) -> None:
+    todo = [h for h in headers if h.earliest_ns is None]
+    files = [InputFile(h.path) for h in todo]
+    keys = [f"tracefuse-earliest-{tokenize(f, so, opts)}" for f in files]
+    futures[:] = c.map(_read_header_rank, files, storage_options=so, earliest=opts, key=keys)
+    for h, got in zip(todo, c.gather(futures)):
+        h.earliest_ns, h.earliest_kept_ns = got.earliest_ns, got.earliest_kept_ns
+
+
+def _ranges(values: list[int]) -> str:
+    out: list[str] = []
+    start = prev = values[0]
+    for v in values[1:] + [None]:  # type: ignore[list-item]
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if v is not None:
+            start = prev = v
+    return ",".join(out)

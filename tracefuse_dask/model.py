@@ -1,0 +1,181 @@
+"""Plain data types shared by the IO, rewrite and merge layers; no IO here."""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import Any, Callable, Literal
+
+__all__ = [
+    "KEEP_PRESETS",
+    "InputFile",
+    "MergeOptions",
+    "MergeSummary",
+    "RankHeader",
+    "RankResult",
+    "RankSet",
+    "RankTask",
+    "parse_steps",
+    "parse_window",
+]
+
+KEEP_PRESETS = ("gpu", "comm", "cpu")
+
+
+@dataclass(frozen=True)
+class RankSet:
+    """A set of ranks written as ``A-B`` ranges, ``:S`` strides and commas: ``0-63:8,100``."""
+
+    spec: str
+    parts: tuple[tuple[int, int, int], ...]
+
+    @classmethod
+    def parse(cls, spec: str) -> RankSet:
+        """Parse a rank spec; raise ``ValueError`` with the accepted syntax on a bad one."""
+        parts = []
+        for item in spec.split(","):
+            m = re.fullmatch(r"\s*(\d+)(?:\s*-\s*(\d+))?(?:\s*:\s*(\d+))?\s*", item)
+            if not m or (m.group(3) is not None and int(m.group(3)) == 0):
+                raise ValueError(
+                    f"bad rank spec {spec!r} at {item!r}; use A-B (inclusive), :S for a stride "
+                    "and commas for a union, e.g. 0-63:8,100"
+                )
+            lo = int(m.group(1))
+            hi = int(m.group(2)) if m.group(2) is not None else lo
+            if hi < lo:
+                raise ValueError(f"bad rank spec {spec!r}: {lo}-{hi} is empty; write the low rank first")
+            parts.append((lo, hi, int(m.group(3) or 1)))
+        return cls(spec, tuple(parts))
+
+    def __contains__(self, rank: object) -> bool:
+        return isinstance(rank, int) and any(
+            lo <= rank <= hi and (rank - lo) % step == 0 for lo, hi, step in self.parts
+        )
+
+
+def parse_steps(spec: str) -> tuple[int, int]:
+    """Parse ``A-B`` (or ``A``) into an inclusive ``(A, B)`` range of ``ProfilerStep#N``."""
+    m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", spec)
+    if not m:
+        raise ValueError(f"bad step range {spec!r}; use A-B (inclusive) or A, e.g. 3-5")
+    lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+    if hi < lo:
+        raise ValueError(f"bad step range {spec!r}: write the lower step first")
+    return lo, hi
+
+
+def parse_window(spec: str) -> tuple[int, int]:
+    """Parse ``START_MS:END_MS`` into integer nanoseconds ``(start, end)``, exactly."""
+    try:
+        start, end = (Decimal(x) for x in spec.split(":"))
+    except (ValueError, InvalidOperation):
+        raise ValueError(f"bad window {spec!r}; use START_MS:END_MS, e.g. 0:250.5") from None
+    if not (start.is_finite() and end.is_finite()) or start < 0 or end <= start:
+        raise ValueError(f"bad window {spec!r}: need 0 <= START_MS < END_MS")
+    return int(start * 1_000_000), int(end * 1_000_000)
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One input trace before it is read: where it is and what its name or key says of its rank."""
+
+    path: str
+    size: int | None = None
+    rank_hint: int | None = None
+    hint_source: Literal["key", "name", "order"] | None = None
+    listed: bool = False  # found by expanding a folder or glob, not named explicitly
+
+
+@dataclass(frozen=True)
+class MergeOptions:
+    """What to keep and how to rewrite it; the same for every rank."""
+
+    include_pyfunc: bool = False
+    keep: frozenset[str] | None = None
+    steps: tuple[int, int] | None = None
+    window_ns: tuple[int, int] | None = None
+    filter_fn: Callable[[dict[str, Any]], bool] | None = None
+    rewrite_ids: bool = False
+    keep_empty_processes: bool = False
+
+    def describe(self) -> dict[str, Any]:
+        """The options that shape the output, for the output's metadata."""
+        return {
+            "include_pyfunc": self.include_pyfunc,
+            "keep": sorted(self.keep) if self.keep else None,
+            "steps": list(self.steps) if self.steps else None,
+            "window_ns": list(self.window_ns) if self.window_ns else None,
+            "filter_fn": getattr(self.filter_fn, "__qualname__", repr(self.filter_fn))
+            if self.filter_fn
+            else None,
+            "rewrite_ids": self.rewrite_ids,
+            "keep_empty_processes": self.keep_empty_processes,
+        }
+
+
+@dataclass
+class RankHeader:
+    """Phase A: what one file says about itself, read from its header where possible."""
+
+    path: str
+    rank: int | None
+    world_size: int | None
+    base: int | None
+    header: dict[str, Any]
+    is_trace: bool = True
+    is_merged: bool = False
+    full_read: bool = False
+    bytes_in: int = 0
+    earliest_ns: int | None = None  # absolute, over all events (only when asked)
+    earliest_kept_ns: int | None = None  # absolute, over kept events (only when asked)
+
+
+@dataclass(frozen=True)
+class RankTask:
+    """Phase B: everything one rank's rewrite task needs."""
+
+    rank: int
+    path: str
+    base: int
+    base_out: int
+    part_path: str
+    options: MergeOptions
+    window_abs_ns: tuple[int, int] | None = None
+    compress: bool = False
+
+
+@dataclass
+class RankResult:
+    """What a rewrite task returns: small counts, never events."""
+
+    rank: int
+    path: str
+    events_in: int
+    events_out: int
+    bytes_in: int
+    part_bytes: int
+    part_path: str
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class MergeSummary:
+    """The outcome of a merge, as printed by ``--summary-json``."""
+
+    ranks: int
+    skipped: list[dict[str, Any]]
+    events_in: int
+    events_out: int
+    bytes_in: int
+    bytes_out: int
+    seconds: float
+    mb_per_s: float
+    output: str
+    status: str
+    warnings: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+    rank_list: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The summary as a JSON-ready dict."""
+        return asdict(self)

@@ -1,0 +1,437 @@
+"""Per-rank rewrite rules of the merge (spec §6): pure functions, no IO, no Dask.
+
+One rank's events go in; its filtered, re-identified, time-aligned events come
+out. Nothing here knows about other ranks beyond the numbers the plan hands in
+(the rank, its base time and the common output base).
+"""
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass, field
+from decimal import ROUND_HALF_EVEN, Decimal
+from typing import Any
+
+import orjson
+
+from .errors import MergeError, TraceFormatError
+from .model import MergeOptions
+
+__all__ = [
+    "PID_BASE",
+    "SLOTS_PER_RANK",
+    "MAX_RANK",
+    "RankEvents",
+    "fmt_us",
+    "is_device_event",
+    "out_pid",
+    "to_ns",
+    "map_tid",
+]
+
+PID_BASE = 1 << 22
+SLOTS_PER_RANK = 64
+MAX_RANK = ((1 << 31) - PID_BASE) // SLOTS_PER_RANK - 1
+_U32 = (1 << 32) - 1
+_EXACT_FLOAT = float(1 << 43)  # below this a float's µs fraction still resolves 1 ns
+_DEVICE_CATS = frozenset({"kernel", "memcpy", "memset", "cuda_sync"})
+_FLOW_PH = frozenset({"s", "t", "f"})
+_PROCESS_M = frozenset({"process_name", "process_labels", "process_sort_index"})
+_STEP = re.compile(r"ProfilerStep#(\d+)$")
+_STREAM = re.compile(r"(\d+)\s*$")
+_COMM_PREFIXES = ("c10d::", "nccl:", "gloo:", "rccl:", "record_param_comms")
+_ID_FIELDS = ("External id", "correlation")
+
+
+def to_ns(value: Any) -> int:
+    """Exact integer nanoseconds of a µs value as Kineto writes it (``%d.%03d``).
+
+    ``round(v * 1000)`` is off by 1 ns for about 1% of real values; this is not.
+    Below 2**43 µs (101 days) the float's fractional part is exact and within
+    0.49 ns of the decimal text, so rounding the fraction alone is exact; above
+    it, the shortest repr of the float is used.
+    """
+    t = type(value)
+    if t is int:
+        return value * 1000
+    if t is float:
+        if -_EXACT_FLOAT < value < _EXACT_FLOAT:
+            i = int(value)
+            return i * 1000 + round((value - i) * 1000)
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError("not a finite number")
+        return int((Decimal(repr(value)) * 1000).to_integral_value(ROUND_HALF_EVEN))
+    raise TypeError(f"expected a number, got {t.__name__}")
+
+
+def fmt_us(ns: int) -> orjson.Fragment:
+    """Nanoseconds as µs text with exactly three decimals, Kineto's ``fmtTs``."""
+    q, r = divmod(ns, 1000)
+    return orjson.Fragment(f"{q}.{r:03d}")
+
+
+def out_pid(rank: int, slot: int) -> int:
+    """The merged pid of a rank's ``slot``: ``2**22 + rank*64 + slot``."""
+    return PID_BASE + rank * SLOTS_PER_RANK + slot
+
+
+def map_tid(tid: Any) -> Any:
+    """A tid Perfetto accepts: ints in [0, 2**32-1] stay; others become a stable int."""
+    if type(tid) is int and 0 <= tid <= _U32:
+        return tid
+    if isinstance(tid, str):
+        m = _STREAM.search(tid)
+        if m and int(m.group(1)) <= _U32:
+            return int(m.group(1))
+    return zlib.crc32(str(tid).encode()) & 0x7FFFFFFF
+
+
+def is_device_event(ev: dict[str, Any]) -> bool:
+    """True for events that live on a GPU's timeline: kernels, memcpy/memset, GPU annotations."""
+    cat = ev.get("cat")
+    if not isinstance(cat, str):
+        return False
+    cat = cat.lower()
+    return cat in _DEVICE_CATS or cat.startswith("gpu_")
+
+
+def _is_comm(ev: dict[str, Any], dev: bool) -> bool:
+    name = ev.get("name")
+    if not isinstance(name, str):
+        return False
+    if name.startswith(_COMM_PREFIXES):
+        return True
+    low = name.lower()
+    return dev and ("nccl" in low or "rccl" in low)
+
+
+@dataclass
+class RankEvents:
+    """One rank's events, scanned once: validated times, device flags and keep decisions.
+
+    Parameters
+    ----------
+    events
+        The rank's ``traceEvents``, as parsed.
+    base
+        The rank's ``baseTimeNanoseconds`` (0 for absolute-time traces).
+    options
+        The merge options (filters).
+    who
+        ``"<path> (rank N)"``, for error messages.
+    window_abs_ns
+        Absolute ``[start, end)`` in ns to keep, or None.
+    """
+
+    events: list[Any]
+    base: int
+    options: MergeOptions
+    who: str
+    window_abs_ns: tuple[int, int] | None = None
+    ns: list[int | None] = field(init=False)
+    dev: list[bool] = field(init=False)
+    keep: list[bool] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._scan()
+        self._select()
+
+    def _bad(self, i: int, what: str) -> TraceFormatError:
+        return TraceFormatError(
+            f"{self.who}: event #{i} {what}. Fix or drop that event, or drop this file"
+        )
+
+    def _scan(self) -> None:
+        events = self.events
+        n = len(events)
+        self.ns = ns = [None] * n
+        self.dev = dev = [False] * n
+        for i, ev in enumerate(events):
+            if type(ev) is not dict:
+                raise self._bad(i, f"is a JSON {type(ev).__name__}, not an object")
+            ph = ev.get("ph")
+            if type(ph) is not str:
+                raise self._bad(i, f"has ph={ph!r}; expected a one-letter string such as \"X\"")
+            pid = ev.get("pid")
+            if not (type(pid) is int or type(pid) is str):
+                raise self._bad(i, f"has pid={pid!r}; expected an int or a string")
+            tid = ev.get("tid")
+            if tid is not None and not (type(tid) is int or type(tid) is str):
+                raise self._bad(i, f"has tid={tid!r}; expected an int or a string")
+            if "id" in ev and not (type(ev["id"]) is int or type(ev["id"]) is str):
+                raise self._bad(i, f"has id={ev['id']!r}; expected an int or a string")
+            ts = ev.get("ts")
+            if ts is None and ph == "M":
+                continue
+            try:
+                ns[i] = to_ns(ts)
+            except (TypeError, ValueError):
+                raise self._bad(i, f"has ts={ts!r}; expected a finite number of µs") from None
+            if "dur" in ev:
+                d = ev["dur"]
+                try:
+                    dns = to_ns(d)
+                except (TypeError, ValueError):
+                    raise self._bad(i, f"has dur={d!r}; expected a finite number of µs") from None
+                if dns < 0:
+                    raise self._bad(i, f"has a negative dur={d!r}")
+            if ph != "M":
+                dev[i] = is_device_event(ev)
+
+    def _step_spans(self) -> list[tuple[int, int]]:
+        lo, hi = self.options.steps  # type: ignore[misc]
+        spans = []
+        for i, ev in enumerate(self.events):
+            name = ev.get("name")
+            if ev["ph"] == "X" and type(name) is str and not self.dev[i]:
+                m = _STEP.match(name)
+                if m and lo <= int(m.group(1)) <= hi:
+                    start = self.ns[i]
+                    spans.append((start, start + to_ns(ev.get("dur", 0))))
+        return spans
+
+    def _launch_times(self) -> dict[Any, int]:
+        launches: dict[Any, int] = {}
+        for i, ev in enumerate(self.events):
+            args = ev.get("args")
+            if not self.dev[i] and type(args) is dict and "correlation" in args and self.ns[i] is not None:
+                launches.setdefault(args["correlation"], self.ns[i])
+        return launches
+
+    def _passes(self, i: int, ev: dict[str, Any], spans: list[tuple[int, int]] | None,
+                launches: dict[Any, int] | None, flow: bool) -> bool:
+        opts = self.options
+        dev = self.dev[i]
+        if not flow:
+            if not opts.include_pyfunc and ev.get("cat") == "python_function":
+                return False
+            if opts.keep and not (
+                ("gpu" in opts.keep and dev)
+                or ("cpu" in opts.keep and not dev)
+                or ("comm" in opts.keep and _is_comm(ev, dev))
+            ):
+                return False
+        t = self.ns[i]
+        if spans is not None:
+            if dev and launches:
+                args = ev.get("args")
+                if type(args) is dict:
+                    t = launches.get(args.get("correlation"), t)
+            if not any(s <= t < e for s, e in spans):
+                return False
+        if self.window_abs_ns is not None:
+            w0, w1 = self.window_abs_ns
+            if not w0 <= self.base + self.ns[i] < w1:
+                return False
+        if opts.filter_fn is not None:
+            try:
+                return bool(opts.filter_fn(ev))
+            except Exception as e:
+                raise MergeError(f"{self.who}: filter_fn raised {type(e).__name__}: {e} on event #{i}; "
+                                 "fix the filter function") from e
+        return True
+
+    def _select(self) -> None:
+        events = self.events
+        spans = self._step_spans() if self.options.steps else None
+        launches = self._launch_times() if spans is not None else None
+        self.keep = keep = [True] * len(events)
+        anchors: dict[tuple[Any, Any, Any], tuple[bool, bool]] = {}
+        flows: list[int] = []
+        for i, ev in enumerate(events):
+            ph = ev["ph"]
+            if ph == "M":
+                continue
+            if ph in _FLOW_PH:
+                flows.append(i)
+                continue
+            k = keep[i] = self._passes(i, ev, spans, launches, False)
+            if ph == "X":
+                key = (ev["pid"], ev.get("tid"), ev["ts"])
+                prev = anchors.get(key)
+                anchors[key] = (k or (prev is not None and prev[0]), self.dev[i])
+        # A flow survives only when every one of its ends survives.
+        alive: dict[tuple[Any, Any, Any], bool] = {}
+        for i in flows:
+            ev = events[i]
+            anchor = anchors.get((ev["pid"], ev.get("tid"), ev["ts"]))
+            if anchor is not None:
+                ok = anchor[0]
+                self.dev[i] = anchor[1]
+            else:
+                ok = self._passes(i, ev, spans, launches, True)
+            key = (ev.get("cat"), ev.get("name"), ev.get("id"))
+            alive[key] = alive.get(key, True) and ok
+        for i in flows:
+            ev = events[i]
+            keep[i] = alive[(ev.get("cat"), ev.get("name"), ev.get("id"))]
+
+    def earliest_ns(self, kept_only: bool) -> int | None:
+        """The earliest absolute time (ns) over all, or only kept, non-metadata events."""
+        best = None
+        for i, t in enumerate(self.ns):
+            if t is not None and self.events[i]["ph"] != "M" and (self.keep[i] or not kept_only):
+                if best is None or t < best:
+                    best = t
+        return None if best is None else self.base + best
+
+    def rewrite(self, rank: int, base_out: int) -> list[Any]:
+        """The rank's merged events: process metadata first, then kept events in input order.
+
+        Raises
+        ------
+        MergeError
+            When the rank is too large, has more than 64 processes, or an event
+            would land before the merged base time.
+        """
+        if not 0 <= rank <= MAX_RANK:
+            raise MergeError(f"{self.who}: rank {rank} is outside 0..{MAX_RANK}, the range the pid layout holds")
+        events, keep, dev, ns = self.events, self.keep, self.dev, self.ns
+        slots = self._slots()
+        slot_of = {key: j for j, key in enumerate(slots)}
+        dev_tids = {(ev["pid"], ev.get("tid")) for i, ev in enumerate(events) if dev[i]}
+
+        def resolve(pid: Any, is_dev: bool) -> int:
+            if type(pid) is str:
+                return slot_of[("s", pid)]
+            if pid < 0:
+                return slot_of[("n", pid)]
+            j = slot_of.get(("d" if is_dev else "h", pid))
+            return j if j is not None else slot_of[("h" if is_dev else "d", pid)]
+
+        shift = self.base - base_out
+        id_map = _IdMap(rank, (ev["id"] for ev in events if "id" in ev))
+        field_maps = (
+            {f: _IdMap(rank, (ev["args"][f] for ev in events if type(ev.get("args")) is dict
+                              and type(ev["args"].get(f)) in (int, str)))
+             for f in _ID_FIELDS}
+            if self.options.rewrite_ids
+            else None
+        )
+        used: set[int] = set()
+        body: list[Any] = []
+        threads: list[Any] = []
+        seen_thread_names: set[tuple[int, Any]] = set()
+        for i, ev in enumerate(events):
+            if not keep[i]:
+                continue
+            ph = ev["ph"]
+            pid = ev["pid"]
+            if ph == "M":
+                if ev.get("name") in _PROCESS_M:
+                    continue
+                j = resolve(pid, (pid, ev.get("tid")) in dev_tids)
+            else:
+                j = resolve(pid, dev[i])
+                used.add(j)
+            new_pid = out_pid(rank, j)
+            ev["pid"] = new_pid
+            if "tid" in ev:
+                ev["tid"] = map_tid(ev["tid"])
+            t = ns[i]
+            if t is not None:
+                out = t + shift
+                if out < 0:
+                    raise MergeError(
+                        f"{self.who}: event #{i} ({ev.get('name')!r}) would land {-out} ns before the merged "
+                        "base time; its ts is earlier than its file's baseTimeNanoseconds allows. Check that "
+                        "the file's ts are relative to its baseTimeNanoseconds"
+                    )
+                ev["ts"] = fmt_us(out)
+                if "dur" in ev:
+                    ev["dur"] = fmt_us(to_ns(ev["dur"]))
+            if "id" in ev:
+                ev["id"] = id_map[ev["id"]]
+            if ph == "M":
+                if ev.get("name") == "thread_name":
+                    key = (new_pid, ev.get("tid"))
+                    if key in seen_thread_names:
+                        continue
+                    seen_thread_names.add(key)
+                threads.append(ev)
+                continue
+            if (ph == "i" or ph == "I") and ev.get("s") == "g":
+                ev["s"] = "p"
+            args = ev.get("args")
+            if args is None:
+                ev["args"] = {"rank": rank}
+            elif type(args) is dict:
+                args["rank"] = rank
+                if field_maps is not None:
+                    for f, m in field_maps.items():
+                        v = args.get(f)
+                        if type(v) is int or type(v) is str:
+                            args[f + "_raw"] = v
+                            args[f] = m[v]
+            body.append(ev)
+        shown = range(len(slots)) if self.options.keep_empty_processes else sorted(used)
+        head: list[Any] = []
+        for j in shown:
+            pid = out_pid(rank, j)
+            head.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                         "args": {"name": _process_name(rank, slots[j])}})
+            head.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
+                         "args": {"sort_index": rank * SLOTS_PER_RANK + j}})
+        shown_pids = {out_pid(rank, j) for j in shown}
+        head.extend(ev for ev in threads if ev["pid"] in shown_pids)
+        return head + body
+
+    def _slots(self) -> list[tuple[str, Any]]:
+        """Distinct pids sorted host, device, string, negative; a pid with both kinds splits."""
+        host: set[int] = set()
+        device: set[int] = set()
+        strings: set[str] = set()
+        negative: set[int] = set()
+        m_only: dict[int, bool] = {}
+        for i, ev in enumerate(self.events):
+            pid = ev["pid"]
+            if type(pid) is str:
+                strings.add(pid)
+            elif pid < 0:
+                negative.add(pid)
+            elif ev["ph"] == "M":
+                if ev.get("name") in ("process_labels", "process_name"):
+                    label = next(iter((ev.get("args") or {}).values()), "")
+                    m_only[pid] = m_only.get(pid, False) or (isinstance(label, str) and label.startswith("GPU"))
+                else:
+                    m_only.setdefault(pid, False)
+            elif self.dev[i]:
+                device.add(pid)
+            else:
+                host.add(pid)
+        for pid, is_gpu in m_only.items():
+            if pid not in host and pid not in device:
+                (device if is_gpu else host).add(pid)
+        slots = ([("h", p) for p in sorted(host)] + [("d", p) for p in sorted(device)]
+                 + [("s", p) for p in sorted(strings)] + [("n", p) for p in sorted(negative, reverse=True)])
+        if len(slots) > SLOTS_PER_RANK:
+            raise MergeError(f"{self.who}: {len(slots)} distinct processes, more than the {SLOTS_PER_RANK} "
+                             "a rank can hold; is this a merged trace or several jobs in one file?")
+        return slots
+
+
+def _process_name(rank: int, slot: tuple[str, Any]) -> str:
+    kind, pid = slot
+    if kind == "h":
+        return f"rank {rank} · CPU (pid {pid})"
+    if kind == "d":
+        return f"rank {rank} · GPU {pid}"
+    if kind == "s":
+        return f"rank {rank} · {pid or '(unnamed)'}"
+    return f"rank {rank} · CPU overhead" if pid == -1 else f"rank {rank} · pid {pid}"
+
+
+class _IdMap:
+    """``(rank << 32) | id`` when every id of the rank is an int below 2**32, else a dense remap."""
+
+    def __init__(self, rank: int, ids: Any) -> None:
+        self.high = rank << 32
+        distinct = set(ids)
+        if all(type(v) is int and 0 <= v <= _U32 for v in distinct):
+            self.dense = None
+        else:
+            order = sorted(distinct, key=lambda v: (type(v).__name__, v))
+            self.dense = {v: k for k, v in enumerate(order)}
+
+    def __getitem__(self, value: Any) -> int:
+        return self.high | (value if self.dense is None else self.dense[value])
