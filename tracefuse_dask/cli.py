@@ -133,12 +133,16 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``tracefuse`` command; return its exit code (0 ok, 1 error, 2 usage, 130 interrupted)."""
     parser = _parser()
-    args = parser.parse_args(argv)
-    debug = getattr(args, "debug", False)
     try:
+        args = parser.parse_args(argv)
         so = _storage_options(getattr(args, "storage_options", None))
     except _UsageError as e:
-        parser.error(str(e))
+        parser.print_usage(sys.stderr)
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2
+    except SystemExit as e:  # --help, --version and argparse's usage errors
+        return int(e.code or 0)
+    debug = getattr(args, "debug", False)
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)

@@ -5,7 +5,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .io import DEFAULT_RANK_REGEX, expand_inputs, load_trace
+from .io import DEFAULT_RANK_REGEX, check_document, expand_inputs, parse_json
 from .merge import connect
 from .model import InputFile
 from .rewrite import is_device_event, to_ns
@@ -15,8 +15,11 @@ __all__ = ["describe_traces", "format_table"]
 _U32 = 1 << 32
 
 
-def _describe_rank(f: InputFile, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
-    doc, nbytes = load_trace(f.path, storage_options)
+def _describe_rank(f: InputFile, storage_options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    doc, nbytes = parse_json(f.path, storage_options)
+    if f.listed and isinstance(doc, dict) and "traceEvents" not in doc:
+        return None
+    check_document(doc, f.path)
     events = doc["traceEvents"]
     info = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
     base = doc.get("baseTimeNanoseconds") if type(doc.get("baseTimeNanoseconds")) is int else None
@@ -103,7 +106,9 @@ def describe_traces(
     so = dict(storage_options or {})
     with connect(client, scheduler=scheduler, scheduler_file=scheduler_file, workers=workers,
                  timeout=timeout) as c:
-        per_rank = c.gather(c.map(_describe_rank, files, storage_options=so, pure=False))
+        described = c.gather(c.map(_describe_rank, files, storage_options=so, pure=False))
+    skipped += [f"{f.path} (a JSON file without traceEvents)" for f, d in zip(files, described) if d is None]
+    per_rank = [d for d in described if d is not None]
     per_rank.sort(key=lambda r: (r["rank"] is None, r["rank"] if r["rank"] is not None else 0, r["path"]))
     cats: Counter[str] = Counter()
     for r in per_rank:

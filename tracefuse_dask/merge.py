@@ -110,8 +110,8 @@ def connect(
             yield c
         return
     n = workers or os.cpu_count() or 1
-    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
-                      silence_logs=logging.ERROR) as cluster, Client(cluster) as c:
+    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      silence_logs=logging.CRITICAL) as cluster, Client(cluster) as c:
         yield c
 
 
@@ -234,7 +234,7 @@ def _concat(
 
             from .io import GZIP_LEVEL
 
-            dst = igzip.IGzipFile(fileobj=raw, mode="wb", compresslevel=GZIP_LEVEL, mtime=0)
+            dst = igzip.IGzipFile(filename="", fileobj=raw, mode="wb", compresslevel=GZIP_LEVEL, mtime=0)
             wrap = lambda b: b  # noqa: E731
         else:
             dst = raw

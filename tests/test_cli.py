@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import make_trace, shared, write_trace
+from perfetto_rules import assert_perfetto_rules, load_exact
+from tracefuse_dask import __version__
+from tracefuse_dask.cli import _parser, main
+
+
+def test_every_command_and_option_has_help():
+    parser = _parser()
+    for action in parser._subparsers._group_actions[0].choices.values():
+        for opt in action._actions:
+            if opt.dest not in ("help",):
+                assert opt.help, f"{action.prog} {opt.dest} has no help"
+
+
+def test_version(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"tracefuse {__version__}"
+
+
+@pytest.mark.integration
+def test_merge_cli_prints_summary_json(tmp_path, capsys):
+    out = tmp_path / "merged.json.gz"
+    code = main(["merge", str(shared("gloo_2ranks_tb_nostraggler")), "-o", str(out), "--summary-json",
+                 "--workers", "1", "--include-pyfunc", "--keep", "cpu,comm"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    summary = json.loads(captured.out)
+    assert summary["status"] == "ok" and summary["ranks"] == 2 and summary["output"] == str(out)
+    assert set(summary) >= {"ranks", "skipped", "events_in", "events_out", "bytes_out", "seconds", "mb_per_s"}
+    assert "merged 2 ranks" in captured.err
+    assert_perfetto_rules(load_exact(out))
+
+
+@pytest.mark.integration
+def test_info_json(capsys):
+    assert main(["info", str(shared("gloo_4ranks")), "--json", "--workers", "1"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ranks"] == [0, 1, 2, 3] and report["world_size"] == 4
+    assert report["per_rank"][2]["flows"]["ids"] == 20 and report["categories"]["cpu_op"] > 0
+    assert any("generation_info.json" in s for s in report["skipped"])
+
+
+@pytest.mark.integration
+def test_info_table(capsys):
+    assert main(["info", str(shared("real", "hta_trace_filter")), "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "2 files, ranks [0, 1], world size 128" in out
+
+
+@pytest.mark.parametrize(
+    "argv, code, message",
+    [
+        pytest.param(["merge", "x.json"], 2, "-o/--output", id="no-output"),
+        pytest.param(["merge", "x.json", "-o", "o.json", "--storage-options", "{bad"], 2, "not valid JSON",
+                     id="bad-storage-options"),
+        pytest.param(["merge", "missing.json", "-o", "o.json"], 1, "error: missing.json: no such file",
+                     id="missing-file"),
+        pytest.param(["merge", "missing.json", "-o", "o.json", "--ranks", "5-1"], 1, "error: bad rank spec",
+                     id="bad-ranks"),
+        pytest.param(["merge", "missing.json", "-o", "o.json", "--keep", "gpu,disk"], 1, "unknown --keep preset",
+                     id="bad-keep"),
+        pytest.param(["merge", "x.json", "-o", "o.json", "--scheduler", "tcp://127.0.0.1:9", "--timeout", "1"], 1,
+                     "could not connect to the Dask scheduler at tcp://127.0.0.1:9", id="no-scheduler"),
+    ],
+)
+def test_errors_exit_cleanly_without_traceback(argv, code, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    if "x.json" in argv:
+        write_trace(tmp_path / "x.json", make_trace(0, []))
+    assert main(argv) == code
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_python_dash_m_runs_the_cli():
+    done = subprocess.run([sys.executable, "-m", "tracefuse_dask", "--help"], capture_output=True, text=True)
+    assert done.returncode == 0 and "merge" in done.stdout and "info" in done.stdout

@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+import pytest
+
+from conftest import make_trace, write_trace
+from tracefuse_dask.io import expand_inputs, rank_from_name, read_header, relative_sources
+from tracefuse_dask.model import RankSet, parse_steps, parse_window
+
+
+@pytest.mark.parametrize(
+    "name, rank",
+    [
+        ("rank0.json", 0),
+        ("rank-12.pt.trace.json.gz", 12),
+        ("rank_3.json", 3),
+        ("rank[7].json", 7),
+        ("worker5.1795319725934765812.pt.trace.json.gz", 5),
+        ("sampled_rank-1.json.gz", 1),
+        ("rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz", 34),
+        ("eager_trace.json.gz", None),
+        ("s3://bucket/rank9/trace.json", None),
+    ],
+)
+def test_default_rank_regex(name, rank):
+    assert rank_from_name(name) == rank
+
+
+@pytest.mark.parametrize(
+    "spec, inside, outside",
+    [
+        ("0-63:8,100", [0, 8, 56, 100], [1, 63, 64, 99]),
+        ("5", [5], [4, 6]),
+        ("2-4", [2, 3, 4], [1, 5]),
+        ("1-9:4", [1, 5, 9], [2, 13]),
+    ],
+)
+def test_rank_set(spec, inside, outside):
+    rs = RankSet.parse(spec)
+    assert all(r in rs for r in inside) and not any(r in rs for r in outside)
+
+
+@pytest.mark.parametrize("spec", ["", "a", "3-1", "0-4:0", "1,,2"])
+def test_bad_rank_set_says_the_syntax(spec):
+    with pytest.raises(ValueError, match="bad rank spec"):
+        RankSet.parse(spec)
+
+
+@pytest.mark.parametrize("spec, expected", [("3-5", (3, 5)), ("4", (4, 4))])
+def test_parse_steps(spec, expected):
+    assert parse_steps(spec) == expected
+
+
+@pytest.mark.parametrize("spec, expected", [("0:5", (0, 5_000_000)), ("1.000001:2", (1_000_001, 2_000_000))])
+def test_parse_window_is_exact(spec, expected):
+    assert parse_window(spec) == expected
+
+
+@pytest.mark.parametrize("spec", ["5", "5:1", "-1:3", "a:b"])
+def test_bad_window(spec):
+    with pytest.raises(ValueError):
+        parse_window(spec)
+
+
+@pytest.mark.parametrize("suffix", [".json", ".json.gz"])
+def test_read_header_stops_at_trace_events(tmp_path, suffix):
+    doc = make_trace(3, [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 1.0}] * 50000, world_size=8)
+    p = write_trace(tmp_path / f"rank3{suffix}", doc)
+    header, reached, nbytes = read_header(str(p))
+    assert reached and header["distributedInfo"]["rank"] == 3 and header["baseTimeNanoseconds"] == doc[
+        "baseTimeNanoseconds"]
+    assert nbytes < 200_000  # the events were not read
+
+
+def test_read_header_reports_keys_after_the_events(tmp_path):
+    p = tmp_path / "late.json"
+    p.write_text('{"schemaVersion": 1, "traceEvents": [], "baseTimeNanoseconds": 5}')
+    header, reached, _ = read_header(str(p))
+    assert reached and "baseTimeNanoseconds" not in header
+
+
+def test_expand_folder_skips_own_artifacts(tmp_path):
+    for name in ["rank0.json", "rank1.json.gz", "notes.txt", "m.json.manifest.json"]:
+        write_trace(tmp_path / name, make_trace(0, []))
+    (tmp_path / "m.json.tracefuse-tmp").mkdir()
+    write_trace(tmp_path / "m.json.tracefuse-tmp" / "part-00000001.json", b"{}")
+    files, skipped = expand_inputs(str(tmp_path))
+    assert [f.rank_hint for f in files] == [0, 1]
+    assert {p.rsplit("/", 1)[-1] for p in skipped} == {"notes.txt", "m.json.manifest.json"}
+
+
+def test_relative_sources_drop_the_common_prefix():
+    got = relative_sources(["s3://b/job/a/rank0.json", "s3://b/job/b/rank1.json"])
+    assert got == {"s3://b/job/a/rank0.json": "a/rank0.json", "s3://b/job/b/rank1.json": "b/rank1.json"}
+    assert relative_sources(["/x/y/rank0.json"]) == {"/x/y/rank0.json": "rank0.json"}

@@ -1,0 +1,217 @@
+"""End-to-end merges on a real process-based LocalCluster and on `dask scheduler`/`dask worker` processes."""
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+
+from conftest import BASE, REAL_SETS, make_trace, shared, write_trace
+from perfetto_rules import assert_inputs_kept, assert_perfetto_rules, load_exact
+from tracefuse_dask import (
+    OutputExistsError,
+    RankError,
+    TraceFileNotFoundError,
+    TraceFormatError,
+    TraceFuse,
+    merge_traces,
+)
+
+pytestmark = pytest.mark.integration
+
+SETS = ["gloo_4ranks", "gloo_2ranks_tb_nostraggler"] + [f"real/{s}" for s in REAL_SETS]
+
+
+def inputs_of(folder: Path) -> dict[int, dict]:
+    """The input documents by rank, read independently of the code under test."""
+    docs = {}
+    files = sorted(p for p in folder.iterdir() if p.name.endswith((".json", ".json.gz"))
+                   and p.name != "generation_info.json")
+    for order, p in enumerate(files):
+        doc = load_exact(p)
+        docs[(doc.get("distributedInfo") or {}).get("rank", order)] = doc
+    return docs
+
+
+def not_pyfunc(ev):
+    return ev.get("cat") != "python_function"
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_merge_shared_traces_on_local_cluster(name, client, tmp_path):
+    folder = shared(*name.split("/"))
+    inputs = inputs_of(folder)
+    out = tmp_path / "merged.json.gz"
+    files = {r: str(p) for r, p in zip(sorted(inputs), sorted(
+        p for p in folder.iterdir() if p.name.endswith((".json", ".json.gz")) and p.name != "generation_info.json"))}
+    # explicit list in name order: ranks come from distributedInfo, else the list order
+    summary = merge_traces(list(files.values()), str(out), client=client)
+    merged = load_exact(out)
+    assert_perfetto_rules(merged)
+    assert_inputs_kept(merged, inputs, keep=not_pyfunc)
+    assert summary.ranks == len(inputs) and summary.events_out == len(merged["traceEvents"])
+    assert not list(tmp_path.glob("*.tracefuse-tmp"))
+    meta = merged["metadata"]["tracefuse"]
+    assert sorted(meta["ranks"]) == sorted(str(r) for r in inputs)
+    bases = [d.get("baseTimeNanoseconds") for d in inputs.values()]
+    assert merged["baseTimeNanoseconds"] == (min(bases) if None not in bases else 0)
+
+
+@pytest.mark.parametrize("name", ["gloo_4ranks", "real/hta_trace_filter"])
+def test_merge_on_dask_cli_cluster_is_byte_identical(name, scheduler_file, client, tmp_path):
+    folder = shared(*name.split("/"))
+    a, b = tmp_path / "local.json.gz", tmp_path / "cli.json.gz"
+    merge_traces(str(folder), str(a), client=client)
+    merge_traces(str(folder), str(b), scheduler_file=scheduler_file)
+    assert a.read_bytes() == b.read_bytes()
+    assert_perfetto_rules(load_exact(b))
+
+
+def test_output_is_identical_with_one_and_two_workers(client, tmp_path):
+    folder = shared("gloo_4ranks")
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    merge_traces(str(folder), str(one), workers=1)
+    merge_traces(str(folder), str(two), client=client)
+    assert one.read_bytes() == two.read_bytes()
+
+
+def test_gzip_members_single_and_per_rank_hold_the_same_json(client, tmp_path):
+    folder = shared("gloo_4ranks")
+    plain, per_rank, single = tmp_path / "m.json", tmp_path / "r.json.gz", tmp_path / "s.json.gz"
+    merge_traces(str(folder), str(plain), client=client)
+    merge_traces(str(folder), str(per_rank), client=client)
+    merge_traces(str(folder), str(single), client=client, gzip_members="single")
+    assert gzip.decompress(per_rank.read_bytes()) == plain.read_bytes() == gzip.decompress(single.read_bytes())
+    members = per_rank.read_bytes().count(b"\x1f\x8b\x08\x00\x00\x00\x00\x00")
+    assert members >= 4 + 2  # header, one member per rank, separators, footer
+    assert single.read_bytes().count(b"\x1f\x8b\x08\x00\x00\x00\x00\x00") == 1
+
+
+def test_ranks_subset_and_different_bases_align(client, tmp_path):
+    shift = 7889238 * 10**9  # the next Kineto base "quarter"
+    events = [{"ph": "X", "cat": "cpu_op", "name": "op", "pid": 100, "tid": 100, "ts": 5.0, "dur": 1.0}]
+    for r in range(4):
+        base = BASE + (shift if r % 2 else 0)
+        ts = 5.0 if r % 2 else 5.0 + shift / 1000
+        ev = dict(events[0], ts=ts)
+        write_trace(tmp_path / "in" / f"rank{r}.json", make_trace(r, [ev], base=base, world_size=4))
+    out = tmp_path / "m.json"
+    s = merge_traces(str(tmp_path / "in"), str(out), client=client, ranks="1-3:2,0")
+    merged = load_exact(out)
+    assert s.rank_list == [0, 1, 3]
+    xs = [e for e in merged["traceEvents"] if e["ph"] == "X"]
+    assert {e["ts"] for e in xs} == {5 + shift // 1000}  # all four absolute times are equal
+    assert merged["baseTimeNanoseconds"] == BASE
+
+
+def test_traces_without_a_base_keep_absolute_times(client, tmp_path):
+    ev = {"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 1, "ts": 1682725897226747, "dur": 3}
+    write_trace(tmp_path / "rank0.json", make_trace(0, [ev], base=None, world_size=2))
+    write_trace(tmp_path / "rank1.json", make_trace(1, [dict(ev, ts=1682725897226750)], base=None, world_size=2))
+    out = tmp_path / "m.json"
+    merge_traces([str(tmp_path / "rank0.json"), str(tmp_path / "rank1.json")], str(out), client=client)
+    merged = load_exact(out)
+    assert merged["baseTimeNanoseconds"] == 0
+    assert sorted(e["ts"] for e in merged["traceEvents"] if e["ph"] == "X") == [1682725897226747, 1682725897226750]
+
+
+def test_mixed_bases_use_the_earliest_event_floored_to_a_second(client, tmp_path):
+    abs_us = (BASE + 2_500_000_000) // 1000
+    write_trace(tmp_path / "rank0.json", make_trace(0, [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 2500000.0,
+                                                          "dur": 1.0}], world_size=2))
+    write_trace(tmp_path / "rank1.json", make_trace(1, [{"ph": "X", "name": "b", "pid": 1, "tid": 1, "ts": abs_us,
+                                                          "dur": 1.0}], base=None, world_size=2))
+    out = tmp_path / "m.json"
+    merge_traces(str(tmp_path), str(out), client=client)
+    merged = load_exact(out)
+    assert merged["baseTimeNanoseconds"] == BASE + 2_000_000_000
+    assert {e["ts"] for e in merged["traceEvents"] if e["ph"] == "X"} == {500000}
+
+
+def test_window_and_steps(client, tmp_path):
+    folder = shared("gloo_4ranks")
+    out = tmp_path / "steps.json"
+    merge_traces(str(folder), str(out), client=client, steps="3-3")
+    steps = {e["name"] for e in load_exact(out)["traceEvents"] if e["name"].startswith("ProfilerStep#")}
+    assert steps == {"ProfilerStep#3"}
+    win = tmp_path / "win.json"
+    merge_traces(str(folder), str(win), client=client, window="0:5")
+    merged = load_exact(win)
+    ts = [e["ts"] for e in merged["traceEvents"] if e["ph"] != "M"]
+    assert ts and max(ts) - min(ts) < 5000
+    assert_perfetto_rules(merged)
+
+
+def test_rank_from_file_name_and_regex(client, tmp_path):
+    ev = [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 1.0, "dur": 1.0}]
+    write_trace(tmp_path / "in" / "host-a_w3.json.gz", make_trace(None, ev))
+    write_trace(tmp_path / "in" / "host-b_w5.json", make_trace(None, ev))
+    with pytest.raises(RankError, match="--rank-regex"):
+        merge_traces(str(tmp_path / "in"), str(tmp_path / "m.json"), client=client)
+    s = merge_traces(str(tmp_path / "in" / "*.json*"), str(tmp_path / "m.json"), client=client,
+                     rank_regex=r"_w(?P<rank>\d+)")
+    assert s.rank_list == [3, 5]
+
+
+def test_gzip_is_detected_by_content(client, tmp_path):
+    ev = [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 1.0, "dur": 1.0}]
+    p = tmp_path / "rank0.json"
+    p.write_bytes(gzip.compress(__import__("orjson").dumps(make_trace(0, ev))))
+    merge_traces(str(p), str(tmp_path / "m.json"), client=client)
+    assert load_exact(tmp_path / "m.json")["traceEvents"][-1]["name"] == "a"
+
+
+def test_duplicate_ranks_name_both_files(client, tmp_path):
+    ev = [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 1.0, "dur": 1.0}]
+    write_trace(tmp_path / "a.json", make_trace(2, ev))
+    write_trace(tmp_path / "b.json", make_trace(2, ev))
+    with pytest.raises(RankError, match=r"rank 2 appears twice: .*a\.json and .*b\.json"):
+        merge_traces(str(tmp_path / "*.json"), str(tmp_path / "out.json"), client=client)
+    assert not (tmp_path / "out.json").exists() and not list(tmp_path.glob("*tracefuse-tmp"))
+
+
+def test_mixed_world_sizes_are_refused_and_missing_ranks_warned(client, tmp_path):
+    ev = [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 1.0, "dur": 1.0}]
+    write_trace(tmp_path / "r0.json", make_trace(0, ev, world_size=4))
+    write_trace(tmp_path / "r1.json", make_trace(1, ev, world_size=8))
+    with pytest.raises(RankError, match="different world sizes"):
+        merge_traces([str(tmp_path / "r0.json"), str(tmp_path / "r1.json")], str(tmp_path / "o.json"), client=client)
+    s = merge_traces([str(tmp_path / "r0.json")], str(tmp_path / "o.json"), client=client)
+    assert s.warnings == ["3 of 4 ranks missing: 1-3"]
+
+
+def test_output_exists_needs_force_and_own_outputs_are_skipped(client, tmp_path):
+    folder = tmp_path / "traces"
+    ev = [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 1.0, "dur": 1.0}]
+    for r in range(2):
+        write_trace(folder / f"rank{r}.json", make_trace(r, ev, world_size=2))
+    out = folder / "merged.json"
+    merge_traces(str(folder), str(out), client=client)
+    with pytest.raises(OutputExistsError, match="--force"):
+        merge_traces(str(folder), str(out), client=client)
+    (folder / "merged.json.manifest.json").write_text("{}")
+    s = merge_traces(str(folder), str(out), client=client, force=True)
+    assert s.ranks == 2 and any("merged trace written by tracefuse" in i for i in s.ignored)
+    assert any("manifest" in i for i in s.ignored)
+    with pytest.raises(TraceFormatError, match="merged trace written by tracefuse"):
+        merge_traces([str(out)], str(tmp_path / "again.json"), client=client)
+
+
+def test_missing_input_is_a_file_not_found_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        merge_traces([str(tmp_path / "nope.json")], str(tmp_path / "o.json"))
+    with pytest.raises(TraceFileNotFoundError, match="no trace files found"):
+        merge_traces(str(tmp_path / "*.json"), str(tmp_path / "o.json"))
+
+
+def test_tracefuse_api_with_list_and_dict(client, tmp_path):
+    files = sorted(str(p) for p in shared("gloo_4ranks").glob("rank*.json.gz"))
+    out = TraceFuse(files, client=client).merge_and_save(str(tmp_path / "list.json"))
+    assert out == str(tmp_path / "list.json")
+    by_dict = TraceFuse({10: files[0], 20: files[1]}, client=client)
+    path = by_dict.merge_and_save(str(tmp_path / "dict.json.gz"), include_pyfunc=True)
+    merged = load_exact(path)
+    ranks = {e["args"]["rank"] for e in merged["traceEvents"] if e["ph"] != "M"}
+    assert ranks == {10, 20}
+    events = TraceFuse(files[:2], client=client).merge(filter_fn=lambda ev: ev.get("cat") != "cpu_op")
+    assert events and not [e for e in events if e.get("cat") == "cpu_op"]
