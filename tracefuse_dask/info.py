@@ -5,7 +5,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .io import DEFAULT_RANK_REGEX, check_document, expand_inputs, parse_json
+from .io import DEFAULT_RANK_REGEX, check_document, expand_inputs, parse_json, paused_gc
 from .merge import connect
 from .model import InputFile
 from .rewrite import is_device_event, to_ns
@@ -16,6 +16,11 @@ _U32 = 1 << 32
 
 
 def _describe_rank(f: InputFile, storage_options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    with paused_gc():
+        return _describe(f, storage_options)
+
+
+def _describe(f: InputFile, storage_options: Mapping[str, Any] | None) -> dict[str, Any] | None:
     doc, nbytes = parse_json(f.path, storage_options)
     if f.listed and isinstance(doc, dict) and "traceEvents" not in doc:
         return None

@@ -41,6 +41,7 @@ from .io import (
     gzip_member,
     load_trace,
     parse_json,
+    paused_gc,
     read_header,
     relative_sources,
 )
@@ -172,6 +173,12 @@ def _read_header_rank(
     if is_merged or not (full or earliest is not None):
         return RankHeader(f.path, None, None, header.get("baseTimeNanoseconds"), header,
                           is_merged=is_merged, bytes_in=f.size or 0)
+    with paused_gc():
+        return _read_whole_rank(f, storage_options, earliest)
+
+
+def _read_whole_rank(f: InputFile, storage_options: Mapping[str, Any] | None,
+                     earliest: MergeOptions | None) -> RankHeader:
     doc, nbytes = parse_json(f.path, storage_options)
     if f.listed and isinstance(doc, dict) and "traceEvents" not in doc:
         return RankHeader(f.path, None, None, None, {}, is_trace=False)
@@ -197,6 +204,11 @@ def _base_of(base: Any, path: str) -> int:
 
 def _rewrite_rank(task: RankTask, storage_options: Mapping[str, Any] | None) -> RankResult:
     """Phase B task: parse, filter and rewrite one rank, and write its partition."""
+    with paused_gc():
+        return _rewrite_rank_now(task, storage_options)
+
+
+def _rewrite_rank_now(task: RankTask, storage_options: Mapping[str, Any] | None) -> RankResult:
     who = f"{task.path} (rank {task.rank})"
     doc, nbytes = load_trace(task.path, storage_options, rank=task.rank)
     events = doc["traceEvents"]

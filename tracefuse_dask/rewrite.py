@@ -34,6 +34,8 @@ SLOTS_PER_RANK = 64
 MAX_RANK = ((1 << 31) - PID_BASE) // SLOTS_PER_RANK - 1
 _U32 = (1 << 32) - 1
 _EXACT_FLOAT = float(1 << 43)  # below this a float's µs fraction still resolves 1 ns
+_EXACT_NS = (1 << 43) * 1000
+_INF = float("inf")
 _DEVICE_CATS = frozenset({"kernel", "memcpy", "memset", "cuda_sync"})
 _FLOW_PH = frozenset({"s", "t", "f"})
 _PROCESS_M = frozenset({"process_name", "process_labels", "process_sort_index"})
@@ -137,46 +139,78 @@ class RankEvents:
         self._select()
 
     def _bad(self, i: int, what: str) -> TraceFormatError:
-        return TraceFormatError(
-            f"{self.who}: event #{i} {what}. Fix or drop that event, or drop this file"
-        )
+        return TraceFormatError(f"{self.who}: event #{i} {what}. Fix or drop that event, or drop this file")
 
     def _scan(self) -> None:
+        """Validate the fields we read or rewrite, take exact ns times, classify pids."""
         events = self.events
         n = len(events)
         self.ns = ns = [None] * n
         self.dev = dev = [False] * n
+        host: set[int] = set()
+        device: set[int] = set()
+        other: set[Any] = set()  # string and negative pids
+        labelled: dict[int, bool] = {}  # pids seen in M events -> labelled "GPU n"
+        dev_tids: set[tuple[Any, Any]] = set()
+        cat_dev: dict[Any, bool] = {}
+        lim = _EXACT_FLOAT
         for i, ev in enumerate(events):
             if type(ev) is not dict:
                 raise self._bad(i, f"is a JSON {type(ev).__name__}, not an object")
             ph = ev.get("ph")
+            pid = ev.get("pid")
+            tid = ev.get("tid")
             if type(ph) is not str:
                 raise self._bad(i, f"has ph={ph!r}; expected a one-letter string such as \"X\"")
-            pid = ev.get("pid")
-            if not (type(pid) is int or type(pid) is str):
+            if type(pid) is not int and type(pid) is not str:
                 raise self._bad(i, f"has pid={pid!r}; expected an int or a string")
-            tid = ev.get("tid")
-            if tid is not None and not (type(tid) is int or type(tid) is str):
+            if tid is not None and type(tid) is not int and type(tid) is not str:
                 raise self._bad(i, f"has tid={tid!r}; expected an int or a string")
-            if "id" in ev and not (type(ev["id"]) is int or type(ev["id"]) is str):
+            if "id" in ev and type(ev["id"]) is not int and type(ev["id"]) is not str:
                 raise self._bad(i, f"has id={ev['id']!r}; expected an int or a string")
             ts = ev.get("ts")
-            if ts is None and ph == "M":
-                continue
-            try:
-                ns[i] = to_ns(ts)
-            except (TypeError, ValueError):
-                raise self._bad(i, f"has ts={ts!r}; expected a finite number of µs") from None
+            if ts is not None or ph != "M":
+                if type(ts) is float and -lim < ts < lim:
+                    k = int(ts)
+                    ns[i] = k * 1000 + round((ts - k) * 1000)
+                else:
+                    try:
+                        ns[i] = to_ns(ts)
+                    except (TypeError, ValueError):
+                        raise self._bad(i, f"has ts={ts!r}; expected a finite number of µs") from None
             if "dur" in ev:
                 d = ev["dur"]
-                try:
-                    dns = to_ns(d)
-                except (TypeError, ValueError):
-                    raise self._bad(i, f"has dur={d!r}; expected a finite number of µs") from None
-                if dns < 0:
-                    raise self._bad(i, f"has a negative dur={d!r}")
-            if ph != "M":
-                dev[i] = is_device_event(ev)
+                td = type(d)
+                if not ((td is float or td is int) and 0 <= d < _INF):
+                    why = "a negative" if (td is float or td is int) and d < 0 else "a bad"
+                    raise self._bad(i, f"has {why} dur={d!r}; expected a finite number of µs >= 0")
+            if type(pid) is str or pid < 0:
+                other.add(pid)
+            elif ph == "M":
+                if ev.get("name") in ("process_labels", "process_name"):
+                    label = next(iter((ev.get("args") or {}).values()), "")
+                    labelled[pid] = labelled.get(pid, False) or (type(label) is str and label.startswith("GPU"))
+            else:
+                cat = ev.get("cat")
+                is_dev = cat_dev.get(cat)
+                if is_dev is None:
+                    is_dev = cat_dev[cat] = is_device_event(ev)
+                if is_dev:
+                    dev[i] = True
+                    device.add(pid)
+                    dev_tids.add((pid, tid))
+                elif ph not in _FLOW_PH:
+                    host.add(pid)
+        for pid, is_gpu in labelled.items():
+            if pid not in host and pid not in device:
+                (device if is_gpu else host).add(pid)
+        # flows on a pid that carries only flows still need a process
+        for i, ev in enumerate(events):
+            pid = ev["pid"]
+            if ev["ph"] in _FLOW_PH and type(pid) is int and pid >= 0 and pid not in host and pid not in device:
+                host.add(pid)
+        self._pids = (host, device, other)
+        self._dev_tids = dev_tids
 
     def _step_spans(self) -> list[tuple[int, int]]:
         lo, hi = self.options.steps  # type: ignore[misc]
@@ -233,9 +267,11 @@ class RankEvents:
 
     def _select(self) -> None:
         events = self.events
-        spans = self._step_spans() if self.options.steps else None
+        opts = self.options
+        spans = self._step_spans() if opts.steps else None
         launches = self._launch_times() if spans is not None else None
         self.keep = keep = [True] * len(events)
+        only_pyfunc = not (opts.keep or spans is not None or self.window_abs_ns is not None or opts.filter_fn)
         anchors: dict[tuple[Any, Any, Any], tuple[bool, bool]] = {}
         flows: list[int] = []
         for i, ev in enumerate(events):
@@ -245,7 +281,10 @@ class RankEvents:
             if ph in _FLOW_PH:
                 flows.append(i)
                 continue
-            k = keep[i] = self._passes(i, ev, spans, launches, False)
+            if only_pyfunc:
+                k = keep[i] = opts.include_pyfunc or ev.get("cat") != "python_function"
+            else:
+                k = keep[i] = self._passes(i, ev, spans, launches, False)
             if ph == "X":
                 key = (ev["pid"], ev.get("tid"), ev["ts"])
                 prev = anchors.get(key)
@@ -278,6 +317,11 @@ class RankEvents:
     def rewrite(self, rank: int, base_out: int) -> list[Any]:
         """The rank's merged events: process metadata first, then kept events in input order.
 
+        Times that need no shift keep their parsed value, which is already exact.
+        Shifted times are written as the float nearest to the exact µs value,
+        whose shortest text is that value while it is below 2**43 µs, and as
+        ``%d.%03d`` text above that. ``dur`` never changes.
+
         Raises
         ------
         MergeError
@@ -288,18 +332,17 @@ class RankEvents:
             raise MergeError(f"{self.who}: rank {rank} is outside 0..{MAX_RANK}, the range the pid layout holds")
         events, keep, dev, ns = self.events, self.keep, self.dev, self.ns
         slots = self._slots()
-        slot_of = {key: j for j, key in enumerate(slots)}
-        dev_tids = {(ev["pid"], ev.get("tid")) for i, ev in enumerate(events) if dev[i]}
-
-        def resolve(pid: Any, is_dev: bool) -> int:
-            if type(pid) is str:
-                return slot_of[("s", pid)]
-            if pid < 0:
-                return slot_of[("n", pid)]
-            j = slot_of.get(("d" if is_dev else "h", pid))
-            return j if j is not None else slot_of[("h" if is_dev else "d", pid)]
-
+        host_map: dict[Any, int] = {}
+        dev_map: dict[Any, int] = {}
+        for j, (kind, pid) in enumerate(slots):
+            (dev_map if kind == "d" else host_map)[pid] = out_pid(rank, j)
+        for pid, new in list(host_map.items()):
+            dev_map.setdefault(pid, new)
+        for pid, new in dev_map.items():
+            host_map.setdefault(pid, new)
+        dev_tids = self._dev_tids
         shift = self.base - base_out
+        exact = _EXACT_NS
         id_map = _IdMap(rank, (ev["id"] for ev in events if "id" in ev))
         field_maps = (
             {f: _IdMap(rank, (ev["args"][f] for ev in events if type(ev.get("args")) is dict
@@ -312,6 +355,7 @@ class RankEvents:
         body: list[Any] = []
         threads: list[Any] = []
         seen_thread_names: set[tuple[int, Any]] = set()
+        u32 = _U32
         for i, ev in enumerate(events):
             if not keep[i]:
                 continue
@@ -320,14 +364,14 @@ class RankEvents:
             if ph == "M":
                 if ev.get("name") in _PROCESS_M:
                     continue
-                j = resolve(pid, (pid, ev.get("tid")) in dev_tids)
+                new_pid = ev["pid"] = (dev_map if (pid, ev.get("tid")) in dev_tids else host_map)[pid]
             else:
-                j = resolve(pid, dev[i])
-                used.add(j)
-            new_pid = out_pid(rank, j)
-            ev["pid"] = new_pid
+                new_pid = ev["pid"] = (dev_map if dev[i] else host_map)[pid]
+                used.add(new_pid)
             if "tid" in ev:
-                ev["tid"] = map_tid(ev["tid"])
+                tid = ev["tid"]
+                if type(tid) is not int or not 0 <= tid <= u32:
+                    ev["tid"] = map_tid(tid)
             t = ns[i]
             if t is not None:
                 out = t + shift
@@ -337,9 +381,8 @@ class RankEvents:
                         "base time; its ts is earlier than its file's baseTimeNanoseconds allows. Check that "
                         "the file's ts are relative to its baseTimeNanoseconds"
                     )
-                ev["ts"] = fmt_us(out)
-                if "dur" in ev:
-                    ev["dur"] = fmt_us(to_ns(ev["dur"]))
+                if shift:
+                    ev["ts"] = out / 1000 if out < exact else fmt_us(out)
             if "id" in ev:
                 ev["id"] = id_map[ev["id"]]
             if ph == "M":
@@ -364,7 +407,8 @@ class RankEvents:
                             args[f + "_raw"] = v
                             args[f] = m[v]
             body.append(ev)
-        shown = range(len(slots)) if self.options.keep_empty_processes else sorted(used)
+        shown = range(len(slots)) if self.options.keep_empty_processes else sorted(
+            j for j in range(len(slots)) if out_pid(rank, j) in used)
         head: list[Any] = []
         for j in shown:
             pid = out_pid(rank, j)
@@ -378,32 +422,11 @@ class RankEvents:
 
     def _slots(self) -> list[tuple[str, Any]]:
         """Distinct pids sorted host, device, string, negative; a pid with both kinds splits."""
-        host: set[int] = set()
-        device: set[int] = set()
-        strings: set[str] = set()
-        negative: set[int] = set()
-        m_only: dict[int, bool] = {}
-        for i, ev in enumerate(self.events):
-            pid = ev["pid"]
-            if type(pid) is str:
-                strings.add(pid)
-            elif pid < 0:
-                negative.add(pid)
-            elif ev["ph"] == "M":
-                if ev.get("name") in ("process_labels", "process_name"):
-                    label = next(iter((ev.get("args") or {}).values()), "")
-                    m_only[pid] = m_only.get(pid, False) or (isinstance(label, str) and label.startswith("GPU"))
-                else:
-                    m_only.setdefault(pid, False)
-            elif self.dev[i]:
-                device.add(pid)
-            else:
-                host.add(pid)
-        for pid, is_gpu in m_only.items():
-            if pid not in host and pid not in device:
-                (device if is_gpu else host).add(pid)
+        host, device, other = self._pids
+        strings = sorted(p for p in other if type(p) is str)
+        negative = sorted((p for p in other if type(p) is int), reverse=True)
         slots = ([("h", p) for p in sorted(host)] + [("d", p) for p in sorted(device)]
-                 + [("s", p) for p in sorted(strings)] + [("n", p) for p in sorted(negative, reverse=True)])
+                 + [("s", p) for p in strings] + [("n", p) for p in negative])
         if len(slots) > SLOTS_PER_RANK:
             raise MergeError(f"{self.who}: {len(slots)} distinct processes, more than the {SLOTS_PER_RANK} "
                              "a rank can hold; is this a merged trace or several jobs in one file?")
