@@ -277,3 +277,21 @@ def test_args_values_pass_through_untouched():
 def test_too_many_processes_is_a_clear_error():
     with pytest.raises(MergeError, match="65 distinct processes"):
         run([x("a", p, 1, 1.0) for p in range(65)])
+
+
+def test_shifted_times_are_written_as_exact_text():
+    rng = random.Random(3)
+    events = [x(f"e{k}", 1, 1, rng.randrange(10**9, 8 * 10**12) / 1000) for k in range(3000)]
+    shift = 7889238 * 10**9 + 1  # another base quarter, plus 1 ns
+    want = [to_ns(e["ts"]) + shift for e in events]
+    sel = RankEvents(copy.deepcopy(events), shift, MergeOptions(), "r")
+    text = orjson.dumps(sel.rewrite(0, 0))
+    import json
+
+    got = [int(Decimal(e["ts"]) * 1000) for e in json.loads(text, parse_float=Decimal) if e["ph"] == "X"]
+    assert got == want
+
+
+def test_times_beyond_2_43_us_use_padded_text():
+    sel = RankEvents([x("a", 1, 1, 1.0)], 9 * 10**18, MergeOptions(), "r")
+    assert b'"ts":9000000000000001.000' in orjson.dumps(sel.rewrite(0, 0))
