@@ -84,3 +84,13 @@ def test_errors_exit_cleanly_without_traceback(argv, code, message, tmp_path, mo
 def test_python_dash_m_runs_the_cli():
     done = subprocess.run([sys.executable, "-m", "tracefuse_dask", "--help"], capture_output=True, text=True)
     assert done.returncode == 0 and "merge" in done.stdout and "info" in done.stdout
+
+
+@pytest.mark.integration
+def test_performance_report_and_quiet(tmp_path, capsys):
+    report = tmp_path / "perf.html"
+    out = tmp_path / "m.json"
+    assert main(["merge", str(shared("gloo_4ranks")), "-o", str(out), "-q", "--workers", "1",
+                 "--performance-report", str(report)]) == 0
+    assert capsys.readouterr().err == ""
+    assert report.read_text().lstrip().lower().startswith("<!doctype html") or "<html" in report.read_text()
