@@ -216,7 +216,7 @@ def _rewrite_rank_now(task: RankTask, storage_options: Mapping[str, Any] | None)
     sel = RankEvents(events, task.base, task.options, who, task.window_abs_ns)
     out = sel.rewrite(task.rank, task.base_out)
     del doc, events, sel
-    data = _SEP.join(map(orjson.dumps, out))
+    data = orjson.dumps(out)[1:-1]  # one line per rank: 5-10x faster than dumping event by event
     n_out = len(out)
     del out
     if task.compress and data:
@@ -422,10 +422,14 @@ def merge_traces(
             summary = _run(c, files, skipped_names, out, tmp_dir, options, subset, rank_regex, so,
                            gzip_members, show_progress, futures)
     except BaseException:
+        # Only unfinished work is cancelled: a finished key that is cancelled would also
+        # cancel the same (deterministic) key of a rerun in this client.
         for fut in futures:
-            fut.cancel()
+            if not fut.done():
+                fut.cancel()
         raise
     finally:
+        futures.clear()
         with contextlib.suppress(FileNotFoundError):
             fs.rm(tmp_path, recursive=True)
     summary.seconds = round(time.perf_counter() - started, 3)
@@ -465,9 +469,11 @@ def _run(
     earliest = None
     if options.window_ns is not None:
         earliest = MergeOptions(options.include_pyfunc, options.keep, options.steps, None, options.filter_fn)
+    t0 = time.perf_counter()
     keys = [f"tracefuse-header-{tokenize(f, so, earliest)}" for f in files]
     futures[:] = c.map(_read_header_rank, files, storage_options=so, earliest=earliest, key=keys)
     headers = c.gather(futures)
+    log.info("read %d headers in %.2f s", len(headers), time.perf_counter() - t0)
     chosen, notes, more_ignored = _resolve_ranks(files, headers, rank_regex)
     warnings.extend(notes)
     ignored.extend(more_ignored)
@@ -514,8 +520,10 @@ def _run(
     tasks = [RankTask(r, h.path, h.base or 0, base_out, f"{tmp_dir}/part-{r:08d}{ext}", options,
                       window_abs, compress) for r, h in chosen]
     keys = [f"tracefuse-rewrite-{tokenize(t, so)}" for t in tasks]
+    t0 = time.perf_counter()
     futures[:] = c.map(_rewrite_rank, tasks, storage_options=so, key=keys)
     results: list[RankResult] = _gather(c, futures, show_progress)
+    log.info("rewrote %d ranks in %.2f s", len(results), time.perf_counter() - t0)
     sources = relative_sources([h.path for h in headers])
     meta = {
         "version": __version__,
@@ -535,11 +543,13 @@ def _run(
     }
     head = (b'{"schemaVersion":1,"displayTimeUnit":"ms","baseTimeNanoseconds":' + str(base_out).encode()
             + b',"metadata":{"tracefuse":' + orjson.dumps(meta) + b'},"traceEvents":[\n')
+    t0 = time.perf_counter()
     parts = [res.part_path for res in results if res.part_bytes]
     fut = c.submit(_concat, out, tmp_dir, head, parts, gzip_out, gzip_members == "single", so,
                    key=f"tracefuse-concat-{tokenize(out, head, parts, gzip_members)}")
     futures[:] = [fut]
     bytes_out = fut.result()
+    log.info("wrote %s (%d bytes) in %.2f s", out, bytes_out, time.perf_counter() - t0)
     return MergeSummary(
         ranks=len(results),
         skipped=[],

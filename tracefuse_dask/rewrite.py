@@ -130,7 +130,6 @@ class RankEvents:
     options: MergeOptions
     who: str
     window_abs_ns: tuple[int, int] | None = None
-    ns: list[int | None] = field(init=False)
     dev: list[bool] = field(init=False)
     keep: list[bool] = field(init=False)
 
@@ -145,7 +144,6 @@ class RankEvents:
         """Validate the fields we read or rewrite, take exact ns times, classify pids."""
         events = self.events
         n = len(events)
-        self.ns = ns = [None] * n
         self.dev = dev = [False] * n
         host: set[int] = set()
         device: set[int] = set()
@@ -153,10 +151,17 @@ class RankEvents:
         labelled: dict[int, bool] = {}  # pids seen in M events -> labelled "GPU n"
         dev_tids: set[tuple[Any, Any]] = set()
         cat_dev: dict[Any, bool] = {}
-        lim = _EXACT_FLOAT
+        self.keep = keep = [True] * n
+        drop_pyfunc = not self.options.include_pyfunc
+        anchors: dict[tuple[Any, Any, Any], int] = {}
+        twins: dict[tuple[Any, Any, Any], list[int]] = {}
+        flows: list[int] = []
         for i, ev in enumerate(events):
             if type(ev) is not dict:
                 raise self._bad(i, f"is a JSON {type(ev).__name__}, not an object")
+            if drop_pyfunc and ev.get("cat") == "python_function":
+                keep[i] = False  # dropped unread: nothing of it is used or rewritten
+                continue
             ph = ev.get("ph")
             pid = ev.get("pid")
             tid = ev.get("tid")
@@ -169,15 +174,9 @@ class RankEvents:
             if "id" in ev and type(ev["id"]) is not int and type(ev["id"]) is not str:
                 raise self._bad(i, f"has id={ev['id']!r}; expected an int or a string")
             ts = ev.get("ts")
-            if ts is not None or ph != "M":
-                if type(ts) is float and -lim < ts < lim:
-                    k = int(ts)
-                    ns[i] = k * 1000 + round((ts - k) * 1000)
-                else:
-                    try:
-                        ns[i] = to_ns(ts)
-                    except (TypeError, ValueError):
-                        raise self._bad(i, f"has ts={ts!r}; expected a finite number of µs") from None
+            tt = type(ts)
+            if not ((tt is float and -_INF < ts < _INF) or tt is int or (ts is None and ph == "M")):
+                raise self._bad(i, f"has ts={ts!r}; expected a finite number of µs")
             if "dur" in ev:
                 d = ev["dur"]
                 td = type(d)
@@ -186,41 +185,50 @@ class RankEvents:
                     raise self._bad(i, f"has {why} dur={d!r}; expected a finite number of µs >= 0")
             if type(pid) is str or pid < 0:
                 other.add(pid)
-            elif ph == "M":
-                if ev.get("name") in ("process_labels", "process_name"):
-                    label = next(iter((ev.get("args") or {}).values()), "")
-                    labelled[pid] = labelled.get(pid, False) or (type(label) is str and label.startswith("GPU"))
+            elif ph == "M" and ev.get("name") in ("process_labels", "process_name"):
+                label = next(iter((ev.get("args") or {}).values()), "")
+                labelled[pid] = labelled.get(pid, False) or (type(label) is str and label.startswith("GPU"))
+            if ph == "M":
+                continue
+            if ph in _FLOW_PH:
+                flows.append(i)
+                continue
+            cat = ev.get("cat")
+            is_dev = cat_dev.get(cat)
+            if is_dev is None:
+                is_dev = cat_dev[cat] = is_device_event(ev)
+            if type(pid) is str or pid < 0:
+                pass
+            elif is_dev:
+                dev[i] = True
+                device.add(pid)
+                dev_tids.add((pid, tid))
             else:
-                cat = ev.get("cat")
-                is_dev = cat_dev.get(cat)
-                if is_dev is None:
-                    is_dev = cat_dev[cat] = is_device_event(ev)
-                if is_dev:
-                    dev[i] = True
-                    device.add(pid)
-                    dev_tids.add((pid, tid))
-                elif ph not in _FLOW_PH:
-                    host.add(pid)
+                host.add(pid)
+            if ph == "X":
+                key = (pid, tid, ts)
+                if anchors.setdefault(key, i) != i:
+                    twins.setdefault(key, []).append(i)
         for pid, is_gpu in labelled.items():
             if pid not in host and pid not in device:
                 (device if is_gpu else host).add(pid)
-        # flows on a pid that carries only flows still need a process
-        for i, ev in enumerate(events):
-            pid = ev["pid"]
-            if ev["ph"] in _FLOW_PH and type(pid) is int and pid >= 0 and pid not in host and pid not in device:
+        for i in flows:  # a pid that carries only flow events still needs a process
+            pid = events[i]["pid"]
+            if type(pid) is int and pid >= 0 and pid not in host and pid not in device:
                 host.add(pid)
         self._pids = (host, device, other)
         self._dev_tids = dev_tids
+        self._anchors = (anchors, twins, flows)
 
     def _step_spans(self) -> list[tuple[int, int]]:
         lo, hi = self.options.steps  # type: ignore[misc]
         spans = []
         for i, ev in enumerate(self.events):
             name = ev.get("name")
-            if ev["ph"] == "X" and type(name) is str and not self.dev[i]:
+            if self.keep[i] and ev["ph"] == "X" and type(name) is str and not self.dev[i]:
                 m = _STEP.match(name)
                 if m and lo <= int(m.group(1)) <= hi:
-                    start = self.ns[i]
+                    start = to_ns(ev["ts"])
                     spans.append((start, start + to_ns(ev.get("dur", 0))))
         return spans
 
@@ -228,8 +236,8 @@ class RankEvents:
         launches: dict[Any, int] = {}
         for i, ev in enumerate(self.events):
             args = ev.get("args")
-            if not self.dev[i] and type(args) is dict and "correlation" in args and self.ns[i] is not None:
-                launches.setdefault(args["correlation"], self.ns[i])
+            if self.keep[i] and not self.dev[i] and type(args) is dict and "correlation" in args and "ts" in ev:
+                launches.setdefault(args["correlation"], to_ns(ev["ts"]))
         return launches
 
     def _passes(self, i: int, ev: dict[str, Any], spans: list[tuple[int, int]] | None,
@@ -245,7 +253,7 @@ class RankEvents:
                 or ("comm" in opts.keep and _is_comm(ev, dev))
             ):
                 return False
-        t = self.ns[i]
+        t = to_ns(ev["ts"])
         if spans is not None:
             if dev and launches:
                 args = ev.get("args")
@@ -255,7 +263,7 @@ class RankEvents:
                 return False
         if self.window_abs_ns is not None:
             w0, w1 = self.window_abs_ns
-            if not w0 <= self.base + self.ns[i] < w1:
+            if not w0 <= self.base + to_ns(ev["ts"]) < w1:
                 return False
         if opts.filter_fn is not None:
             try:
@@ -266,52 +274,40 @@ class RankEvents:
         return True
 
     def _select(self) -> None:
-        events = self.events
+        events, keep, dev = self.events, self.keep, self.dev
         opts = self.options
-        spans = self._step_spans() if opts.steps else None
-        launches = self._launch_times() if spans is not None else None
-        self.keep = keep = [True] * len(events)
-        only_pyfunc = not (opts.keep or spans is not None or self.window_abs_ns is not None or opts.filter_fn)
-        anchors: dict[tuple[Any, Any, Any], tuple[bool, bool]] = {}
-        flows: list[int] = []
-        for i, ev in enumerate(events):
-            ph = ev["ph"]
-            if ph == "M":
-                continue
-            if ph in _FLOW_PH:
-                flows.append(i)
-                continue
-            if only_pyfunc:
-                k = keep[i] = opts.include_pyfunc or ev.get("cat") != "python_function"
-            else:
-                k = keep[i] = self._passes(i, ev, spans, launches, False)
-            if ph == "X":
-                key = (ev["pid"], ev.get("tid"), ev["ts"])
-                prev = anchors.get(key)
-                anchors[key] = (k or (prev is not None and prev[0]), self.dev[i])
+        anchors, twins, flows = self._anchors
+        if opts.keep or opts.steps or self.window_abs_ns is not None or opts.filter_fn:
+            spans = self._step_spans() if opts.steps else None
+            launches = self._launch_times() if spans is not None else None
+            for i, ev in enumerate(events):
+                if keep[i] and ev["ph"] != "M" and ev["ph"] not in _FLOW_PH:
+                    keep[i] = self._passes(i, ev, spans, launches, False)
+        else:
+            spans = launches = None
         # A flow survives only when every one of its ends survives.
         alive: dict[tuple[Any, Any, Any], bool] = {}
         for i in flows:
             ev = events[i]
-            anchor = anchors.get((ev["pid"], ev.get("tid"), ev["ts"]))
-            if anchor is not None:
-                ok = anchor[0]
-                self.dev[i] = anchor[1]
+            key = (ev["pid"], ev.get("tid"), ev["ts"])
+            a = anchors.get(key)
+            if a is not None:
+                ok = keep[a] or any(keep[j] for j in twins.get(key, ()))
+                dev[i] = dev[a]
             else:
                 ok = self._passes(i, ev, spans, launches, True)
-            key = (ev.get("cat"), ev.get("name"), ev.get("id"))
-            alive[key] = alive.get(key, True) and ok
+            fkey = (ev.get("cat"), ev.get("name"), ev.get("id"))
+            alive[fkey] = alive.get(fkey, True) and ok
         for i in flows:
             ev = events[i]
             keep[i] = alive[(ev.get("cat"), ev.get("name"), ev.get("id"))]
 
     def earliest_ns(self, kept_only: bool) -> int | None:
-        """The earliest absolute time (ns) over all, or only kept, non-metadata events."""
-        best = None
-        for i, t in enumerate(self.ns):
-            if t is not None and self.events[i]["ph"] != "M" and (self.keep[i] or not kept_only):
-                if best is None or t < best:
-                    best = t
+        """The earliest absolute time (ns) over kept, or all read, non-metadata events."""
+        unread = None if self.options.include_pyfunc else "python_function"
+        times = (to_ns(ev["ts"]) for i, ev in enumerate(self.events)
+                 if ev["ph"] != "M" and (self.keep[i] or (not kept_only and ev.get("cat") != unread)))
+        best = min(times, default=None)
         return None if best is None else self.base + best
 
     def rewrite(self, rank: int, base_out: int) -> list[Any]:
@@ -330,7 +326,7 @@ class RankEvents:
         """
         if not 0 <= rank <= MAX_RANK:
             raise MergeError(f"{self.who}: rank {rank} is outside 0..{MAX_RANK}, the range the pid layout holds")
-        events, keep, dev, ns = self.events, self.keep, self.dev, self.ns
+        events, keep, dev = self.events, self.keep, self.dev
         slots = self._slots()
         host_map: dict[Any, int] = {}
         dev_map: dict[Any, int] = {}
@@ -343,10 +339,10 @@ class RankEvents:
         dev_tids = self._dev_tids
         shift = self.base - base_out
         exact = _EXACT_NS
-        id_map = _IdMap(rank, (ev["id"] for ev in events if "id" in ev))
+        id_map = _IdMap(rank, (ev["id"] for i, ev in enumerate(events) if keep[i] and "id" in ev))
         field_maps = (
-            {f: _IdMap(rank, (ev["args"][f] for ev in events if type(ev.get("args")) is dict
-                              and type(ev["args"].get(f)) in (int, str)))
+            {f: _IdMap(rank, (ev["args"][f] for i, ev in enumerate(events) if keep[i]
+                              and type(ev.get("args")) is dict and type(ev["args"].get(f)) in (int, str)))
              for f in _ID_FIELDS}
             if self.options.rewrite_ids
             else None
@@ -372,17 +368,15 @@ class RankEvents:
                 tid = ev["tid"]
                 if type(tid) is not int or not 0 <= tid <= u32:
                     ev["tid"] = map_tid(tid)
-            t = ns[i]
-            if t is not None:
-                out = t + shift
-                if out < 0:
-                    raise MergeError(
-                        f"{self.who}: event #{i} ({ev.get('name')!r}) would land {-out} ns before the merged "
-                        "base time; its ts is earlier than its file's baseTimeNanoseconds allows. Check that "
-                        "the file's ts are relative to its baseTimeNanoseconds"
-                    )
+            ts = ev.get("ts")
+            if ts is not None:
                 if shift:
+                    out = to_ns(ts) + shift
+                    if out < 0:
+                        raise self._early(i, ev, -out)
                     ev["ts"] = out / 1000 if out < exact else fmt_us(out)
+                elif ts < 0:
+                    raise self._early(i, ev, -to_ns(ts))
             if "id" in ev:
                 ev["id"] = id_map[ev["id"]]
             if ph == "M":
@@ -419,6 +413,13 @@ class RankEvents:
         shown_pids = {out_pid(rank, j) for j in shown}
         head.extend(ev for ev in threads if ev["pid"] in shown_pids)
         return head + body
+
+    def _early(self, i: int, ev: dict[str, Any], ns: int) -> MergeError:
+        return MergeError(
+            f"{self.who}: event #{i} ({ev.get('name')!r}) would land {ns} ns before the merged base time; its "
+            "ts is earlier than its file's baseTimeNanoseconds allows. Check that the file's ts are relative "
+            "to its baseTimeNanoseconds"
+        )
 
     def _slots(self) -> list[tuple[str, Any]]:
         """Distinct pids sorted host, device, string, negative; a pid with both kinds splits."""
