@@ -5,6 +5,7 @@ from ._version import __version__
 from .errors import (
     MergeError,
     OutputExistsError,
+    OutputWriteError,
     RankError,
     SchedulerConnectionError,
     TraceFileNotFoundError,
@@ -19,6 +20,7 @@ __all__ = [
     "MergeError",
     "MergeSummary",
     "OutputExistsError",
+    "OutputWriteError",
     "RankError",
     "SchedulerConnectionError",
     "TraceFileNotFoundError",

@@ -83,6 +83,11 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--gzip-members", choices=("rank", "single"), default="rank",
                    help="one gzip member per rank (default; Perfetto >= v48) or a single member for old viewers")
     o.add_argument("-f", "--force", action="store_true", help="replace an existing output")
+    b = m.add_argument_group("bad input")
+    b.add_argument("--on-error", choices=("raise", "skip"), default="raise",
+                   help="stop at the first bad rank (default), or go on without bad ranks and list them")
+    b.add_argument("--repair", action="store_true",
+                   help="recover the complete events of truncated files, and report what was recovered")
     r = m.add_argument_group("reporting")
     r.add_argument("--summary-json", action="store_true", help="print one JSON summary line on stdout")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary on stderr")
@@ -167,7 +172,7 @@ def _merge(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
         args.inputs, args.output, storage_options=so, ranks=args.ranks, rank_regex=args.rank_regex,
         include_pyfunc=args.include_pyfunc, keep=args.keep, steps=args.steps, window=args.window,
         rewrite_ids=args.rewrite_ids, keep_empty_processes=args.keep_empty_processes,
-        gzip_members=args.gzip_members, force=args.force, workers=args.workers, scheduler=args.scheduler,
+        gzip_members=args.gzip_members, on_error=args.on_error, repair=args.repair, force=args.force, workers=args.workers, scheduler=args.scheduler,
         scheduler_file=args.scheduler_file, timeout=args.timeout,
         show_progress=not args.quiet and sys.stderr.isatty(), performance_report=args.performance_report,
     )
@@ -177,6 +182,8 @@ def _merge(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
               f"{summary.seconds:.2f} s ({summary.mb_per_s:,.1f} MB/s)", file=sys.stderr)
         for path in summary.ignored:
             print(f"ignored {path}", file=sys.stderr)
+        for sk in summary.skipped:
+            print(f"skipped rank {sk['rank']}: {sk['reason']}", file=sys.stderr)
         for w in summary.warnings:
             print(f"warning: {w}", file=sys.stderr)
         print(f"wrote {summary.output}", file=sys.stderr)

@@ -13,6 +13,7 @@ __all__ = [
     "RankError",
     "MergeError",
     "OutputExistsError",
+    "OutputWriteError",
     "SchedulerConnectionError",
 ]
 
@@ -39,6 +40,10 @@ class MergeError(TraceFuseError):
 
 class OutputExistsError(TraceFuseError, FileExistsError):
     """The output exists and ``force`` was not given."""
+
+
+class OutputWriteError(TraceFuseError, OSError):
+    """The output or a temporary part could not be written (disk full, permission denied)."""
 
 
 class SchedulerConnectionError(TraceFuseError, ConnectionError):

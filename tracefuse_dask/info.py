@@ -21,7 +21,7 @@ def _describe_rank(f: InputFile, storage_options: Mapping[str, Any] | None) -> d
 
 
 def _describe(f: InputFile, storage_options: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    doc, nbytes = parse_json(f.path, storage_options)
+    doc, nbytes, _ = parse_json(f.path, storage_options)
     if f.listed and isinstance(doc, dict) and "traceEvents" not in doc:
         return None
     check_document(doc, f.path)

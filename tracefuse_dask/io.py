@@ -11,12 +11,14 @@ import json
 import posixpath
 import re
 import threading
+import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from typing import IO, Any
 
 import fsspec
 import orjson
 from isal import igzip
+from isal.isal_zlib import error as IsalError
 
 from .errors import TraceFileNotFoundError, TraceFormatError
 from .model import InputFile
@@ -197,42 +199,109 @@ def _decompressed_stream(f: IO[bytes]) -> IO[bytes]:
     return igzip.IGzipFile(fileobj=f, mode="rb") if head == _GZIP_MAGIC else f
 
 
-def read_bytes(path: str, storage_options: Mapping[str, Any] | None = None) -> bytes:
-    """Read one file whole, decompressing it if its content is gzip."""
+def read_bytes(path: str, storage_options: Mapping[str, Any] | None = None, *,
+               repair: bool = False) -> tuple[bytes, bool]:
+    """Read one file whole, decompressing it if its content is gzip.
+
+    Returns the bytes and whether a truncated gzip stream was cut short (only
+    with ``repair``; otherwise that raises).
+    """
     with _open_raw(path, storage_options) as f:
         raw = f.read()
-    if raw[:2] == _GZIP_MAGIC:
+    if raw[:2] != _GZIP_MAGIC:
+        return raw, False
+    try:
+        return igzip.decompress(raw), False
+    except (OSError, EOFError, ValueError, zlib.error, IsalError) as e:
+        if repair:
+            data = _gunzip_prefix(raw)
+            if data:
+                return data, True
+        hint = "" if repair else ", or pass --repair to recover the complete events of a truncated file"
+        raise TraceFormatError(f"{path}: corrupt or truncated gzip ({e}); re-export the trace, drop this "
+                               f"file{hint}") from None
+
+
+def _gunzip_prefix(raw: bytes) -> bytes:
+    """Everything a damaged gzip stream yields before the damage."""
+    out: list[bytes] = []
+    while raw:
+        d = zlib.decompressobj(31)
+        for k in range(0, len(raw), _HEADER_CHUNK):
+            try:
+                out.append(d.decompress(raw[k : k + _HEADER_CHUNK]))
+            except zlib.error:
+                return b"".join(out)
+            if d.eof:
+                break
+        if not d.eof:
+            break
+        raw = d.unused_data
+    return b"".join(out)
+
+
+_EVENT_GAP = re.compile(rb"\}\s*,\s*\{")
+_REPAIR_TAIL = 1 << 22
+_REPAIR_TRIES = 64
+
+
+def _repair(data: bytes, who: str) -> tuple[dict[str, Any], str]:
+    """Close a truncated trace after its last complete event, as Composer's loader does."""
+    start = data.find(b'"traceEvents"')
+    if start < 0:
+        raise TraceFormatError(f"{who}: truncated before its traceEvents; nothing to recover. Re-export the "
+                               "trace or drop this file")
+    lo = max(start, len(data) - _REPAIR_TAIL)
+    cuts = [m.start() + 1 for m in _EVENT_GAP.finditer(data, lo)][::-1][:_REPAIR_TRIES]
+    cuts += [data.find(b"[", start) + 1]  # no complete event at all
+    for cut in cuts:
         try:
-            return igzip.decompress(raw)
-        except (OSError, EOFError, ValueError) as e:
-            raise TraceFormatError(
-                f"{path}: corrupt or truncated gzip ({e}); re-export the trace or drop this file"
-            ) from None
-    return raw
+            doc = orjson.loads(data[:cut] + b"]}")
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
+            n = len(doc["traceEvents"])
+            note = (f"{who}: repaired a truncated trace: the data ends at byte {len(data)}; recovered {n} "
+                    f"complete events up to byte {cut}")
+            return doc, note
+    raise TraceFormatError(f"{who}: truncated, and no complete event could be recovered near the cut at byte "
+                           f"{len(data)}. Re-export the trace or drop this file")
 
 
-def parse_json(path: str, storage_options: Mapping[str, Any] | None = None, *,
-               rank: int | None = None) -> tuple[Any, int]:
-    """Parse one file whole with orjson; return the document and its uncompressed size."""
-    data = read_bytes(path, storage_options)
+def parse_json(path: str, storage_options: Mapping[str, Any] | None = None, *, rank: int | None = None,
+               repair: bool = False) -> tuple[Any, int, str | None]:
+    """Parse one file whole with orjson.
+
+    Returns the document, its uncompressed size and, when ``repair`` recovered
+    a truncated file, a note that says what was recovered.
+    """
+    data, cut_gzip = read_bytes(path, storage_options, repair=repair)
     who = f"{path}" + (f" (rank {rank})" if rank is not None else "")
     if not data.strip():
         raise TraceFormatError(f"{who}: the file is empty; the profiler probably died before writing it. "
                                "Re-export the trace or drop this file")
     try:
-        return orjson.loads(data), len(data)
+        return orjson.loads(data), len(data), None
     except orjson.JSONDecodeError as e:
-        cut = " (the file ends early: it was probably truncated)" if e.pos >= len(data.rstrip()) - 1 else ""
-        raise TraceFormatError(f"{who}: not valid JSON at byte {e.pos}: {e.msg}{cut}. "
-                               "Re-export the trace or drop this file") from None
+        truncated = cut_gzip or e.pos >= len(data.rstrip()) - 1
+        if repair and truncated:
+            doc, note = _repair(data, who)
+            return doc, len(data), note
+        if "UTF-8" in e.msg:
+            raise TraceFormatError(f"{who}: not UTF-8 text near byte {e.pos} ({e.msg}); the file is damaged "
+                                   "or not a trace. Re-export the trace or drop this file") from None
+        what = (" The file ends early: it was probably truncated; pass --repair to recover its complete events"
+                if truncated else "")
+        raise TraceFormatError(f"{who}: not valid JSON at byte {e.pos}: {e.msg}.{what} Otherwise re-export the "
+                               "trace or drop this file") from None
 
 
-def load_trace(path: str, storage_options: Mapping[str, Any] | None = None, *,
-               rank: int | None = None) -> tuple[dict[str, Any], int]:
-    """Parse one trace whole and check its top-level shape; return it and its uncompressed size."""
-    doc, nbytes = parse_json(path, storage_options, rank=rank)
+def load_trace(path: str, storage_options: Mapping[str, Any] | None = None, *, rank: int | None = None,
+               repair: bool = False) -> tuple[dict[str, Any], int, str | None]:
+    """Parse one trace whole and check its top-level shape (see ``parse_json``)."""
+    doc, nbytes, note = parse_json(path, storage_options, rank=rank, repair=repair)
     check_document(doc, f"{path}" + (f" (rank {rank})" if rank is not None else ""))
-    return doc, nbytes
+    return doc, nbytes, note
 
 
 def check_document(doc: Any, who: str) -> None:
@@ -294,22 +363,22 @@ def read_header(path: str, storage_options: Mapping[str, Any] | None = None) -> 
     whole (some files put ``baseTimeNanoseconds`` after the events).
     """
     with _open_raw(path, storage_options) as raw:
-        try:
-            f = _decompressed_stream(raw)
-            buf = b""
-            while len(buf) < _HEADER_LIMIT:
+        f = _decompressed_stream(raw)
+        buf = b""
+        while len(buf) < _HEADER_LIMIT:
+            try:
                 chunk = f.read(_HEADER_CHUNK)
-                buf += chunk
-                try:
-                    got = _scan_header(buf.decode("utf-8", errors="replace"), eof=not chunk)
-                except ValueError:
-                    return {}, False, len(buf)
-                if got is not None:
-                    return got[0], got[1], len(buf)
-                if not chunk:
-                    break
-        except (OSError, EOFError) as e:
-            raise TraceFormatError(f"{path}: corrupt or truncated gzip ({e}); re-export the trace or drop this file") from None
+            except (OSError, EOFError, ValueError, zlib.error, IsalError):
+                chunk = b""  # a damaged stream: the whole-file read reports it (or repairs it)
+            buf += chunk
+            try:
+                got = _scan_header(buf.decode("utf-8", errors="replace"), eof=not chunk)
+            except ValueError:
+                return {}, False, len(buf)
+            if got is not None:
+                return got[0], got[1], len(buf)
+            if not chunk:
+                break
     return {}, False, len(buf)
 
 

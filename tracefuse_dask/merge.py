@@ -22,14 +22,16 @@ import dask
 import fsspec
 import orjson
 from dask.base import tokenize
-from distributed import Client, LocalCluster, progress
+from distributed import Client, LocalCluster, progress, wait
 
 from ._version import __version__
 from .errors import (
     MergeError,
     OutputExistsError,
+    OutputWriteError,
     RankError,
     SchedulerConnectionError,
+    TraceFileNotFoundError,
     TraceFormatError,
     TraceFuseError,
 )
@@ -163,7 +165,7 @@ def build_options(
 
 
 def _read_header_rank(
-    f: InputFile, storage_options: Mapping[str, Any] | None, earliest: MergeOptions | None
+    f: InputFile, storage_options: Mapping[str, Any] | None, earliest: MergeOptions | None, repair: bool = False
 ) -> RankHeader:
     """Phase A task: the header of one file; the whole file only where it must."""
     header, reached, nbytes = read_header(f.path, storage_options)
@@ -174,19 +176,23 @@ def _read_header_rank(
         return RankHeader(f.path, None, None, header.get("baseTimeNanoseconds"), header,
                           is_merged=is_merged, bytes_in=f.size or 0)
     with paused_gc():
-        return _read_whole_rank(f, storage_options, earliest)
+        return _read_whole_rank(f, storage_options, earliest, repair)
 
 
 def _read_whole_rank(f: InputFile, storage_options: Mapping[str, Any] | None,
-                     earliest: MergeOptions | None) -> RankHeader:
-    doc, nbytes = parse_json(f.path, storage_options)
+                     earliest: MergeOptions | None, repair: bool) -> RankHeader:
+    doc, nbytes, note = parse_json(f.path, storage_options, rank=f.rank_hint, repair=repair)
     if f.listed and isinstance(doc, dict) and "traceEvents" not in doc:
         return RankHeader(f.path, None, None, None, {}, is_trace=False)
     check_document(doc, f.path)
     header = {k: v for k, v in doc.items() if k != "traceEvents"}
     is_merged = isinstance(header.get("metadata"), dict) and "tracefuse" in header["metadata"]
     base = header.get("baseTimeNanoseconds")
-    h = RankHeader(f.path, None, None, base, header, is_merged=is_merged, full_read=True, bytes_in=nbytes)
+    h = RankHeader(f.path, None, None, base, header, is_merged=is_merged, full_read=True, bytes_in=nbytes,
+                   repair_note=note)
+    if note and base is None:
+        h.relative_times = any(type(ev) is dict and isinstance(ev.get("ts"), (int, float)) and ev["ts"] < 1e14
+                               for ev in doc["traceEvents"][:1000])
     if earliest is not None and not is_merged:
         sel = RankEvents(doc["traceEvents"], _base_of(base, f.path), earliest, f.path)
         h.earliest_ns = sel.earliest_ns(kept_only=False)
@@ -210,7 +216,7 @@ def _rewrite_rank(task: RankTask, storage_options: Mapping[str, Any] | None) -> 
 
 def _rewrite_rank_now(task: RankTask, storage_options: Mapping[str, Any] | None) -> RankResult:
     who = f"{task.path} (rank {task.rank})"
-    doc, nbytes = load_trace(task.path, storage_options, rank=task.rank)
+    doc, nbytes, note = load_trace(task.path, storage_options, rank=task.rank, repair=task.repair)
     events = doc["traceEvents"]
     n_in = len(events)
     sel = RankEvents(events, task.base, task.options, who, task.window_abs_ns)
@@ -221,9 +227,22 @@ def _rewrite_rank_now(task: RankTask, storage_options: Mapping[str, Any] | None)
     del out
     if task.compress and data:
         data = gzip_member(data)
-    with fsspec.open(task.part_path, "wb", **dict(storage_options or {})) as fo:
-        fo.write(data)
-    return RankResult(task.rank, task.path, n_in, n_out, nbytes, len(data), task.part_path)
+    with _writing(task.part_path):
+        with fsspec.open(task.part_path, "wb", **dict(storage_options or {})) as fo:
+            fo.write(data)
+    return RankResult(task.rank, task.path, n_in, n_out, nbytes, len(data), task.part_path,
+                      [note] if note else [])
+
+
+@contextlib.contextmanager
+def _writing(path: str) -> Iterator[None]:
+    try:
+        yield
+    except OSError as e:
+        if isinstance(e, TraceFuseError):
+            raise
+        raise OutputWriteError(f"{path}: could not write it ({e.strerror or e}); free some space or write "
+                               "the output somewhere else, then rerun") from e
 
 
 def _concat(
@@ -240,7 +259,7 @@ def _concat(
     partial = f"{tmp_dir.rstrip('/')}/merged.partial"
     _, partial_path = fsspec.core.url_to_fs(partial, **dict(storage_options or {}))
     tail = b"\n]}\n"
-    with fs.open(partial_path, "wb") as raw:
+    with _writing(out), fs.open(partial_path, "wb") as raw:
         if gzip_out and single_member:
             from isal import igzip
 
@@ -261,7 +280,8 @@ def _concat(
         dst.write(wrap(tail))
         if dst is not raw:
             dst.close()
-    fs.mv(partial_path, out_path)
+    with _writing(out):
+        fs.mv(partial_path, out_path)
     return fs.size(out_path)
 
 
@@ -334,6 +354,8 @@ def merge_traces(
     rewrite_ids: bool = False,
     keep_empty_processes: bool = False,
     gzip_members: str = "rank",
+    on_error: str = "raise",
+    repair: bool = False,
     force: bool = False,
     workers: int | None = None,
     scheduler: str | None = None,
@@ -369,6 +391,11 @@ def merge_traces(
         Keep processes that have no events (Kineto lists 16 GPUs whatever is used).
     gzip_members
         ``"rank"`` (one gzip member per rank, Perfetto >= v48) or ``"single"``.
+    on_error
+        ``"raise"`` stops at the first bad rank; ``"skip"`` goes on without bad ranks and lists
+        them in the summary and in the output's ``metadata.tracefuse.skipped``.
+    repair
+        Recover the complete events of truncated files (reported in the warnings).
     force
         Replace an existing output.
     show_progress
@@ -395,6 +422,8 @@ def merge_traces(
                             keep_empty_processes=keep_empty_processes)
     if gzip_members not in ("rank", "single"):
         raise MergeError(f"gzip_members={gzip_members!r}; use 'rank' or 'single'")
+    if on_error not in ("raise", "skip"):
+        raise MergeError(f"on_error={on_error!r}; use 'raise' or 'skip'")
     try:
         subset = RankSet.parse(ranks) if isinstance(ranks, str) else (set(ranks) if ranks is not None else None)
     except ValueError as e:
@@ -420,7 +449,7 @@ def merge_traces(
         with connect(client, scheduler=scheduler, scheduler_file=scheduler_file, workers=workers,
                      timeout=timeout) as c, report:
             summary = _run(c, files, skipped_names, out, tmp_dir, options, subset, rank_regex, so,
-                           gzip_members, show_progress, futures)
+                           gzip_members, show_progress, on_error, repair, futures)
     except BaseException:
         # Only unfinished work is cancelled: a finished key that is cancelled would also
         # cancel the same (deterministic) key of a rerun in this client.
@@ -443,38 +472,48 @@ def merge_traces(
     return summary
 
 
-def _gather(c: Client, futures: list[Any], show_progress: bool) -> list[Any]:
+_SKIPPABLE = (TraceFormatError, TraceFileNotFoundError, MergeError, PermissionError)
+
+
+def _outcomes(c: Client, futures: list[Any], show_progress: bool = False) -> list[tuple[Any, BaseException | None]]:
+    """Each task's result or exception, in order; one gather for all the successes."""
     if show_progress:
         with contextlib.redirect_stdout(sys.stderr):
             progress(futures)
-    return c.gather(futures)
+    wait(futures)
+    ok = iter(c.gather([f for f in futures if f.status == "finished"]))
+    return [(next(ok), None) if f.status == "finished" else (None, f.exception()) for f in futures]
 
 
-def _run(
-    c: Client,
-    files: list[InputFile],
-    skipped_names: list[str],
-    out: str,
-    tmp_dir: str,
-    options: MergeOptions,
-    subset: Any,
-    rank_regex: str,
-    so: dict[str, Any],
-    gzip_members: str,
-    show_progress: bool,
-    futures: list[Any],
-) -> MergeSummary:
+def _settle(outcomes: list[tuple[Any, BaseException | None]], paths: list[str], ranks: list[int | None],
+            on_error: str, skipped: list[dict[str, Any]]) -> list[tuple[int, Any]]:
+    """Keep the successes; raise the first failure, or record the bad ranks with ``on_error="skip"``."""
+    kept = []
+    for k, ((result, exc), path, rank) in enumerate(zip(outcomes, paths, ranks)):
+        if exc is None:
+            kept.append((k, result))
+        elif on_error == "skip" and isinstance(exc, _SKIPPABLE):
+            skipped.append({"rank": rank, "path": path, "reason": str(exc)})
+        else:
+            raise exc
+    return kept
+
+
+def _run(c: Client, files: list[InputFile], skipped_names: list[str], out: str, tmp_dir: str,
+         options: MergeOptions, subset: Any, rank_regex: str, so: dict[str, Any], gzip_members: str,
+         show_progress: bool, on_error: str, repair: bool, futures: list[Any]) -> MergeSummary:
     warnings: list[str] = []
     ignored = [f"{p}: not a JSON trace by name, or written by tracefuse" for p in skipped_names]
+    skipped: list[dict[str, Any]] = []
     earliest = None
     if options.window_ns is not None:
         earliest = MergeOptions(options.include_pyfunc, options.keep, options.steps, None, options.filter_fn)
     t0 = time.perf_counter()
-    keys = [f"tracefuse-header-{tokenize(f, so, earliest)}" for f in files]
-    futures[:] = c.map(_read_header_rank, files, storage_options=so, earliest=earliest, key=keys)
-    headers = c.gather(futures)
-    log.info("read %d headers in %.2f s", len(headers), time.perf_counter() - t0)
-    chosen, notes, more_ignored = _resolve_ranks(files, headers, rank_regex)
+    keys = [f"tracefuse-header-{tokenize(f, so, earliest, repair)}" for f in files]
+    futures[:] = c.map(_read_header_rank, files, storage_options=so, earliest=earliest, repair=repair, key=keys)
+    read = _settle(_outcomes(c, futures), [f.path for f in files], [f.rank_hint for f in files], on_error, skipped)
+    log.info("read %d headers in %.2f s", len(read), time.perf_counter() - t0)
+    chosen, notes, more_ignored = _resolve_ranks([files[k] for k, _ in read], [h for _, h in read], rank_regex)
     warnings.extend(notes)
     ignored.extend(more_ignored)
     if subset is not None:
@@ -494,18 +533,16 @@ def _run(
         raise RankError("the inputs come from jobs of different world sizes: "
                         + "; ".join(f"world_size {ws} in {w}" for ws, w in sorted(by.items(), key=str))
                         + ". Merge each job on its own")
-    if sizes:
-        (ws,) = sizes
-        missing = sorted(set(range(ws)) - {r for r, _ in chosen})
-        if missing and subset is None:
-            warnings.append(f"{len(missing)} of {ws} ranks missing: {_ranges(missing)}")
     for _, h in chosen:
         if h.base is not None:
             _base_of(h.base, h.path)
+        if h.repair_note:
+            warnings.append(h.repair_note)
     headers = [h for _, h in chosen]
+    warnings.extend(_assume_bases(chosen))
     if options.window_ns is not None or (any(h.base is not None for h in headers)
                                          and any(h.base is None for h in headers)):
-        _fill_earliest(c, headers, so, earliest or MergeOptions(), futures)
+        _fill_earliest(c, headers, so, earliest or MergeOptions(), repair, futures)
     base_out = _plan_bases(headers)
     window_abs = None
     if options.window_ns is not None:
@@ -518,28 +555,41 @@ def _run(
     compress = gzip_out and gzip_members == "rank"
     ext = ".json.gz" if compress else ".json"
     tasks = [RankTask(r, h.path, h.base or 0, base_out, f"{tmp_dir}/part-{r:08d}{ext}", options,
-                      window_abs, compress) for r, h in chosen]
+                      window_abs, compress, repair) for r, h in chosen]
     keys = [f"tracefuse-rewrite-{tokenize(t, so)}" for t in tasks]
     t0 = time.perf_counter()
     futures[:] = c.map(_rewrite_rank, tasks, storage_options=so, key=keys)
-    results: list[RankResult] = _gather(c, futures, show_progress)
+    done = _settle(_outcomes(c, futures, show_progress), [t.path for t in tasks], [t.rank for t in tasks],
+                   on_error, skipped)
+    if not done:
+        raise MergeError("every rank failed; see the reasons above, fix or re-export the traces")
+    results: list[RankResult] = [res for _, res in done]
     log.info("rewrote %d ranks in %.2f s", len(results), time.perf_counter() - t0)
-    sources = relative_sources([h.path for h in headers])
+    for res in results:
+        warnings.extend(w for w in res.warnings if w not in warnings)
+    if sizes:
+        (ws,) = sizes
+        missing = sorted(set(range(ws)) - {r.rank for r in results} - {s["rank"] for s in skipped})
+        if missing and subset is None:
+            warnings.append(f"{len(missing)} of {ws} ranks missing: {_ranges(missing)}")
+    sources = relative_sources([f.path for f in files])
+    by_rank = dict(chosen)
     meta = {
         "version": __version__,
         "base_time_ns": base_out,
         "options": options.describe(),
         "ranks": {
-            str(r): {
-                "source": sources[h.path],
-                "baseTimeNanoseconds": h.base,
-                "distributedInfo": h.header.get("distributedInfo"),
-                "deviceProperties": h.header.get("deviceProperties"),
-                "host_name": h.header.get("host_name"),
+            str(res.rank): {
+                "source": sources[res.path],
+                "baseTimeNanoseconds": by_rank[res.rank].base,
+                "distributedInfo": by_rank[res.rank].header.get("distributedInfo"),
+                "deviceProperties": by_rank[res.rank].header.get("deviceProperties"),
+                "host_name": by_rank[res.rank].header.get("host_name"),
             }
-            for r, h in chosen
+            for res in results
         },
-        "skipped": [],
+        "skipped": [{"rank": sk["rank"], "source": sources[sk["path"]],
+                     "reason": sk["reason"].replace(sk["path"], sources[sk["path"]])} for sk in skipped],
     }
     head = (b'{"schemaVersion":1,"displayTimeUnit":"ms","baseTimeNanoseconds":' + str(base_out).encode()
             + b',"metadata":{"tracefuse":' + orjson.dumps(meta) + b'},"traceEvents":[\n')
@@ -552,7 +602,7 @@ def _run(
     log.info("wrote %s (%d bytes) in %.2f s", out, bytes_out, time.perf_counter() - t0)
     return MergeSummary(
         ranks=len(results),
-        skipped=[],
+        skipped=skipped,
         events_in=sum(r.events_in for r in results),
         events_out=sum(r.events_out for r in results),
         bytes_in=sum(r.bytes_in for r in results),
@@ -567,12 +617,31 @@ def _run(
     )
 
 
-def _fill_earliest(c: Client, headers: list[RankHeader], so: dict[str, Any], opts: MergeOptions,
+def _assume_bases(chosen: list[tuple[int, RankHeader]]) -> list[str]:
+    """Give a repaired rank that lost its base (cut before it) the job's base, and say so."""
+    bases = sorted(h.base for _, h in chosen if h.base is not None)
+    notes = []
+    for r, h in chosen:
+        if h.relative_times and h.base is None:
+            if bases:
+                h.base = bases[0]
+                notes.append(f"rank {r} ({h.path}): baseTimeNanoseconds came after the cut; assumed the "
+                             f"earliest base of the other ranks, {h.base}")
+            else:
+                notes.append(f"rank {r} ({h.path}): baseTimeNanoseconds came after the cut and no other rank has "
+                             "one; its times are kept relative, so they will not line up with absolute ones")
+        if h.repair_note and not isinstance((h.header.get("distributedInfo") or {}).get("rank"), int):
+            notes.append(f"rank {r} ({h.path}): distributedInfo came after the cut (or is missing); the rank "
+                         "was taken from the file name or list position")
+    return notes
+
+
+def _fill_earliest(c: Client, headers: list[RankHeader], so: dict[str, Any], opts: MergeOptions, repair: bool,
                    futures: list[Any]) -> None:
     todo = [h for h in headers if h.earliest_ns is None]
     files = [InputFile(h.path) for h in todo]
-    keys = [f"tracefuse-earliest-{tokenize(f, so, opts)}" for f in files]
-    futures[:] = c.map(_read_header_rank, files, storage_options=so, earliest=opts, key=keys)
+    keys = [f"tracefuse-earliest-{tokenize(f, so, opts, repair)}" for f in files]
+    futures[:] = c.map(_read_header_rank, files, storage_options=so, earliest=opts, repair=repair, key=keys)
     for h, got in zip(todo, c.gather(futures)):
         h.earliest_ns, h.earliest_kept_ns = got.earliest_ns, got.earliest_kept_ns
 

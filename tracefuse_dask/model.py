@@ -128,6 +128,8 @@ class RankHeader:
     bytes_in: int = 0
     earliest_ns: int | None = None  # absolute, over all events (only when asked)
     earliest_kept_ns: int | None = None  # absolute, over kept events (only when asked)
+    repair_note: str | None = None
+    relative_times: bool = False  # repaired without a base, but its ts look relative to one
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,7 @@ class RankTask:
     options: MergeOptions
     window_abs_ns: tuple[int, int] | None = None
     compress: bool = False
+    repair: bool = False
 
 
 @dataclass

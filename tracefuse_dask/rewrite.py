@@ -35,7 +35,7 @@ MAX_RANK = ((1 << 31) - PID_BASE) // SLOTS_PER_RANK - 1
 _U32 = (1 << 32) - 1
 _EXACT_FLOAT = float(1 << 43)  # below this a float's µs fraction still resolves 1 ns
 _EXACT_NS = (1 << 43) * 1000
-_INF = float("inf")
+_MAX_US = 2**63 // 1000  # ns must fit Perfetto's int64
 _DEVICE_CATS = frozenset({"kernel", "memcpy", "memset", "cuda_sync"})
 _FLOW_PH = frozenset({"s", "t", "f"})
 _PROCESS_M = frozenset({"process_name", "process_labels", "process_sort_index"})
@@ -175,12 +175,12 @@ class RankEvents:
                 raise self._bad(i, f"has id={ev['id']!r}; expected an int or a string")
             ts = ev.get("ts")
             tt = type(ts)
-            if not ((tt is float and -_INF < ts < _INF) or tt is int or (ts is None and ph == "M")):
-                raise self._bad(i, f"has ts={ts!r}; expected a finite number of µs")
+            if not (((tt is float or tt is int) and -_MAX_US < ts < _MAX_US) or (ts is None and ph == "M")):
+                raise self._bad(i, f"has ts={ts!r}; expected a number of µs within ±2**63 ns")
             if "dur" in ev:
                 d = ev["dur"]
                 td = type(d)
-                if not ((td is float or td is int) and 0 <= d < _INF):
+                if not ((td is float or td is int) and 0 <= d < _MAX_US):
                     why = "a negative" if (td is float or td is int) and d < 0 else "a bad"
                     raise self._bad(i, f"has {why} dur={d!r}; expected a finite number of µs >= 0")
             if type(pid) is str or pid < 0:

@@ -53,4 +53,4 @@ class TraceFuse:
         """Return the merged event list. It is held in memory: use this for small inputs only."""
         with tempfile.TemporaryDirectory(prefix="tracefuse-") as tmp:
             out = self.merge_and_save(f"{tmp}/merged.json", filter_fn, include_pyfunc)
-            return orjson.loads(read_bytes(out))["traceEvents"]
+            return orjson.loads(read_bytes(out)[0])["traceEvents"]
