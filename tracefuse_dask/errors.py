@@ -15,6 +15,8 @@ __all__ = [
     "OutputExistsError",
     "OutputWriteError",
     "SchedulerConnectionError",
+    "StorageAccessError",
+    "StorageConnectionError",
 ]
 
 
@@ -48,3 +50,11 @@ class OutputWriteError(TraceFuseError, OSError):
 
 class SchedulerConnectionError(TraceFuseError, ConnectionError):
     """The Dask scheduler could not be reached in time."""
+
+
+class StorageAccessError(TraceFuseError, PermissionError):
+    """Storage refused access: wrong, missing or expired credentials, or a bucket policy."""
+
+
+class StorageConnectionError(TraceFuseError, ConnectionError):
+    """The storage endpoint could not be reached."""

@@ -20,7 +20,13 @@ import orjson
 from isal import igzip
 from isal.isal_zlib import error as IsalError
 
-from .errors import TraceFileNotFoundError, TraceFormatError
+from .errors import (
+    StorageAccessError,
+    StorageConnectionError,
+    TraceFileNotFoundError,
+    TraceFormatError,
+    TraceFuseError,
+)
 from .model import InputFile
 
 __all__ = [
@@ -30,6 +36,9 @@ __all__ = [
     "expand_inputs",
     "gzip_member",
     "is_own_artifact",
+    "options_for",
+    "redact",
+    "storage_errors",
     "load_trace",
     "parse_json",
     "paused_gc",
@@ -95,13 +104,80 @@ def rank_from_name(path: str, rank_regex: str = DEFAULT_RANK_REGEX) -> int | Non
         return None
 
 
+_ALIASES = {"gcs": "gs", "gs": "gcs", "s3a": "s3", "s3": "s3a"}
+_SECRET_KEY = re.compile(r"key|secret|token|password|credential|session|signature", re.IGNORECASE)
+_SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID", "GOOGLE_APPLICATION_CREDENTIALS")
+
+
+def options_for(url: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The fsspec options for ``url``.
+
+    ``storage_options`` is either one set for every protocol, or one per
+    protocol, ``{"s3": {...}, "gs": {...}}``, for mixed inputs and outputs.
+    """
+    so = dict(storage_options or {})
+    if not so or not all(isinstance(v, dict) for v in so.values()):
+        return so
+    if not set(so) <= set(fsspec.available_protocols()):
+        return so
+    if "::" in url:
+        return so  # fsspec hands each protocol of a chained URL its own dict
+    proto = fsspec.core.split_protocol(url)[0] or "file"
+    return dict(so.get(proto) or so.get(_ALIASES.get(proto, ""), {}))
+
+
+def _secrets(value: Any, key: str = "") -> Iterator[str]:
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from _secrets(v, str(k))
+    elif isinstance(value, str) and len(value) >= 4 and _SECRET_KEY.search(key):
+        yield value
+
+
+def redact(text: str, storage_options: Mapping[str, Any] | None = None) -> str:
+    """``text`` with every credential of ``storage_options`` and the environment replaced by ``***``."""
+    import os
+
+    for secret in list(_secrets(storage_options or {})) + [os.environ.get(k, "") for k in _SECRET_ENV]:
+        if len(secret) >= 4:
+            text = text.replace(secret, "***")
+    return text
+
+
+def _is_connection_error(e: BaseException) -> bool:
+    if isinstance(e, (ConnectionError, TimeoutError)):
+        return True
+    name, module = type(e).__name__, type(e).__module__
+    return ("Connect" in name or "Timeout" in name) and module.split(".")[0] in ("botocore", "aiohttp", "urllib3")
+
+
+@contextlib.contextmanager
+def storage_errors(url: str, storage_options: Mapping[str, Any] | None = None) -> Iterator[None]:
+    """Turn storage failures into typed errors that name ``url`` and say what to do, without secrets."""
+    try:
+        yield
+    except TraceFuseError:
+        raise
+    except FileNotFoundError:
+        raise TraceFileNotFoundError(f"{url}: no such file or object; check the path (bucket and key)") from None
+    except PermissionError as e:
+        raise StorageAccessError(
+            f"{url}: access denied ({redact(str(e), storage_options)}); check the credentials (environment, "
+            "config files or --storage-options), whether they expired, and the bucket's policy") from None
+    except Exception as e:
+        if not _is_connection_error(e):
+            raise
+        raise StorageConnectionError(
+            f"{url}: cannot reach the storage ({redact(str(e), storage_options)}); check the endpoint "
+            "(endpoint_url in --storage-options) and the network") from None
+
+
 def _fs_for(urlpath: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
-    fs, path = fsspec.core.url_to_fs(urlpath, **dict(storage_options or {}))
-    return fs, path
+    return fsspec.core.url_to_fs(urlpath, **options_for(urlpath, storage_options))
 
 
 def _unstrip(fs: Any, path: str) -> str:
-    return fs.unstrip_protocol(path) if fs.protocol not in ("file", ("file", "local")) else path
+    return path if fs.protocol in ("file", ("file", "local")) else fs.unstrip_protocol(path)
 
 
 def expand_inputs(
@@ -137,8 +213,9 @@ def expand_inputs(
         for rank, path in sorted(urlpath.items()):
             if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
                 raise TraceFormatError(f"rank key {rank!r} for {path}: ranks must be ints >= 0")
-            fs, p = _fs_for(path, storage_options)
-            files.append(InputFile(path, _size(fs, p, path), rank, "key", False))
+            with storage_errors(path, storage_options):
+                fs, p = _fs_for(path, storage_options)
+                files.append(InputFile(path, _size(fs, p, path, storage_options), rank, "key", False))
         return files, []
     items = [urlpath] if isinstance(urlpath, str) else list(urlpath)
     if not items:
@@ -148,16 +225,18 @@ def expand_inputs(
     order = 0
     for item in items:
         item = str(item)
-        fs, p = _fs_for(item, storage_options)
-        if _GLOB_CHARS.search(p):
-            found = fs.glob(p, detail=True)
-            listed = True
-        elif fs.isdir(p):
-            found = {info["name"]: info for info in fs.ls(p, detail=True)}
-            listed = True
-        else:
+        with storage_errors(item, storage_options):
+            chain, _, last = item.rpartition("::")  # list through the innermost filesystem
+            fs, p = _fs_for(last, options_for(last, storage_options))
+            if _GLOB_CHARS.search(p):
+                found = fs.glob(p, detail=True)
+            elif fs.isdir(p):
+                found = {info["name"]: info for info in fs.ls(p, detail=True)}
+            else:
+                found = None
+        if found is None:
             hint = rank_from_name(p, rank_regex)
-            files.append(InputFile(item, _size(fs, p, item), hint if hint is not None else order,
+            files.append(InputFile(item, _size(fs, p, item, storage_options), hint if hint is not None else order,
                                    "name" if hint is not None else "order", False))
             order += 1
             continue
@@ -165,7 +244,7 @@ def expand_inputs(
         for name, info in sorted(found.items()):
             if info.get("type") == "directory":
                 continue
-            full = _unstrip(fs, name)
+            full = (chain + "::" if chain else "") + _unstrip(fs, name)
             if is_own_artifact(name) or not _TRACE_NAME.search(name):
                 skipped.append(full)
                 continue
@@ -179,18 +258,14 @@ def expand_inputs(
     return files, skipped
 
 
-def _size(fs: Any, path: str, shown: str) -> int | None:
-    try:
+def _size(fs: Any, path: str, shown: str, storage_options: Mapping[str, Any] | None) -> int | None:
+    with storage_errors(shown, storage_options):
         return fs.size(path)
-    except FileNotFoundError:
-        raise TraceFileNotFoundError(f"{shown}: no such file; check the path") from None
 
 
 def _open_raw(path: str, storage_options: Mapping[str, Any] | None) -> IO[bytes]:
-    try:
-        return fsspec.open(path, "rb", **dict(storage_options or {})).open()
-    except FileNotFoundError:
-        raise TraceFileNotFoundError(f"{path}: no such file; check the path") from None
+    with storage_errors(path, storage_options):
+        return fsspec.open(path, "rb", **options_for(path, storage_options)).open()
 
 
 def _decompressed_stream(f: IO[bytes]) -> IO[bytes]:
@@ -206,7 +281,7 @@ def read_bytes(path: str, storage_options: Mapping[str, Any] | None = None, *,
     Returns the bytes and whether a truncated gzip stream was cut short (only
     with ``repair``; otherwise that raises).
     """
-    with _open_raw(path, storage_options) as f:
+    with _open_raw(path, storage_options) as f, storage_errors(path, storage_options):
         raw = f.read()
     if raw[:2] != _GZIP_MAGIC:
         return raw, False

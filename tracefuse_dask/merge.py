@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -37,6 +36,8 @@ from .errors import (
 )
 from .io import (
     DEFAULT_RANK_REGEX,
+    options_for,
+    storage_errors,
     TMP_SUFFIX,
     check_document,
     expand_inputs,
@@ -60,6 +61,7 @@ from .model import (
     parse_window,
 )
 from .rewrite import RankEvents
+from .storage import MIN_PART, Piece, abort_uploads, join, plan_groups, protocol_of, write_group
 
 __all__ = ["connect", "merge_traces", "build_options"]
 
@@ -67,7 +69,6 @@ log = logging.getLogger("tracefuse_dask")
 
 _BIG_OUTPUT = 1_500_000_000
 _SEP = b",\n"
-_COPY_BUFFER = 1 << 23
 
 
 @contextlib.contextmanager
@@ -78,13 +79,15 @@ def connect(
     scheduler_file: str | None = None,
     workers: int | None = None,
     timeout: float = 10.0,
+    in_process: bool = False,
 ) -> Iterator[Client]:
     """Yield a Dask client: the one given, an existing cluster's, or an embedded LocalCluster.
 
     An existing cluster comes from ``scheduler``, ``scheduler_file`` or the
     ``scheduler-address`` Dask config (``DASK_SCHEDULER_ADDRESS``). Otherwise a
     process-based ``LocalCluster`` with ``workers`` single-threaded workers
-    (default: one per core) is started and closed on exit.
+    (default: one per core) is started and closed on exit; with ``in_process``
+    its workers are threads of this process (what ``memory://`` paths need).
 
     Raises
     ------
@@ -113,7 +116,7 @@ def connect(
             yield c
         return
     n = workers or os.cpu_count() or 1
-    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
+    with LocalCluster(n_workers=n, threads_per_worker=1, processes=not in_process, dashboard_address=":0",
                       silence_logs=logging.CRITICAL) as cluster, Client(cluster) as c:
         yield c
 
@@ -220,18 +223,19 @@ def _rewrite_rank_now(task: RankTask, storage_options: Mapping[str, Any] | None)
     events = doc["traceEvents"]
     n_in = len(events)
     sel = RankEvents(events, task.base, task.options, who, task.window_abs_ns)
-    out = sel.rewrite(task.rank, task.base_out)
+    head, body = sel.rewrite(task.rank, task.base_out)
     del doc, events, sel
-    data = orjson.dumps(out)[1:-1]  # one line per rank: 5-10x faster than dumping event by event
-    n_out = len(out)
-    del out
+    # Every partition carries its own leading separator, so partitions join as plain bytes.
+    data = _SEP + orjson.dumps(body)[1:-1] if body else b""
+    n_out = len(head) + len(body)
+    del body
     if task.compress and data:
         data = gzip_member(data)
-    with _writing(task.part_path):
-        with fsspec.open(task.part_path, "wb", **dict(storage_options or {})) as fo:
+    with _writing(task.part_path), storage_errors(task.part_path, storage_options):
+        with fsspec.open(task.part_path, "wb", **options_for(task.part_path, storage_options)) as fo:
             fo.write(data)
     return RankResult(task.rank, task.path, n_in, n_out, nbytes, len(data), task.part_path,
-                      [note] if note else [])
+                      orjson.dumps(head)[1:-1], [note] if note else [])
 
 
 @contextlib.contextmanager
@@ -245,44 +249,65 @@ def _writing(path: str) -> Iterator[None]:
                                "the output somewhere else, then rerun") from e
 
 
-def _concat(
-    out: str,
-    tmp_dir: str,
-    head: bytes,
-    parts: list[str],
-    gzip_out: bool,
-    single_member: bool,
-    storage_options: Mapping[str, Any] | None,
-) -> int:
-    """Final task: header, partitions in rank order, footer; then rename into place."""
-    fs, out_path = fsspec.core.url_to_fs(out, **dict(storage_options or {}))
-    partial = f"{tmp_dir.rstrip('/')}/merged.partial"
-    _, partial_path = fsspec.core.url_to_fs(partial, **dict(storage_options or {}))
-    tail = b"\n]}\n"
-    with _writing(out), fs.open(partial_path, "wb") as raw:
-        if gzip_out and single_member:
-            from isal import igzip
+def _write_group(out: str, pieces: list[Piece], dest: str, recompress: bool,
+                 storage_options: Mapping[str, Any] | None) -> int:
+    """Task: write consecutive pieces of the output as one object (a part of at least 5 MiB)."""
+    with _writing(dest), storage_errors(dest, storage_options):
+        fs, path = fsspec.core.url_to_fs(dest, **options_for(out, storage_options))
+        return write_group(fs, pieces, path, recompress)
 
-            from .io import GZIP_LEVEL
 
-            dst = igzip.IGzipFile(filename="", fileobj=raw, mode="wb", compresslevel=GZIP_LEVEL, mtime=0)
-            wrap = lambda b: b  # noqa: E731
+def _finish(out: str, tmp_dir: str, sources: list[str], sizes: list[int],
+            storage_options: Mapping[str, Any] | None) -> int:
+    """Task: make the output from its parts (server side on S3 and GCS, a rename elsewhere)."""
+    with _writing(out), storage_errors(out, storage_options):
+        fs, out_path = fsspec.core.url_to_fs(out, **options_for(out, storage_options))
+        paths = [fsspec.core.url_to_fs(u, **options_for(out, storage_options))[1] for u in sources]
+        if len(paths) == 1 and protocol_of(fs) == "other":
+            fs.mv(paths[0], out_path)
         else:
-            dst = raw
-            wrap = gzip_member if gzip_out else (lambda b: b)
-        dst.write(wrap(head))
-        sep = wrap(_SEP)
-        for k, part in enumerate(parts):
-            if k:
-                dst.write(sep)
-            with fs.open(part, "rb") as src:
-                shutil.copyfileobj(src, dst, _COPY_BUFFER)
-        dst.write(wrap(tail))
-        if dst is not raw:
-            dst.close()
-    with _writing(out):
-        fs.mv(partial_path, out_path)
-    return fs.size(out_path)
+            _, tmp_path = fsspec.core.url_to_fs(tmp_dir, **options_for(out, storage_options))
+            join(fs, out_path, paths, sizes, tmp_path)
+        return fs.size(out_path)
+
+
+def _clean(fs: Any, out: str, tmp_dir: str, so: Mapping[str, Any]) -> None:
+    """Abort unfinished multipart uploads of ``out`` and remove its temporary folder."""
+    _, out_path = fsspec.core.url_to_fs(out, **options_for(out, so))
+    _, tmp_path = fsspec.core.url_to_fs(tmp_dir, **options_for(out, so))
+    abort_uploads(fs, out_path, tmp_path)
+    with contextlib.suppress(FileNotFoundError):
+        fs.rm(tmp_path, recursive=True)
+
+
+def _assemble(c: Client, out: str, tmp_dir: str, head: bytes, results: list[RankResult], gzip_out: bool,
+              single_member: bool, so: dict[str, Any], futures: list[Any]) -> int:
+    """Join header, partitions and footer into ``out``; the client only plans and moves metadata."""
+    fs = fsspec.core.url_to_fs(out, **options_for(out, so))[0]
+    wrap = gzip_member if gzip_out and not single_member else (lambda b: b)
+    pieces: list[Piece] = [wrap(head)] + [(r.part_path, r.part_bytes) for r in results if r.part_bytes]
+    pieces.append(wrap(b"\n]}\n"))
+    strategy = protocol_of(fs)
+    if strategy == "other" or single_member:
+        groups = [list(range(len(pieces)))]
+    else:
+        groups = plan_groups(pieces, MIN_PART if strategy == "s3" else 1)
+    sources: list[Any] = []
+    for k, group in enumerate(groups):
+        piece = pieces[group[0]]
+        if len(group) == 1 and not isinstance(piece, bytes):
+            sources.append(piece)  # a big partition: copied server side as it is
+            continue
+        dest = f"{tmp_dir}/group-{k:08d}"
+        fut = c.submit(_write_group, out, [pieces[i] for i in group], dest, single_member, so,
+                       key=f"tracefuse-group-{tokenize(out, dest, [pieces[i] for i in group], single_member)}")
+        futures.append(fut)
+        sources.append((dest, fut))
+    sizes = [s[1] if isinstance(s[1], int) else s[1].result() for s in sources]
+    paths = [s[0] for s in sources]
+    fut = c.submit(_finish, out, tmp_dir, paths, sizes, so, key=f"tracefuse-finish-{tokenize(out, paths, sizes)}")
+    futures.append(fut)
+    return fut.result()
 
 
 def _resolve_ranks(
@@ -432,13 +457,13 @@ def merge_traces(
     if subset is not None:
         files = [f for f in files if f.hint_source not in ("key", "name") or f.rank_hint in subset]
     so = dict(storage_options or {})
-    fs, out_path = fsspec.core.url_to_fs(out, **so)
-    if fs.exists(out_path) and not force:
-        raise OutputExistsError(f"{out}: the output exists; pass --force (force=True) to replace it")
     tmp_dir = out.rstrip("/") + TMP_SUFFIX
-    _, tmp_path = fsspec.core.url_to_fs(tmp_dir, **so)
-    if fs.exists(tmp_path):
-        fs.rm(tmp_path, recursive=True)
+    with storage_errors(out, so):
+        fs, out_path = fsspec.core.url_to_fs(out, **options_for(out, so))
+        if fs.exists(out_path) and not force:
+            raise OutputExistsError(f"{out}: the output exists; pass --force (force=True) to replace it")
+        _clean(fs, out, tmp_dir, so)  # leftovers of a crashed run
+    in_memory = any(url.startswith("memory://") for url in [out] + [f.path for f in files])
     report = contextlib.nullcontext()
     if performance_report:
         from distributed import performance_report as _perf
@@ -447,7 +472,11 @@ def merge_traces(
     futures: list[Any] = []
     try:
         with connect(client, scheduler=scheduler, scheduler_file=scheduler_file, workers=workers,
-                     timeout=timeout) as c, report:
+                     timeout=timeout, in_process=in_memory) as c, report:
+            if in_memory and set(c.run(os.getpid).values()) != {os.getpid()}:
+                raise MergeError("memory:// paths live in one process, but this Dask cluster runs its workers in "
+                                 "other processes; use a local path or object storage, or an in-process cluster "
+                                 "(LocalCluster(processes=False))")
             summary = _run(c, files, skipped_names, out, tmp_dir, options, subset, rank_regex, so,
                            gzip_members, show_progress, on_error, repair, futures)
     except BaseException:
@@ -459,8 +488,8 @@ def merge_traces(
         raise
     finally:
         futures.clear()
-        with contextlib.suppress(FileNotFoundError):
-            fs.rm(tmp_path, recursive=True)
+        with storage_errors(out, so):
+            _clean(fs, out, tmp_dir, so)
     summary.seconds = round(time.perf_counter() - started, 3)
     summary.mb_per_s = round(summary.bytes_in / 1e6 / summary.seconds, 1) if summary.seconds else 0.0
     if summary.bytes_out > _BIG_OUTPUT:
@@ -592,13 +621,11 @@ def _run(c: Client, files: list[InputFile], skipped_names: list[str], out: str, 
                      "reason": sk["reason"].replace(sk["path"], sources[sk["path"]])} for sk in skipped],
     }
     head = (b'{"schemaVersion":1,"displayTimeUnit":"ms","baseTimeNanoseconds":' + str(base_out).encode()
-            + b',"metadata":{"tracefuse":' + orjson.dumps(meta) + b'},"traceEvents":[\n')
+            + b',"metadata":{"tracefuse":' + orjson.dumps(meta) + b'},"traceEvents":[\n'
+            + _SEP.join(r.head for r in results if r.head))
     t0 = time.perf_counter()
-    parts = [res.part_path for res in results if res.part_bytes]
-    fut = c.submit(_concat, out, tmp_dir, head, parts, gzip_out, gzip_members == "single", so,
-                   key=f"tracefuse-concat-{tokenize(out, head, parts, gzip_members)}")
-    futures[:] = [fut]
-    bytes_out = fut.result()
+    futures.clear()
+    bytes_out = _assemble(c, out, tmp_dir, head, results, gzip_out, gzip_members == "single", so, futures)
     log.info("wrote %s (%d bytes) in %.2f s", out, bytes_out, time.perf_counter() - t0)
     return MergeSummary(
         ranks=len(results),

@@ -158,6 +158,7 @@ class RankResult:
     bytes_in: int
     part_bytes: int
     part_path: str
+    head: bytes = b""  # the rank's process metadata events, which go into the output's header
     warnings: list[str] = field(default_factory=list)
 
 

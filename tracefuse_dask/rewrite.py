@@ -310,8 +310,12 @@ class RankEvents:
         best = min(times, default=None)
         return None if best is None else self.base + best
 
-    def rewrite(self, rank: int, base_out: int) -> list[Any]:
-        """The rank's merged events: process metadata first, then kept events in input order.
+    def rewrite(self, rank: int, base_out: int) -> tuple[list[Any], list[Any]]:
+        """The rank's merged events, as ``(head, body)``.
+
+        ``head`` holds the process metadata (names and sort order of the pids
+        that are shown); ``body`` the thread metadata, then the kept events in
+        input order.
 
         Times that need no shift keep their parsed value, which is already exact.
         Shifted times are written as the float nearest to the exact µs value,
@@ -411,8 +415,7 @@ class RankEvents:
             head.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
                          "args": {"sort_index": rank * SLOTS_PER_RANK + j}})
         shown_pids = {out_pid(rank, j) for j in shown}
-        head.extend(ev for ev in threads if ev["pid"] in shown_pids)
-        return head + body
+        return head, [ev for ev in threads if ev["pid"] in shown_pids] + body
 
     def _early(self, i: int, ev: dict[str, Any], ns: int) -> MergeError:
         return MergeError(
