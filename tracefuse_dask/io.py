@@ -160,7 +160,7 @@ def storage_errors(url: str, storage_options: Mapping[str, Any] | None = None) -
         raise
     except ImportError as e:
         extra = " (pip install 'tracefuse_dask[gcs]')" if url.startswith(("gs://", "gcs://")) else ""
-        raise StorageConnectionError(f"{url}: {e}{extra}") from None
+        raise TraceFuseError(f"{url}: {e}{extra}") from None
     except FileNotFoundError:
         raise TraceFileNotFoundError(f"{url}: no such file or object; check the path (bucket and key)") from None
     except PermissionError as e:
