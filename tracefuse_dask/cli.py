@@ -83,6 +83,9 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--gzip-members", choices=("rank", "single"), default="rank",
                    help="one gzip member per rank (default; Perfetto >= v48) or a single member for old viewers")
     o.add_argument("-f", "--force", action="store_true", help="replace an existing output")
+    o.add_argument("--skip-if-unchanged", action="store_true",
+                   help="do nothing when OUT.manifest.json shows the same inputs, options and version; "
+                        "otherwise rebuild (implies --force) and write the manifest")
     b = m.add_argument_group("bad input")
     b.add_argument("--on-error", choices=("raise", "skip"), default="raise",
                    help="stop at the first bad rank (default), or go on without bad ranks and list them")
@@ -172,11 +175,15 @@ def _merge(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
         args.inputs, args.output, storage_options=so, ranks=args.ranks, rank_regex=args.rank_regex,
         include_pyfunc=args.include_pyfunc, keep=args.keep, steps=args.steps, window=args.window,
         rewrite_ids=args.rewrite_ids, keep_empty_processes=args.keep_empty_processes,
-        gzip_members=args.gzip_members, on_error=args.on_error, repair=args.repair, force=args.force, workers=args.workers, scheduler=args.scheduler,
+        gzip_members=args.gzip_members, on_error=args.on_error, repair=args.repair, force=args.force,
+        skip_if_unchanged=args.skip_if_unchanged, workers=args.workers, scheduler=args.scheduler,
         scheduler_file=args.scheduler_file, timeout=args.timeout,
         show_progress=not args.quiet and sys.stderr.isatty(), performance_report=args.performance_report,
     )
-    if not args.quiet:
+    if summary.status == "unchanged":
+        if not args.quiet:
+            print(f"unchanged: {summary.warnings[0]}", file=sys.stderr)
+    elif not args.quiet:
         print(f"merged {summary.ranks} ranks: {summary.events_in:,} events in, {summary.events_out:,} out; "
               f"{summary.bytes_in / 1e6:,.1f} MB in, {summary.bytes_out / 1e6:,.1f} MB out, "
               f"{summary.seconds:.2f} s ({summary.mb_per_s:,.1f} MB/s)", file=sys.stderr)

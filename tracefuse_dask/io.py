@@ -218,7 +218,8 @@ def expand_inputs(
                 raise TraceFormatError(f"rank key {rank!r} for {path}: ranks must be ints >= 0")
             with storage_errors(path, storage_options):
                 fs, p = _fs_for(path, storage_options)
-                files.append(InputFile(path, _size(fs, p, path, storage_options), rank, "key", False))
+                info = _info(fs, p, path, storage_options)
+                files.append(InputFile(path, info.get("size"), rank, "key", False, _stamp(info)))
         return files, []
     items = [urlpath] if isinstance(urlpath, str) else list(urlpath)
     if not items:
@@ -239,8 +240,9 @@ def expand_inputs(
                 found = None
         if found is None:
             hint = rank_from_name(p, rank_regex)
-            files.append(InputFile(item, _size(fs, p, item, storage_options), hint if hint is not None else order,
-                                   "name" if hint is not None else "order", False))
+            info = _info(fs, p, item, storage_options)
+            files.append(InputFile(item, info.get("size"), hint if hint is not None else order,
+                                   "name" if hint is not None else "order", False, _stamp(info)))
             order += 1
             continue
         matched = 0
@@ -252,7 +254,8 @@ def expand_inputs(
                 skipped.append(full)
                 continue
             hint = rank_from_name(name, rank_regex)
-            files.append(InputFile(full, info.get("size"), hint, "name" if hint is not None else None, True))
+            files.append(InputFile(full, info.get("size"), hint, "name" if hint is not None else None, True,
+                                   _stamp(info)))
             matched += 1
         if not matched:
             raise TraceFileNotFoundError(
@@ -261,9 +264,17 @@ def expand_inputs(
     return files, skipped
 
 
-def _size(fs: Any, path: str, shown: str, storage_options: Mapping[str, Any] | None) -> int | None:
+def _info(fs: Any, path: str, shown: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
     with storage_errors(shown, storage_options):
-        return fs.size(path)
+        return fs.info(path)
+
+
+def _stamp(info: Mapping[str, Any]) -> str | None:
+    """What changes when the file does: the etag (S3, GCS), else the modification time."""
+    for key in ("ETag", "etag", "md5Hash", "generation", "mtime", "LastModified", "updated", "created"):
+        if info.get(key) is not None:
+            return f"{key}={info[key]}"
+    return None
 
 
 def _open_raw(path: str, storage_options: Mapping[str, Any] | None) -> IO[bytes]:

@@ -36,6 +36,7 @@ from .errors import (
 )
 from .io import (
     DEFAULT_RANK_REGEX,
+    MANIFEST_SUFFIX,
     options_for,
     storage_errors,
     TMP_SUFFIX,
@@ -382,6 +383,7 @@ def merge_traces(
     on_error: str = "raise",
     repair: bool = False,
     force: bool = False,
+    skip_if_unchanged: bool = False,
     workers: int | None = None,
     scheduler: str | None = None,
     scheduler_file: str | None = None,
@@ -423,6 +425,10 @@ def merge_traces(
         Recover the complete events of truncated files (reported in the warnings).
     force
         Replace an existing output.
+    skip_if_unchanged
+        Do nothing when ``<out>.manifest.json`` shows the same inputs (size and etag or
+        mtime), options and tool version as now (status ``"unchanged"``); otherwise merge,
+        replacing the output, and write the manifest.
     show_progress
         Draw a progress bar on stderr.
     performance_report
@@ -458,6 +464,14 @@ def merge_traces(
         files = [f for f in files if f.hint_source not in ("key", "name") or f.rank_hint in subset]
     so = dict(storage_options or {})
     tmp_dir = out.rstrip("/") + TMP_SUFFIX
+    manifest = None
+    if skip_if_unchanged:
+        manifest = _manifest(files, out, options, ranks, rank_regex, gzip_members, on_error, repair)
+        unchanged = _unchanged(out, manifest, so)
+        if unchanged is not None:
+            unchanged.seconds = round(time.perf_counter() - started, 3)
+            return unchanged
+        force = True
     with storage_errors(out, so):
         fs, out_path = fsspec.core.url_to_fs(out, **options_for(out, so))
         if fs.exists(out_path) and not force:
@@ -490,6 +504,9 @@ def merge_traces(
         futures.clear()
         with storage_errors(out, so):
             _clean(fs, out, tmp_dir, so)
+    if manifest is not None:
+        with storage_errors(out + MANIFEST_SUFFIX, so):
+            fs.pipe(out_path + MANIFEST_SUFFIX, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
     summary.seconds = round(time.perf_counter() - started, 3)
     summary.mb_per_s = round(summary.bytes_in / 1e6 / summary.seconds, 1) if summary.seconds else 0.0
     if summary.bytes_out > _BIG_OUTPUT:
@@ -502,6 +519,38 @@ def merge_traces(
 
 
 _SKIPPABLE = (TraceFormatError, TraceFileNotFoundError, MergeError, PermissionError)
+
+
+def _manifest(files: list[InputFile], out: str, options: MergeOptions, ranks: Any, rank_regex: str,
+              gzip_members: str, on_error: str, repair: bool) -> dict[str, Any]:
+    """What the output was made from: inputs (size and etag or mtime), options, tool version; no credentials."""
+    return {
+        "tool": "tracefuse_dask",
+        "version": __version__,
+        "output": out,
+        "inputs": [{"path": f.path, "size": f.size, "stamp": f.stamp, "rank": f.rank_hint if f.hint_source == "key"
+                    else None} for f in files],
+        "options": {**options.describe(), "ranks": ranks if ranks is None or isinstance(ranks, str)
+                    else sorted(ranks), "rank_regex": rank_regex, "gzip_members": gzip_members,
+                    "on_error": on_error, "repair": repair},
+    }
+
+
+def _unchanged(out: str, manifest: dict[str, Any], so: Mapping[str, Any]) -> MergeSummary | None:
+    """The summary of a run that has nothing to do, or None when the output must be (re)built."""
+    with storage_errors(out, so):
+        fs, out_path = fsspec.core.url_to_fs(out, **options_for(out, so))
+        try:
+            previous = orjson.loads(fs.cat(out_path + MANIFEST_SUFFIX))
+            size = fs.size(out_path)
+        except (FileNotFoundError, orjson.JSONDecodeError):
+            return None
+    if previous != orjson.loads(orjson.dumps(manifest)):
+        return None
+    return MergeSummary(ranks=len(manifest["inputs"]), skipped=[], events_in=0, events_out=0, bytes_in=0,
+                        bytes_out=size, seconds=0.0, mb_per_s=0.0, output=out, status="unchanged",
+                        warnings=[f"{out} is up to date: inputs, options and version as in "
+                                  f"{out}{MANIFEST_SUFFIX}; nothing to do"])
 
 
 def _outcomes(c: Client, futures: list[Any], show_progress: bool = False) -> list[tuple[Any, BaseException | None]]:

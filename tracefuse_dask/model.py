@@ -84,6 +84,7 @@ class InputFile:
     rank_hint: int | None = None
     hint_source: Literal["key", "name", "order"] | None = None
     listed: bool = False  # found by expanding a folder or glob, not named explicitly
+    stamp: str | None = None  # the storage's etag, or else its mtime: changes when the file does
 
 
 @dataclass(frozen=True)

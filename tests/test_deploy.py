@@ -1,0 +1,159 @@
+"""deploy/: manifests lint, scripts parse, the image recipe installs, and scheduled runs are idempotent."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import make_trace, write_trace
+from tracefuse_dask import merge_traces
+from tracefuse_dask.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+
+
+def _containers(doc: dict) -> list[dict]:
+    found = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            if isinstance(node.get("containers"), list):
+                found.extend(node["containers"])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(doc)
+    return found
+
+
+@pytest.mark.parametrize("name, kind", [("daskcluster.yaml", "DaskCluster"), ("daskjob.yaml", "DaskJob"),
+                                        ("cronjob.yaml", "CronJob")])
+def test_kubernetes_manifests_parse_and_carry_the_required_fields(name, kind):
+    (doc,) = yaml.safe_load_all((DEPLOY / "k8s" / name).read_text())
+    assert doc["kind"] == kind and doc["apiVersion"] and doc["metadata"]["name"]
+    containers = _containers(doc)
+    assert containers
+    for c in containers:
+        assert c["image"] and c["name"] and (c.get("command") or c.get("args"))
+    commands = [" ".join(c["command"]) for c in containers]
+    if kind != "DaskCluster":
+        assert any(cmd.startswith("tracefuse merge s3://") and " -o s3://" in cmd for cmd in commands)
+        assert any("--skip-if-unchanged" in cmd and "--summary-json" in cmd for cmd in commands)
+    if kind == "CronJob":
+        assert doc["spec"]["concurrencyPolicy"] == "Forbid"
+        assert any("secretRef" in str(c.get("envFrom")) for c in containers)
+
+
+def test_the_commands_of_the_manifests_parse_with_our_cli():
+    from tracefuse_dask.cli import _parser
+
+    for name in ("daskjob.yaml", "cronjob.yaml"):
+        (doc,) = yaml.safe_load_all((DEPLOY / "k8s" / name).read_text())
+        for c in _containers(doc):
+            if c["command"][0] == "tracefuse":
+                args = _parser().parse_args(c["command"][1:])
+                assert args.command == "merge" and args.skip_if_unchanged
+
+
+def test_sbatch_script_is_valid_bash_and_starts_the_cluster_the_tests_use():
+    script = DEPLOY / "slurm" / "tracefuse.sbatch"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    text = script.read_text()
+    assert "dask scheduler --scheduler-file" in text and "dask worker --scheduler-file" in text
+    assert "tracefuse merge" in text and "--scheduler-file" in text
+
+
+def test_compose_file_parses_and_with_docker_compose_validates():
+    doc = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+    assert {"s3", "scheduler", "worker", "merge", "seed"} <= set(doc["services"])
+    assert doc["services"]["worker"]["deploy"]["replicas"] == 2
+    docker = shutil.which("docker")
+    if docker is None or subprocess.run([docker, "compose", "version"], capture_output=True).returncode:
+        pytest.skip("no docker compose CLI on this machine")
+    subprocess.run([docker, "compose", "-f", str(DEPLOY / "docker-compose.yml"), "config", "-q"], check=True)
+
+
+@pytest.mark.integration
+def test_dockerfile_install_steps_work_in_a_fresh_venv(tmp_path):
+    text = (DEPLOY / "Dockerfile").read_text()
+    steps = re.search(r"# install-steps: begin[^\n]*\n(.*?)# install-steps: end", text, re.S).group(1)
+    command = steps.removeprefix("RUN ").replace("\\\n", " ").replace("/src", str(ROOT))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    env = {**os.environ, "PATH": f"{venv / 'bin'}:{os.environ['PATH']}", "VIRTUAL_ENV": str(venv)}
+    env.pop("PYTHONPATH", None)
+    done = subprocess.run(["bash", "-c", command.replace("python ", f"{venv / 'bin' / 'python'} ", 1)],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "tracefuse 0." in done.stdout
+    assert (venv / "bin" / "tracefuse").exists()
+
+
+@pytest.mark.integration
+def test_skip_if_unchanged_flow(client, tmp_path, capsys):
+    inputs = tmp_path / "in"
+    ev = [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 1.0, "dur": 1.0}]
+    for r in range(3):
+        write_trace(inputs / f"rank{r}.json", make_trace(r, ev, world_size=3))
+    out = tmp_path / "merged.json"
+    argv = ["merge", str(inputs), "-o", str(out), "--skip-if-unchanged", "--summary-json",
+            "--scheduler", client.scheduler.address, "--storage-options",
+            json.dumps({"s3": {"secret": "very-secret-xyz"}})]
+
+    def run() -> dict:
+        assert main(argv) == 0
+        return json.loads(capsys.readouterr().out)
+
+    assert run()["status"] == "ok"
+    manifest = json.loads((tmp_path / "merged.json.manifest.json").read_text())
+    assert [i["size"] for i in manifest["inputs"]] and manifest["version"] and "options" in manifest
+    assert "very-secret-xyz" not in (tmp_path / "merged.json.manifest.json").read_text()
+    before = out.stat().st_mtime_ns
+    unchanged = run()
+    assert unchanged["status"] == "unchanged" and out.stat().st_mtime_ns == before
+    time.sleep(0.01)
+    os.utime(inputs / "rank1.json")  # touched: rebuild
+    assert run()["status"] == "ok" and out.stat().st_mtime_ns != before
+    assert run()["status"] == "unchanged"
+    write_trace(inputs / "rank3.json", make_trace(3, ev, world_size=3))  # added: rebuild
+    assert run()["status"] == "ok"
+    (inputs / "rank3.json").unlink()  # removed: rebuild
+    assert run()["status"] == "ok"
+    assert run()["status"] == "unchanged"
+    argv.append("--include-pyfunc")  # other options: rebuild
+    assert run()["status"] == "ok"
+
+
+@pytest.mark.integration
+def test_skip_if_unchanged_rebuilds_a_deleted_output(client, tmp_path):
+    write_trace(tmp_path / "in" / "rank0.json", make_trace(0, [{"ph": "X", "name": "a", "pid": 1, "tid": 1,
+                                                                 "ts": 1.0, "dur": 1.0}]))
+    out = tmp_path / "m.json"
+    assert merge_traces(str(tmp_path / "in"), str(out), client=client, skip_if_unchanged=True).status == "ok"
+    out.unlink()
+    assert merge_traces(str(tmp_path / "in"), str(out), client=client, skip_if_unchanged=True).status == "ok"
+    assert out.exists()
+
+
+@pytest.mark.integration
+def test_dask_scheduler_address_from_the_environment(scheduler_file, tmp_path, monkeypatch):
+    address = json.loads(Path(scheduler_file).read_text())["address"]
+    write_trace(tmp_path / "in" / "rank0.json", make_trace(0, [{"ph": "X", "name": "a", "pid": 1, "tid": 1,
+                                                                 "ts": 1.0, "dur": 1.0}]))
+    import dask
+
+    with dask.config.set({"scheduler-address": address}):  # what DASK_SCHEDULER_ADDRESS sets
+        assert main(["merge", str(tmp_path / "in"), "-o", str(tmp_path / "m.json"), "-q"]) == 0
+    assert (tmp_path / "m.json").exists()
