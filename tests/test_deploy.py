@@ -157,3 +157,45 @@ def test_dask_scheduler_address_from_the_environment(scheduler_file, tmp_path, m
     with dask.config.set({"scheduler-address": address}):  # what DASK_SCHEDULER_ADDRESS sets
         assert main(["merge", str(tmp_path / "in"), "-o", str(tmp_path / "m.json"), "-q"]) == 0
     assert (tmp_path / "m.json").exists()
+
+
+@pytest.mark.integration
+def test_tls_cluster_from_dask_config(tmp_path):
+    from distributed.security import Security
+
+    from conftest import _free_port
+
+    sec = Security.temporary()
+    ca, cert, key = tmp_path / "ca.pem", tmp_path / "cert.pem", tmp_path / "key.pem"
+    ca.write_text(sec.tls_ca_file)
+    cert.write_text(sec.tls_scheduler_cert)
+    key.write_text(sec.tls_scheduler_key)
+    port = _free_port()
+    dask_cli = shutil.which("dask", path=os.path.dirname(sys.executable)) or "dask"
+    tls = ["--tls-ca-file", str(ca), "--tls-cert", str(cert), "--tls-key", str(key)]
+    procs = [subprocess.Popen([dask_cli, "scheduler", "--protocol", "tls", "--host", "127.0.0.1", "--port",
+                               str(port), "--dashboard-address", f"127.0.0.1:{_free_port()}", *tls],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        procs.append(subprocess.Popen([dask_cli, "worker", f"tls://127.0.0.1:{port}", "--nthreads", "1",
+                                       "--no-dashboard", "--host", "127.0.0.1", *tls],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        write_trace(tmp_path / "in" / "rank0.json", make_trace(0, [{"ph": "X", "name": "a", "pid": 1, "tid": 1,
+                                                                     "ts": 1.0, "dur": 1.0}]))
+        import dask
+
+        config = {"distributed.comm.tls.ca-file": str(ca), "distributed.comm.tls.client.cert": str(cert),
+                  "distributed.comm.tls.client.key": str(key), "distributed.comm.require-encryption": True}
+        with dask.config.set(config):
+            deadline = time.monotonic() + 60
+            while True:  # the scheduler takes a moment to listen
+                code = main(["merge", str(tmp_path / "in"), "-o", str(tmp_path / "m.json"), "-q", "--force",
+                             "--scheduler", f"tls://127.0.0.1:{port}", "--timeout", "20"])
+                if code == 0 or time.monotonic() > deadline:
+                    break
+                time.sleep(1)
+        assert code == 0 and (tmp_path / "m.json").exists()
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+            p.wait(20)
