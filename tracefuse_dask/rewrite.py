@@ -173,6 +173,9 @@ class RankEvents:
                 raise self._bad(i, f"has tid={tid!r}; expected an int or a string")
             if "id" in ev and type(ev["id"]) is not int and type(ev["id"]) is not str:
                 raise self._bad(i, f"has id={ev['id']!r}; expected an int or a string")
+            for key in ("name", "cat"):
+                if key in ev and type(ev[key]) is not str:
+                    raise self._bad(i, f"has {key}={ev[key]!r}; expected a string")
             ts = ev.get("ts")
             tt = type(ts)
             if not (((tt is float or tt is int) and -_MAX_US < ts < _MAX_US) or (ts is None and ph == "M")):
@@ -185,9 +188,11 @@ class RankEvents:
                     raise self._bad(i, f"has {why} dur={d!r}; expected a finite number of µs >= 0")
             if type(pid) is str or pid < 0:
                 other.add(pid)
-            elif ph == "M" and ev.get("name") in ("process_labels", "process_name"):
-                label = next(iter((ev.get("args") or {}).values()), "")
-                labelled[pid] = labelled.get(pid, False) or (type(label) is str and label.startswith("GPU"))
+            elif ph == "M":  # a pid named, labelled or with named threads but no events still has a slot
+                args = ev.get("args")
+                label = next(iter(args.values()), "") if type(args) is dict else ""
+                is_gpu = ev.get("name") in ("process_labels", "process_name") and type(label) is str
+                labelled[pid] = labelled.get(pid, False) or (is_gpu and label.startswith("GPU"))
             if ph == "M":
                 continue
             if ph in _FLOW_PH:
@@ -236,8 +241,10 @@ class RankEvents:
         launches: dict[Any, int] = {}
         for i, ev in enumerate(self.events):
             args = ev.get("args")
-            if self.keep[i] and not self.dev[i] and type(args) is dict and "correlation" in args and "ts" in ev:
-                launches.setdefault(args["correlation"], to_ns(ev["ts"]))
+            if self.keep[i] and not self.dev[i] and type(args) is dict and "ts" in ev:
+                corr = args.get("correlation")
+                if type(corr) is int or type(corr) is str:
+                    launches.setdefault(corr, to_ns(ev["ts"]))
         return launches
 
     def _passes(self, i: int, ev: dict[str, Any], spans: list[tuple[int, int]] | None,
@@ -257,8 +264,9 @@ class RankEvents:
         if spans is not None:
             if dev and launches:
                 args = ev.get("args")
-                if type(args) is dict:
-                    t = launches.get(args.get("correlation"), t)
+                corr = args.get("correlation") if type(args) is dict else None
+                if type(corr) is int or type(corr) is str:
+                    t = launches.get(corr, t)
             if not any(s <= t < e for s, e in spans):
                 return False
         if self.window_abs_ns is not None:
