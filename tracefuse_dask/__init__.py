@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ._version import __version__
+from .analyze import Analysis, analyze
 from .errors import (
     MergeError,
     OutputExistsError,
@@ -19,6 +20,7 @@ from .model import MergeSummary
 from .tracefuse import TraceFuse
 
 __all__ = [
+    "Analysis",
     "MergeError",
     "MergeSummary",
     "OutputExistsError",
@@ -32,5 +34,6 @@ __all__ = [
     "TraceFuse",
     "TraceFuseError",
     "__version__",
+    "analyze",
     "merge_traces",
 ]

@@ -98,6 +98,20 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--performance-report", metavar="FILE", help="write Dask's HTML performance report (needs bokeh)")
     _add_cluster_args(m)
 
+    a = sub.add_parser("analyze", help="per-rank breakdowns, kernel and op summaries, outlier ranks, HTML report",
+                       description="Analyse per-rank traces (one Dask task per rank) into small cross-rank "
+                                   "tables, summary.json and a self-contained report.html.")
+    _add_input_args(a)
+    a.add_argument("-o", "--output", required=True, metavar="DIR",
+                   help="report folder: one file per table, summary.json, report.html")
+    a.add_argument("--ranks", metavar="SPEC", help="analyse a subset of ranks: A-B, :S stride, commas")
+    a.add_argument("--steps", metavar="A-B", help="only ProfilerStep#A to #B inclusive; GPU work follows its launch")
+    a.add_argument("--format", choices=("parquet", "csv"), default="parquet", help="table files (default: parquet)")
+    a.add_argument("-f", "--force", action="store_true", help="replace an existing report folder")
+    a.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary on stderr")
+    a.add_argument("-v", "--verbose", action="store_true", help="log what happens on stderr")
+    _add_cluster_args(a)
+
     i = sub.add_parser("info", help="describe traces without merging them",
                        description="Describe per-rank traces: ranks, sizes, events per category, time span, "
                                    "pids and flows. Nothing is written.")
@@ -158,6 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with _handle_errors(debug):
             if args.command == "merge":
                 return _merge(args, so)
+            if args.command == "analyze":
+                return _analyze(args, so)
             if args.command == "info":
                 return _info(args, so)
             return _example(args)
@@ -199,6 +215,28 @@ def _merge(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
                 "status", "warnings")
         data = summary.to_json()
         print(json.dumps({k: data[k] for k in keys}))
+    return 0
+
+
+def _analyze(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
+    from .analyze import analyze
+
+    result = analyze(args.inputs, args.output, storage_options=so, ranks=args.ranks, steps=args.steps,
+                     rank_regex=args.rank_regex, format=args.format, force=args.force, workers=args.workers,
+                     scheduler=args.scheduler, scheduler_file=args.scheduler_file, timeout=args.timeout,
+                     show_progress=not args.quiet and sys.stderr.isatty())
+    if not args.quiet:
+        s = result.summary
+        print(f"analysed {len(s['ranks'])} ranks, {len(s['steps'])} steps in {s['seconds']:.2f} s", file=sys.stderr)
+        if not s["gpu"]:
+            print(f"note: {s['why_no_gpu']}", file=sys.stderr)
+        for line in s["outliers"]:
+            print(f"outlier: {line}", file=sys.stderr)
+        for path in s["ignored"]:
+            print(f"ignored {path}", file=sys.stderr)
+        for w in s["warnings"]:
+            print(f"warning: {w}", file=sys.stderr)
+        print(f"wrote {args.output.rstrip('/')}/report.html", file=sys.stderr)
     return 0
 
 

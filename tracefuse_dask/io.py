@@ -21,6 +21,7 @@ from isal import igzip
 from isal.isal_zlib import error as IsalError
 
 from .errors import (
+    RankError,
     StorageAccessError,
     StorageConnectionError,
     TraceFileNotFoundError,
@@ -34,6 +35,7 @@ __all__ = [
     "GZIP_LEVEL",
     "TMP_SUFFIX",
     "expand_inputs",
+    "resolve_rank",
     "gzip_member",
     "is_own_artifact",
     "options_for",
@@ -107,6 +109,38 @@ def rank_from_name(path: str, rank_regex: str = DEFAULT_RANK_REGEX) -> int | Non
 _ALIASES = {"gcs": "gs", "gs": "gcs", "s3a": "s3", "s3": "s3a"}
 _SECRET_KEY = re.compile(r"key|secret|token|password|credential|session|signature", re.IGNORECASE)
 _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID", "GOOGLE_APPLICATION_CREDENTIALS")
+
+
+def resolve_rank(f: InputFile, header: Mapping[str, Any],
+                 rank_regex: str = DEFAULT_RANK_REGEX) -> tuple[int, int | None, str | None]:
+    """A file's ``(rank, world_size, note)``: the dict key, else ``distributedInfo.rank``, else its name or place.
+
+    ``note`` says when the name and ``distributedInfo`` disagree.
+
+    Raises
+    ------
+    RankError
+        When nothing gives the rank.
+    """
+    info = header.get("distributedInfo")
+    info = info if isinstance(info, dict) else {}
+    info_rank = info.get("rank")
+    if f.hint_source == "key":
+        rank = f.rank_hint
+    elif type(info_rank) is int and info_rank >= 0:
+        rank = info_rank
+    elif f.rank_hint is not None:
+        rank = f.rank_hint
+    else:
+        raise RankError(f"{f.path}: no rank found: no distributedInfo.rank in the file and no rank in its "
+                        f"name (regex {rank_regex!r}); pass --rank-regex with a (?P<rank>...) group, "
+                        "or give the files as a {rank: path} dict")
+    note = None
+    if f.hint_source == "name" and type(info_rank) is int and info_rank != f.rank_hint:
+        note = (f"{f.path}: the name says rank {f.rank_hint} but distributedInfo.rank is {info_rank}; "
+                f"using {info_rank}")
+    ws = info.get("world_size")
+    return rank, ws if type(ws) is int else None, note
 
 
 def options_for(url: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:

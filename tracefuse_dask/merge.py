@@ -48,6 +48,7 @@ from .io import (
     paused_gc,
     read_header,
     relative_sources,
+    resolve_rank,
 )
 from .model import (
     KEEP_PRESETS,
@@ -327,24 +328,11 @@ def _resolve_ranks(
         if not h.is_trace:
             ignored.append(f"{f.path}: a JSON file without traceEvents, not a trace")
             continue
-        info = h.header.get("distributedInfo") or {}
-        info_rank = info.get("rank") if isinstance(info, dict) else None
-        if f.hint_source == "key":
-            rank = f.rank_hint
-        elif type(info_rank) is int and info_rank >= 0:
-            rank = info_rank
-        elif f.rank_hint is not None:
-            rank = f.rank_hint
-        else:
-            raise RankError(f"{f.path}: no rank found: no distributedInfo.rank in the file and no rank in its "
-                            f"name (regex {rank_regex!r}); pass --rank-regex with a (?P<rank>...) group, "
-                            "or give the files as a {rank: path} dict")
-        if f.hint_source == "name" and type(info_rank) is int and info_rank != f.rank_hint:
-            notes.append(f"{f.path}: the name says rank {f.rank_hint} but distributedInfo.rank is "
-                         f"{info_rank}; using {info_rank}")
+        rank, world_size, note = resolve_rank(f, h.header, rank_regex)
+        if note:
+            notes.append(note)
         h.rank = rank
-        ws = info.get("world_size") if isinstance(info, dict) else None
-        h.world_size = ws if type(ws) is int else None
+        h.world_size = world_size
         chosen.append((rank, h))
     return chosen, notes, ignored
 

@@ -1,0 +1,292 @@
+"""Per-rank analysis: pure rules on hand-built traces, then ``analyze`` end to end on real clusters."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from conftest import make_trace, shared, write_trace
+from tracefuse_dask import TraceFormatError, analyze, merge_traces
+from tracefuse_dask.analyze import rank_stats
+from tracefuse_dask.cli import main
+from tracefuse_dask.errors import OutputExistsError, RankError
+from tracefuse_dask.rank_analysis import analyze_rank, kernel_category, kernel_type, union_length
+from tracefuse_dask.synth import write_example
+
+import numpy as np
+
+HOST, TID, GPU = 100, 1, 0
+
+
+def x(name, ts, dur, *, cat="cpu_op", pid=HOST, tid=TID, **args):
+    ev = {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur}
+    if args:
+        ev["args"] = {k.replace("_", " ") if k == "External_id" else k: v for k, v in args.items()}
+    return ev
+
+
+def launch(ts, dur, corr):
+    return x("cudaLaunchKernel", ts, dur, cat="cuda_runtime", correlation=corr)
+
+
+def kernel(name, ts, dur, stream, corr=None, cat="kernel"):
+    args = {"stream": stream, "device": 0}
+    if corr is not None:
+        args["correlation"] = corr
+    return {"ph": "X", "cat": cat, "name": name, "pid": GPU, "tid": stream, "ts": ts, "dur": dur, "args": args}
+
+
+def small_rank() -> list[dict]:
+    """One step: a GEMM, an NCCL kernel overlapping it by 5 µs, an elementwise kernel and a memcpy."""
+    return [
+        x("ProfilerStep#1", 0, 100, cat="user_annotation"),
+        x("aten::mm", 10, 20, **{"Input Dims": [[8, 16], [16, 4]], "Input type": ["float", "float"]}),
+        launch(12, 2, 1),
+        x("record_param_comms", 40, 10),
+        launch(41, 2, 2),
+        x("aten::add", 60, 10),
+        launch(61, 1, 3),
+        kernel("gemm_kernel", 20, 30, 7, 1),
+        kernel("ncclDevKernel_AllReduce_Sum_f32", 45, 35, 8, 2),
+        kernel("vectorized_elementwise_kernel", 85, 5, 7, 3),
+        kernel("Memcpy HtoD (Pageable -> Device)", 95, 2, 7, cat="gpu_memcpy"),
+    ]
+
+
+def test_union_length_merges_overlaps_and_touching_intervals():
+    s = np.array([5, 0, 20, 10, 30], dtype=np.int64)
+    e = np.array([15, 10, 25, 12, 30], dtype=np.int64)
+    assert union_length(s, e) == 15 + 5
+    assert union_length(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)) == 0
+
+
+def test_kernel_types_follow_hta_names():
+    assert kernel_type("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)") == "COMMUNICATION"
+    assert kernel_type("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t") == "COMMUNICATION"
+    assert kernel_type("Memcpy DtoD (Device -> Device)") == "MEMORY"
+    assert kernel_type("Memset (Device)") == "MEMORY"
+    assert kernel_type("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm>") == "COMPUTATION"
+    assert kernel_type("cudaStreamSync") == "OTHER"
+    assert kernel_category("nvjet_tst_128x256_64x4_2x1_v_bz_coopA_TNN", "kernel") == "GEMM"
+    assert kernel_category("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits>", "kernel") == "attention"
+    assert kernel_category("ncclDevKernel_AllReduce_Sum_f32", "kernel") == "communication"
+    assert kernel_category("Memcpy HtoD", "memcpy") == "memory"
+    assert kernel_category("triton_poi_fused_add_0", "kernel") == "elementwise"
+    assert kernel_category("triton_red_fused_sum_1", "kernel") == "reduce"
+    assert kernel_category("my_custom_thing", "kernel") == "other"
+
+
+def test_breakdown_of_a_hand_built_rank():
+    rt = analyze_rank(small_rank(), 3, "r3.json")
+    b = rt.numbers
+    assert b["gpu_span_us"] == 77  # 20 .. 97
+    assert b["idle_us"] == 10  # gaps 80-85 and 90-95
+    assert b["computation_us"] == 35  # gemm 30 + elementwise 5
+    assert b["communication_us"] == 35
+    assert b["memcpy_us"] == 2 and b["memset_us"] == 0
+    assert b["exposed_comm_us"] == 30  # 45-50 overlaps the GEMM
+    assert b["comm_comp_overlap_pct"] == pytest.approx(100 * 5 / 35)
+    assert b["non_compute_us"] == 77 - 35 - 10
+    assert b["kernel_count"] == 4
+    step = rt.tables["breakdown_by_step"]
+    assert step["step"].tolist() == [1] and step["step_us"].tolist() == [100]
+    assert step["idle_us"].tolist() == [10]
+    assert rt.steps == [1]
+
+
+def test_gpu_time_goes_to_ops_and_launchers_through_the_tree():
+    rt = analyze_rank(small_rank(), 0, "r0.json")
+    ops = rt.tables["ops"].set_index("name")
+    assert "ProfilerStep#1" not in ops.index
+    assert ops.loc["record_param_comms", "gpu_time_us"] == 35
+    assert ops.loc["aten::mm", "gpu_time_us"] == 30
+    assert ops.loc["aten::mm", "top_kernels"] == "gemm_kernel"
+    assert ops.loc["aten::add", "kernel_count"] == 1
+    assert ops.loc["aten::mm", "gpu_pct"] == pytest.approx(100 * 30 / 72)
+    launchers = rt.tables["kernel_launchers"].set_index("name")
+    assert launchers.loc["aten::mm", "input_dims"] == "[[8,16],[16,4]]"
+    assert launchers.loc["aten::mm", "input_types"] == '["float","float"]'
+    kernels = rt.tables["kernels"].set_index("name")
+    assert kernels.loc["gemm_kernel", "pct"] == pytest.approx(100 * 30 / 72)
+    assert kernels.loc["gemm_kernel", "category"] == "GEMM"
+
+
+def test_idle_breakdown_follows_hta():
+    idle = analyze_rank(small_rank(), 0, "r0.json").tables["idle"].set_index("stream")
+    # stream 7: gap 50->85 while the launch came at 61 > 50 (host wait); 90->95 is under 30 µs (kernel wait)
+    assert idle.loc[7, "host_wait_us"] == 35 and idle.loc[7, "kernel_wait_us"] == 5 and idle.loc[7, "other_us"] == 0
+    assert idle.loc[7, "host_wait_pct"] == pytest.approx(100 * 35 / 40)
+    assert idle.loc[8, "idle_us"] == 0
+    # launched early, but the kernel starts 40 µs after the previous one ended: waiting on something else
+    events = [launch(0, 1, 1), launch(0.5, 1, 2), kernel("k1", 10, 5, 7, 1), kernel("k2", 55, 5, 7, 2),
+              kernel("Stream Sync", 70, 5, 7, cat="cuda_sync")]
+    idle = analyze_rank(events, 0, "r.json").tables["idle"].set_index("stream")
+    assert idle.loc[7, "other_us"] == 40 and idle.loc[7, "idle_us"] == 40  # the sync is not a kernel here
+
+
+def test_call_tree_handles_equal_times_zero_durations_and_deep_nesting():
+    n = 20_000  # far beyond Python's recursion limit
+    events = [x(f"op{i}", i, 2 * n - 2 * i) for i in range(n)]
+    events += [launch(n, 0.5, 1), kernel("deep_kernel", 3 * n, 7, 7, 1)]
+    ops = analyze_rank(events, 0, "deep.json").tables["ops"].set_index("name")
+    assert (ops["gpu_time_us"] == 7).all() and len(ops) == n
+    same = [x("outer", 0, 10), x("inner", 0, 10), x("zero", 5, 0), x("after", 10, 2), launch(5, 0, 9),
+            kernel("k", 20, 3, 7, 9)]
+    ops = analyze_rank(same, 0, "same.json").tables["ops"].set_index("name")
+    assert ops.loc["outer", "gpu_time_us"] == 3 and ops.loc["inner", "gpu_time_us"] == 3
+    assert ops.loc["after", "gpu_time_us"] == 0
+
+
+def test_kernels_without_correlation_link_through_ac2g_flows():
+    events = [x("aten::mm", 0, 10), x("cudaLaunchKernel", 2, 1, cat="cuda_runtime"), kernel("k", 20, 4, 7)]
+    events += [{"ph": "s", "cat": "ac2g", "name": "ac2g", "id": 5, "pid": HOST, "tid": TID, "ts": 2},
+               {"ph": "f", "bp": "e", "cat": "ac2g", "name": "ac2g", "id": 5, "pid": GPU, "tid": 7, "ts": 20}]
+    ops = analyze_rank(events, 0, "r.json").tables["ops"].set_index("name")
+    assert ops.loc["aten::mm", "gpu_time_us"] == 4
+
+
+def test_bad_events_name_the_file_and_rank():
+    with pytest.raises(TraceFormatError, match=r"r\.json \(rank 4\): event #1 has ts='x'"):
+        analyze_rank([x("a", 0, 1), x("b", "x", 1)], 4, "r.json")
+
+
+def test_rank_stats_flags_ranks_3_mads_and_10_percent_away():
+    bd = pd.DataFrame({"rank": [0, 1, 2, 3], "idle_us": [10.0, 11.0, 10.5, 30.0], "kernel_count": [5, 5, 5, 5],
+                       "memset_us": [100.0, 100.0, 100.0, 105.0]})
+    stats = rank_stats(bd, pd.DataFrame()).set_index("metric")
+    assert stats.loc["idle_us", "outlier_ranks"] == [3]
+    assert stats.loc["idle_us", "note"] == "rank 3's idle_us is 2.8× the median (30.0 vs 10.8)"
+    assert stats.loc["idle_us", "max_rank"] == 3 and stats.loc["idle_us", "min_rank"] == 0
+    assert stats.loc["memset_us", "outlier_ranks"] == []  # 5% away: not an outlier, whatever the MAD
+    assert stats.loc["kernel_count", "outlier_ranks"] == []
+
+
+# ---- end to end -------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("example")
+    write_example(str(d), ranks=4, rank_bytes=300_000, straggler=2)
+    return d
+
+
+@pytest.mark.integration
+def test_analyze_writes_the_report_folder(client, example, tmp_path):
+    out = tmp_path / "report"
+    a = analyze(str(example), str(out), client=client)
+    names = {p.name for p in out.iterdir()}
+    tables = ["breakdown", "breakdown_by_step", "kernels", "kernel_categories", "ops", "kernel_launchers", "idle",
+              "collectives", "rank_stats", "collective_instances", "collective_waits", "collective_summary",
+              "straggler_ranks"]
+    assert names == {f"{t}.parquet" for t in tables} | {"summary.json", "report.html"}
+    for t in tables:
+        df = pd.read_parquet(out / f"{t}.parquet")
+        assert len(df) == len(getattr(a, t)) > 0, t
+        if t in ("breakdown", "breakdown_by_step", "kernels", "kernel_categories", "ops", "kernel_launchers", "idle",
+                 "collectives", "collective_waits", "straggler_ranks"):
+            assert sorted(df["rank"].unique()) == [0, 1, 2, 3], t
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ranks"] == [0, 1, 2, 3] and summary["gpu"] is True
+    assert summary["steps"] == sorted(a.breakdown_by_step["step"].unique().tolist())
+    assert set(summary["per_rank"]["2"]) >= {"gpu_span_us", "idle_us", "computation_us", "communication_us",
+                                              "memcpy_us", "memset_us", "exposed_comm_us", "comm_comp_overlap_pct"}
+    assert summary["per_rank"]["2"]["idle_us"] == a.breakdown.set_index("rank").loc[2, "idle_us"]
+    assert not list(tmp_path.glob("*tracefuse-tmp*"))
+
+
+@pytest.mark.integration
+def test_a_merged_trace_is_analysed_per_rank_with_the_same_numbers(client, example, tmp_path):
+    merged = tmp_path / "merged.json.gz"
+    merge_traces(str(example), str(merged), client=client)
+    per_file = analyze(str(example), client=client)
+    from_merged = analyze(str(merged), client=client)
+    for name in ("breakdown", "breakdown_by_step", "kernels", "ops", "kernel_launchers", "idle"):
+        pd.testing.assert_frame_equal(getattr(per_file, name), getattr(from_merged, name), check_dtype=False)
+
+
+@pytest.mark.integration
+def test_ranks_steps_csv_and_force(client, example, tmp_path):
+    out = tmp_path / "r"
+    a = analyze(str(example), str(out), client=client, ranks="1-2", steps="11-11", format="csv")
+    assert a.breakdown["rank"].tolist() == [1, 2]
+    assert a.breakdown_by_step["step"].unique().tolist() == [11]
+    assert (out / "kernels.csv").is_file() and not list(out.glob("*.parquet"))
+    with pytest.raises(OutputExistsError, match="--force"):
+        analyze(str(example), str(out), client=client)
+    analyze(str(example), str(out), client=client, force=True)
+    assert (out / "kernels.parquet").is_file() and not (out / "kernels.csv").exists()
+
+
+@pytest.mark.integration
+def test_cpu_only_gloo_trace_gets_ops_and_steps(client, tmp_path):
+    a = analyze(str(shared("gloo_4ranks")), str(tmp_path / "r"), client=client)
+    assert a.summary["gpu"] is False and "CPU-only" in a.summary["why_no_gpu"]
+    assert a.kernels.empty and a.idle.empty
+    assert a.breakdown["kernel_count"].eq(0).all() and a.breakdown["idle_us"].isna().all()
+    assert {"gloo:all_reduce", "c10d::allreduce_"} <= set(a.ops["name"])
+    assert sorted(a.breakdown_by_step["rank"].unique()) == [0, 1, 2, 3]
+    assert any("generation_info.json" in p for p in a.summary["ignored"])
+    assert "step_us_mean" in set(a.rank_stats["metric"])
+
+
+@pytest.mark.integration
+def test_duplicate_ranks_and_bad_files_are_clear_errors(client, tmp_path):
+    write_trace(tmp_path / "in" / "a.json", make_trace(0, [x("a", 0, 1)]))
+    write_trace(tmp_path / "in" / "b.json", make_trace(0, [x("b", 0, 1)]))
+    with pytest.raises(RankError, match=r"rank 0 appears twice: .*a\.json and .*b\.json"):
+        analyze(str(tmp_path / "in"), client=client)
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "rank0.json").write_bytes(b'{"traceEvents": [{"ph": "X", "ts": 1, ')
+    with pytest.raises(TraceFormatError, match=r"rank0\.json \(rank 0\): not valid JSON .*--repair"):
+        analyze(str(tmp_path / "bad"), str(tmp_path / "out"), client=client)
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob("*tracefuse-tmp*"))
+
+
+@pytest.mark.integration
+def test_cli_analyze(example, tmp_path, capsys):
+    out = tmp_path / "report"
+    assert main(["analyze", str(example), "-o", str(out), "--workers", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "analysed 4 ranks" in err and f"wrote {out}/report.html" in err
+    assert main(["analyze", str(example), "-o", str(out), "--workers", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "exists; pass --force" in err and "Traceback" not in err
+
+
+@pytest.mark.integration
+def test_analyze_from_s3_to_s3(client, s3, example, bucket_name):
+    bucket = s3.bucket(bucket_name)
+    fs = s3.fs()
+    for p in sorted(example.iterdir()):
+        fs.put(str(p), f"{bucket}/in/{p.name}")
+    a = analyze(f"s3://{bucket}/in/", f"s3://{bucket}/report", client=client, storage_options=s3.options)
+    assert a.breakdown["rank"].tolist() == [0, 1, 2, 3]
+    names = sorted(p.rsplit("/", 1)[1] for p in fs.ls(f"{bucket}/report"))
+    assert "summary.json" in names and "report.html" in names and "ops.parquet" in names
+    assert not fs.exists(f"{bucket}/report.tracefuse-tmp")
+
+
+@pytest.mark.integration
+def test_1024_ranks_run_as_1024_tasks_and_reduce_to_small_tables(client, tmp_path):
+    from distributed import get_task_stream
+
+    d = tmp_path / "many"
+    for r in range(1024):
+        events = [x("ProfilerStep#1", 0, 100, cat="user_annotation"), x("aten::mm", 10, 20), launch(12, 2, 1),
+                  kernel("gemm_kernel", 20, 30 + (200 if r == 17 else 0), 7, 1)]
+        write_trace(d / f"rank{r}.json", make_trace(r, events, world_size=1024))
+    with get_task_stream(client) as ts:
+        a = analyze(str(d), client=client)
+    tasks = [t for t in ts.data if str(t["key"]).startswith("_analyze_file")]
+    assert len({t["key"] for t in tasks}) == 1024
+    assert a.breakdown["rank"].tolist() == list(range(1024))
+    stats = a.rank_stats.set_index("metric")
+    assert stats.loc["gpu_span_us", "outlier_ranks"] == [17]
+    assert stats.loc["gpu_span_us", "note"] == "rank 17's gpu_span_us is 7.7× the median (230.0 vs 30.0)"
+    assert a.summary["outliers"] == [n for n in stats["note"] if n]

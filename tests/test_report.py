@@ -1,0 +1,254 @@
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from browser import chromium, console_errors, open_page
+from tracefuse_dask import report
+from tracefuse_dask.report import render_report
+
+HOSTILE = "</script><script>alert(1)</script><img src=x onerror=alert(2)><!-- \u2028 \u2029 -->"
+HOSTILE_OP = "<b>&\"'"
+CATEGORIES = ["GEMM", "attention", "elementwise", "reduce", "communication", "memory", "other"]
+KERNELS = ["ampere_sgemm_128x64_nn", HOSTILE, "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+           # two names alike in their first report.MAX_LABEL characters: their bars must stay apart
+           "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctorOnSelf_add<float>, float>",
+           "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctorOnSelf_add<float>, half>",
+           *(f"kernel_{i}" for i in range(10))]
+OPS = ["aten::mm", HOSTILE_OP, "aten::add_", "nccl:all_reduce", "aten::copy_"]
+BREAKDOWN_COLS = ["gpu_span_us", "idle_us", "computation_us", "non_compute_us", "communication_us", "memcpy_us",
+                  "memset_us", "exposed_comm_us", "comm_comp_overlap_pct", "idle_pct", "computation_pct"]
+SCRIPT = re.compile(r"<script([^>]*)>(.*?)</script>", re.S)
+
+
+def _breakdown(ranks: list[int], outlier: int | None, gpu: bool, scale: float = 1.0) -> pd.DataFrame:
+    rows = []
+    for r in ranks:
+        idle = 400.0 if r == outlier else 100.0 + r % 5
+        span, comp, comm = 1200.0 + idle, 700.0 + 3 * (r % 7), 250.0
+        rows.append({"rank": r, "gpu_span_us": span, "idle_us": idle, "computation_us": comp,
+                     "non_compute_us": span - comp - idle, "communication_us": comm, "memcpy_us": 12.0,
+                     "memset_us": 1.5, "exposed_comm_us": 60.0 + (r % 3), "comm_comp_overlap_pct": 76.0,
+                     "idle_pct": 100 * idle / span, "computation_pct": 100 * comp / span, "kernel_count": 120})
+    df = pd.DataFrame(rows)
+    df[BREAKDOWN_COLS] = df[BREAKDOWN_COLS] * scale if gpu else np.nan
+    if not gpu:
+        df["kernel_count"] = 0
+    return df
+
+
+def make_tables(n_ranks: int = 4, *, outlier: int | None = 3, gpu: bool = True) -> dict[str, pd.DataFrame]:
+    """All eight analysis tables for ``n_ranks`` ranks, ``outlier`` idling four times longer."""
+    ranks, steps = list(range(n_ranks)), [0, 1]
+    breakdown = _breakdown(ranks, outlier, gpu)
+    by_step = pd.concat([_breakdown(ranks, outlier, gpu, 0.5).assign(step=s) for s in steps], ignore_index=True)
+    kernels = pd.DataFrame([
+        {"rank": r, "name": k, "category": CATEGORIES[i % len(CATEGORIES)], "count": 10 + i,
+         "total_us": 1000.0 / (i + 1), "mean_us": 100.0 / (i + 1), "min_us": 1.0, "max_us": 200.0, "pct": 5.0}
+        for r in ranks for i, k in enumerate(KERNELS)]) if gpu else pd.DataFrame()
+    categories = (kernels.groupby(["rank", "category"], as_index=False)
+                  .agg(count=("count", "sum"), total_us=("total_us", "sum")).assign(pct=14.0)) if gpu else kernels
+    gpu_time = (lambda v: v) if gpu else (lambda v: np.nan)
+    ops = pd.DataFrame([
+        {"rank": r, "name": o, "count": 4, "cpu_time_us": 90.0 - 10 * i, "gpu_time_us": gpu_time(500.0 - 50 * i),
+         "gpu_pct": gpu_time(20.0), "kernel_count": 3 if gpu else 0, "top_kernels": f"{HOSTILE} ×2" if gpu else ""}
+        for r in ranks for i, o in enumerate(OPS)])
+    launchers = pd.DataFrame([
+        {"rank": r, "name": "aten::mm", "input_dims": dims, "input_types": "[float, float]", "count": 4,
+         "gpu_time_us": 300.0, "kernel_count": 4, "top_kernels": "ampere_sgemm_128x64_nn"}
+        for r in ranks for dims in ("[[8, 16], [16, 4]]", "<img src=x onerror=alert(3)>")]) if gpu else pd.DataFrame()
+    idle = pd.DataFrame([
+        {"rank": r, "stream": 7, "idle_us": b["idle_us"], "host_wait_us": 60.0, "kernel_wait_us": 30.0,
+         "other_us": b["idle_us"] - 90.0, "host_wait_pct": 50.0, "kernel_wait_pct": 25.0, "other_pct": 25.0}
+        for r, b in breakdown.set_index("rank").iterrows()]) if gpu else pd.DataFrame()
+    stats = []
+    for metric in ["gpu_span_us", "idle_us", "computation_us"] if gpu else []:
+        col = breakdown[metric]
+        flagged = [outlier] if metric == "idle_us" and outlier is not None else []
+        stats.append({"metric": metric, "min": col.min(), "median": col.median(), "max": col.max(),
+                      "min_rank": int(breakdown["rank"][col.idxmin()]),
+                      "max_rank": int(breakdown["rank"][col.idxmax()]),
+                      "outlier_ranks": flagged,
+                      "note": f"rank {outlier}'s {metric} is {col.max() / col.median():.1f}× the median" if flagged
+                      else ""})
+    return {"breakdown": breakdown, "breakdown_by_step": by_step, "kernels": kernels,
+            "kernel_categories": categories, "ops": ops, "kernel_launchers": launchers, "idle": idle,
+            "rank_stats": pd.DataFrame(stats)}
+
+
+def make_summary(n_ranks: int = 4, *, gpu: bool = True) -> dict[str, Any]:
+    return {"tool": "tracefuse_dask", "version": "0.1.0",
+            "inputs": [f"traces/{HOSTILE}/rank{r}.json.gz" for r in range(min(n_ranks, 12))],
+            "ranks": list(range(n_ranks)), "steps": [0, 1], "gpu": gpu,
+            "why_no_gpu": None if gpu else f"no GPU events in the traces: a CPU-only (gloo) job {HOSTILE_OP}",
+            "per_rank": {}, "warnings": [f"rank 2: dropped 3 events named {HOSTILE}"]}
+
+
+def figures(page: str) -> list[dict[str, Any]]:
+    return [json.loads(body) for attrs, body in SCRIPT.findall(page) if 'class="tf-figure"' in attrs]
+
+
+def values(array: Any) -> list[Any]:
+    """A figure array as a list: plotly sends numeric arrays as base64 typed arrays."""
+    if isinstance(array, dict):
+        return np.frombuffer(base64.b64decode(array["bdata"]), dtype=array["dtype"]).tolist()
+    return array
+
+
+def assert_safe(page: str) -> None:
+    """Nothing from a trace is live markup, and every script the page runs is one the CSP admits."""
+    for raw in [HOSTILE, HOSTILE_OP, "<img", "<!--", "alert(1)</script>", "<b>&"]:
+        assert raw not in page, raw
+    csp = re.search(r'http-equiv="Content-Security-Policy" content="([^"]*)"', page).group(1)
+    for attrs, body in SCRIPT.findall(page):
+        if 'type="application/json"' in attrs:
+            assert not {"<", ">", "&", "\u2028", "\u2029"} & set(body)
+            json.loads(body)
+        else:
+            digest = base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()
+            assert attrs == "" and f"'sha256-{digest}'" in csp
+    assert page.count("<script") == len(SCRIPT.findall(page))
+    assert "connect-src" not in csp and csp.startswith("default-src 'none'")
+
+
+@pytest.mark.parametrize(("n_ranks", "gpu", "plots"), [
+    pytest.param(1, True, 5, id="1-rank"),
+    pytest.param(4, True, 5, id="4-ranks"),
+    pytest.param(1024, True, 5, id="1024-ranks"),
+    pytest.param(4, False, 1, id="cpu-only"),
+])
+def test_page_is_self_contained_and_escaped(n_ranks, gpu, plots):
+    page = render_report(make_tables(n_ranks, outlier=min(3, n_ranks - 1), gpu=gpu), make_summary(n_ranks, gpu=gpu))
+    assert_safe(page)
+    assert len(figures(page)) == plots
+    assert page.count("<script>") == 2  # plotly.js once, then the loader
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", SCRIPT.sub("", page))
+    assert f"dropped 3 events named {html.escape(HOSTILE, quote=False)}</li>" in page  # shown, as text
+    assert len(page) < 5.5e6
+
+
+def test_outlier_is_marked_and_listed():
+    page = render_report(make_tables(4, outlier=2), make_summary(4))
+    spans = figures(page)[0]
+    outlier = next(t for t in spans["data"] if t.get("name") == "outlier")
+    assert values(outlier["x"]) == [2] and outlier["text"] == ["rank 2"]
+    assert spans["layout"]["xaxis"]["ticktext"][2] == '<span style="color:#d62728"><b>2</b></span>'
+    assert "rank 2&#x27;s idle_us is" in page
+    assert [t["name"] for t in spans["data"][:3]] == ["computation", "non-compute", "idle"]
+
+
+def test_many_ranks_get_automatic_ticks():
+    spans = figures(render_report(make_tables(1024), make_summary(1024)))[0]
+    assert "tickvals" not in spans["layout"]["xaxis"] and len(values(spans["data"][0]["x"])) == 1024
+
+
+def test_long_names_keep_their_own_bars_and_show_literally():
+    top = figures(render_report(make_tables(4), make_summary(4)))[2]
+    ticks = top["layout"]["yaxis"]["ticktext"]
+    assert len(ticks) == len(set(top["layout"]["yaxis"]["tickvals"])) == len(KERNELS)
+    assert len(set(ticks)) == len(ticks) - 1  # the two look-alikes share a label, not a bar
+    assert html.escape(HOSTILE[:report.MAX_LABEL - 1], quote=False) + "…" in ticks
+
+
+def test_cpu_only_page_says_why_and_keeps_ops_and_steps():
+    page = render_report(make_tables(4, gpu=False), make_summary(4, gpu=False))
+    assert "No GPU plots: no GPU events in the traces: a CPU-only (gloo) job &lt;b&gt;&amp;" in page
+    assert "<h2>Operators</h2>" in page and "<h2>Steps</h2>" in page
+    assert "<h2>Kernels</h2>" not in page and "Per-rank breakdown" not in page
+    assert "<th>gpu_time_us</th>" not in page  # all NaN
+    assert figures(page)[0]["layout"]["title"]["text"].startswith("Top 5 operators by cpu time")
+
+
+@pytest.mark.parametrize("tables", [
+    pytest.param({}, id="no-tables"),
+    pytest.param({name: pd.DataFrame() for name in make_tables()}, id="empty-tables"),
+])
+def test_empty_tables_give_a_page_without_plots(tables):
+    page = render_report(tables, {"gpu": True, "ranks": [], "inputs": [], "steps": []})
+    assert_safe(page)
+    assert "<script" not in page and "No GPU plots" not in page and "<h1>tracefuse_dask report</h1>" in page
+
+
+def test_long_tables_are_cut_with_a_caption():
+    page = render_report(make_tables(4), make_summary(4))
+    assert f"{report.MAX_ROWS} of {4 * len(KERNELS)} rows, by total_us." in page
+
+
+def test_outlier_ranks_from_arrow_are_arrays():
+    tables = make_tables(4)
+    tables["rank_stats"]["outlier_ranks"] = [np.array(v, dtype=np.int64) for v in tables["rank_stats"]["outlier_ranks"]]
+    spans = figures(render_report(tables, make_summary(4)))[0]
+    assert values(next(t for t in spans["data"] if t.get("name") == "outlier")["x"]) == [3]
+
+
+@pytest.mark.parametrize(("values", "text"), [
+    pytest.param([], "", id="none"),
+    pytest.param([3, 0, 1, 2, 7], "0–3, 7", id="runs"),
+    pytest.param(range(0, 40, 2), "0, 2, 4, 6, 8, 10, 12, 14, 16, 18, … (10 more runs)", id="capped"),
+])
+def test_ranges(values, text):
+    assert report._ranges(values) == text
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    with chromium(tmp_path_factory.mktemp("chromium-profile")) as driver:
+        yield driver
+
+
+def _load(browser, tmp_path: Path, page: str, plots: int) -> None:
+    path = tmp_path / "report.html"
+    path.write_text(page, encoding="utf-8")
+    open_page(browser, path, plots)
+    assert console_errors(browser) == []
+    assert browser.execute_script("return window.__dialogs") == []
+    resources = browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+    assert all(r.startswith(("file:", "data:", "blob:")) for r in resources), resources
+
+
+@pytest.mark.integration
+def test_report_renders_offline_in_chromium(browser, tmp_path):
+    page = render_report(make_tables(4), make_summary(4))
+    _load(browser, tmp_path, page, plots=5)
+    dom = browser.execute_script("""return {
+        scripts: Array.from(document.scripts).map(s => s.type || 'js'),
+        images: document.images.length,
+        bars: document.querySelectorAll('.js-plotly-plot .barlayer .point path').length,
+        ticks: Array.from(document.querySelectorAll('.ytick text')).map(t => t.textContent),
+        text: document.body.innerText}""")
+    assert dom["scripts"] == ["application/json"] * 5 + ["js", "js"] and dom["images"] == 0
+    assert dom["bars"] >= 3 * 4 + 2 * 4 + len(KERNELS) + len(OPS)
+    assert HOSTILE_OP in dom["text"] and "rank 3's idle_us is 3.9× the median" in dom["text"]
+    assert any(t.startswith("</script><script>alert(1)</script>") for t in dom["ticks"])
+    rendered = browser.get_screenshot_as_png()
+    browser.get("about:blank")
+    blank = browser.get_screenshot_as_png()
+    assert rendered.startswith(b"\x89PNG") and len(rendered) > 5 * len(blank)
+
+
+@pytest.mark.integration
+def test_cpu_only_report_in_chromium(browser, tmp_path):
+    _load(browser, tmp_path, render_report(make_tables(4, gpu=False), make_summary(4, gpu=False)), plots=1)
+    text = browser.execute_script("return document.body.innerText")
+    assert "No GPU plots: no GPU events in the traces: a CPU-only (gloo) job <b>&\"'." in text
+    assert browser.execute_script("return document.querySelectorAll('table.tf').length") == 2
+
+
+@pytest.mark.integration
+def test_1024_rank_report_in_chromium(browser, tmp_path):
+    page = render_report(make_tables(1024, outlier=517), make_summary(1024))
+    _load(browser, tmp_path, page, plots=5)
+    bars = browser.execute_script(
+        "return document.querySelector('.js-plotly-plot').querySelectorAll('.barlayer .point').length")
+    labels = browser.execute_script(
+        "return document.querySelector('.js-plotly-plot').querySelectorAll('.xtick').length")
+    assert bars == 3 * 1024 and 2 <= labels <= 30

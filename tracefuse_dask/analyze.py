@@ -1,0 +1,348 @@
+"""``tracefuse analyze``: per-rank analysis as Dask map tasks, reduced to small cross-rank tables and a report."""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import fsspec
+import numpy as np
+import pandas as pd
+from distributed import progress
+
+from ._version import __version__
+from .errors import MergeError, OutputExistsError, RankError
+from .io import (
+    DEFAULT_RANK_REGEX,
+    TMP_SUFFIX,
+    check_document,
+    expand_inputs,
+    options_for,
+    parse_json,
+    paused_gc,
+    resolve_rank,
+    storage_errors,
+)
+from .merge import connect
+from .model import InputFile, RankSet, parse_steps
+from .collectives import clock_offsets, instance_metrics, match_collectives, op_summary, straggler
+from .rank_analysis import TABLES, RankTables, analyze_rank, rows_for
+from .rewrite import PID_BASE, SLOTS_PER_RANK
+
+__all__ = ["Analysis", "analyze", "rank_stats"]
+
+log = logging.getLogger(__name__)
+_REDUCED = ("rank_stats", "collective_instances", "collective_waits", "collective_summary", "straggler_ranks")
+_MAD_LIMIT = 3.0
+_MIN_REL_DEVIATION = 0.10
+
+
+@dataclass
+class Analysis:
+    """The reduced cross-rank tables (pandas DataFrames, each with a ``rank`` column) and the summary."""
+
+    breakdown: pd.DataFrame
+    breakdown_by_step: pd.DataFrame
+    kernels: pd.DataFrame
+    kernel_categories: pd.DataFrame
+    ops: pd.DataFrame
+    kernel_launchers: pd.DataFrame
+    idle: pd.DataFrame
+    collectives: pd.DataFrame
+    rank_stats: pd.DataFrame
+    collective_instances: pd.DataFrame
+    collective_waits: pd.DataFrame
+    collective_summary: pd.DataFrame
+    straggler_ranks: pd.DataFrame
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        """Every table by name, as the report folder names its files."""
+        return {name: getattr(self, name) for name in (*TABLES, *_REDUCED)}
+
+
+def _split_merged(events: list[Any]) -> dict[int, list[Any]]:
+    """A tracefuse-merged trace's events per rank: ``args.rank``, else the rank its pid encodes."""
+    parts: dict[int, list[Any]] = {}
+    for ev in events:
+        if type(ev) is not dict:
+            continue
+        args = ev.get("args")
+        rank = args.get("rank") if type(args) is dict else None
+        if type(rank) is not int:
+            pid = ev.get("pid")
+            if type(pid) is not int or pid < PID_BASE:
+                continue
+            rank = (pid - PID_BASE) // SLOTS_PER_RANK
+        parts.setdefault(rank, []).append(ev)
+    return parts
+
+
+def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps: tuple[int, int] | None,
+                  subset: Any, rank_regex: str) -> dict[str, Any]:
+    """Task: parse one file and analyse each rank it holds (one, or all of a merged trace)."""
+    with paused_gc():
+        doc, _, _ = parse_json(f.path, storage_options, rank=f.rank_hint)
+        if f.listed and isinstance(doc, dict) and "traceEvents" not in doc:
+            return {"ignored": f"{f.path}: a JSON file without traceEvents, not a trace"}
+        check_document(doc, f.path)
+        meta = doc.get("metadata")
+        notes: list[str] = []
+        base = doc.get("baseTimeNanoseconds")
+        base = base if type(base) is int and base >= 0 else 0
+        if isinstance(meta, dict) and "tracefuse" in meta:
+            parts = _split_merged(doc["traceEvents"])
+            world_size = None
+            notes.append(f"{f.path}: a merged trace; analysed per rank ({len(parts)} ranks)")
+            by_rank = meta["tracefuse"].get("ranks") if isinstance(meta["tracefuse"], dict) else None
+            headers = {int(r): h for r, h in by_rank.items()} if isinstance(by_rank, dict) else {}
+        else:
+            rank, world_size, note = resolve_rank(f, doc, rank_regex)
+            parts = {rank: doc["traceEvents"]}
+            notes += [note] if note else []
+            headers = {rank: {k: v for k, v in doc.items() if k != "traceEvents"}}
+        del doc
+        ranks = [analyze_rank(events, rank, f.path, steps, base=base, header=headers.get(rank))
+                 for rank, events in sorted(parts.items()) if subset is None or rank in subset]
+        return {"ranks": ranks, "world_size": world_size, "notes": notes}
+
+
+def rank_stats(breakdown: pd.DataFrame, by_step: pd.DataFrame) -> pd.DataFrame:
+    """One row per metric: min, median and max across ranks, and the outlier ranks.
+
+    A rank is an outlier when it is more than 3 median absolute deviations from
+    the median, and at least 10% away from it.
+    """
+    per_rank = breakdown.set_index("rank")
+    if len(by_step):
+        per_rank = per_rank.join(by_step.groupby("rank")["step_us"].mean().rename("step_us_mean"))
+    rows = []
+    for metric in per_rank.columns:
+        values = per_rank[metric].dropna()
+        if values.empty:
+            continue
+        med = float(values.median())
+        dev = (values - med).abs()
+        mad = float(dev.median())
+        far = dev[(dev > _MAD_LIMIT * mad) & (dev >= _MIN_REL_DEVIATION * abs(med)) & (dev > 0)]
+        outliers = sorted(int(r) for r in far.index)
+        notes = []
+        for r in outliers:
+            x = float(values[r])
+            how = f"{x / med:.1f}× the median" if med else f"{x:,.1f} against a median of 0"
+            notes.append(f"rank {r}'s {metric} is {how} ({x:,.1f} vs {med:,.1f})")
+        rows.append({"metric": metric, "min": float(values.min()), "median": med, "max": float(values.max()),
+                     "min_rank": int(values.idxmin()), "max_rank": int(values.idxmax()),
+                     "outlier_ranks": outliers, "note": "; ".join(notes)})
+    return pd.DataFrame(rows, columns=["metric", "min", "median", "max", "min_rank", "max_rank", "outlier_ranks",
+                                       "note"])
+
+
+def analyze(
+    urlpath: str | Iterable[str] | Mapping[int, str],
+    out_dir: str | None = None,
+    *,
+    client: Any = None,
+    storage_options: Mapping[str, Any] | None = None,
+    ranks: str | Iterable[int] | None = None,
+    steps: str | tuple[int, int] | None = None,
+    rank_regex: str = DEFAULT_RANK_REGEX,
+    format: str = "parquet",
+    force: bool = False,
+    workers: int | None = None,
+    scheduler: str | None = None,
+    scheduler_file: str | None = None,
+    timeout: float = 10.0,
+    show_progress: bool = False,
+) -> Analysis:
+    """Analyse per-rank traces, one Dask task per file, and reduce the small per-rank tables.
+
+    Parameters
+    ----------
+    urlpath
+        A folder, a glob, a file, a list of those, or a ``{rank: path}`` dict; any fsspec URL.
+        A trace merged by tracefuse is analysed per rank.
+    out_dir
+        Write the report folder here: one file per table, ``summary.json`` and ``report.html``.
+    client, workers, scheduler, scheduler_file, timeout
+        Which Dask cluster runs the tasks, as in ``merge_traces``.
+    storage_options
+        fsspec options for inputs and output.
+    ranks
+        A subset: ``"0-63:8,100"`` or an iterable of ints.
+    steps
+        Only ``ProfilerStep#A`` to ``#B`` (``"A-B"``); GPU work follows its launch.
+    rank_regex
+        Regex with a named group ``rank``, for files without ``distributedInfo.rank``.
+    format
+        ``"parquet"`` or ``"csv"``.
+    force
+        Replace an existing report folder.
+    show_progress
+        Draw a progress bar on stderr.
+
+    Returns
+    -------
+    Analysis
+
+    Examples
+    --------
+    >>> a = analyze("traces/", "report/")  # doctest: +SKIP
+    >>> a.breakdown[["rank", "idle_us", "exposed_comm_us"]]  # doctest: +SKIP
+    """
+    started = time.perf_counter()
+    if format not in ("parquet", "csv"):
+        raise MergeError(f"format={format!r}; use 'parquet' or 'csv'")
+    try:
+        subset = RankSet.parse(ranks) if isinstance(ranks, str) else (set(ranks) if ranks is not None else None)
+        step_range = parse_steps(steps) if isinstance(steps, str) else steps
+    except ValueError as e:
+        raise MergeError(str(e)) from None
+    so = dict(storage_options or {})
+    if out_dir is not None:
+        _check_out(out_dir, so, force)
+    files, skipped_names = expand_inputs(urlpath, storage_options=storage_options, rank_regex=rank_regex)
+    if subset is not None:
+        files = [f for f in files if f.hint_source not in ("key", "name") or f.rank_hint in subset]
+    with connect(client, scheduler=scheduler, scheduler_file=scheduler_file, workers=workers,
+                 timeout=timeout) as c:
+        futures = c.map(_analyze_file, files, storage_options=so, steps=step_range, subset=subset,
+                        rank_regex=rank_regex, pure=False)
+        if show_progress:
+            with contextlib.redirect_stdout(sys.stderr):
+                progress(futures)
+        results = c.gather(futures)
+    analysis = _reduce(files, results, skipped_names, step_range)
+    analysis.summary["seconds"] = round(time.perf_counter() - started, 3)
+    if out_dir is not None:
+        write_report(analysis, out_dir, so, format=format, force=force)
+    return analysis
+
+
+def _reduce(files: list[InputFile], results: list[dict[str, Any]], skipped_names: list[str],
+            steps: tuple[int, int] | None) -> Analysis:
+    warnings: list[str] = []
+    ignored = [f"{p}: not a JSON trace by name, or written by tracefuse" for p in skipped_names]
+    per_rank: list[RankTables] = []
+    world_sizes = set()
+    where: dict[int, str] = {}
+    for res in results:
+        if "ignored" in res:
+            ignored.append(res["ignored"])
+            continue
+        warnings += res["notes"]
+        if res["world_size"] is not None:
+            world_sizes.add(res["world_size"])
+        for rt in res["ranks"]:
+            if rt.rank in where:
+                raise RankError(f"rank {rt.rank} appears twice: {where[rt.rank]} and {rt.path}; drop one, or give "
+                                "the files as a {rank: path} dict")
+            where[rt.rank] = rt.path
+            per_rank.append(rt)
+    if not per_rank:
+        raise RankError("no ranks to analyse after --ranks; check the inputs and --ranks")
+    per_rank.sort(key=lambda rt: rt.rank)
+    if len(world_sizes) == 1:
+        missing = sorted(set(range(world_sizes.pop())) - set(where))
+        if missing:
+            warnings.append(f"{len(missing)} ranks of the world size are not in the inputs")
+    elif len(world_sizes) > 1:
+        warnings.append(f"the inputs report different world sizes {sorted(world_sizes)}: several jobs mixed?")
+    tables = {name: rows_for(per_rank, name) for name in TABLES}
+    stats = rank_stats(tables["breakdown"], tables["breakdown_by_step"])
+    pg_members: dict[str, set[int]] = {}
+    for rt in per_rank:
+        for pg, members in rt.pg_config.items():
+            pg_members.setdefault(pg, set()).update(members)
+    matched, problems = match_collectives(tables["collectives"], pg_members)
+    clocks = clock_offsets(matched, {rt.rank: rt.host for rt in per_rank})
+    offsets = {int(r): us * 1e3 for r, us in clocks["clock_offset_us"].items()}
+    instances, waits = instance_metrics(matched, offsets)
+    stragglers, verdict = straggler(instances, waits, matched)
+    gpu = bool((tables["breakdown"]["kernel_count"] > 0).any())
+    summary = {
+        "tool": "tracefuse_dask",
+        "version": __version__,
+        "inputs": [rt.path for rt in per_rank],
+        "ranks": [rt.rank for rt in per_rank],
+        "steps": sorted({s for rt in per_rank for s in rt.steps}),
+        "step_range": list(steps) if steps else None,
+        "gpu": gpu,
+        "why_no_gpu": None if gpu else "no GPU kernels, memcpy or memset in the traces: a CPU-only job (such as "
+                                       "gloo); the GPU tables are empty, the ops and step tables are not",
+        "per_rank": {str(rt.rank): _plain(rt.numbers) for rt in per_rank},
+        "outliers": [n for n in stats["note"] if n],
+        "collectives": {"calls": len(tables["collectives"]), "matched": len(instances), "problems": len(problems),
+                        "problem_examples": problems[:20]},
+        "straggler": verdict,
+        **clocks,
+        "warnings": warnings,
+        "ignored": ignored,
+    }
+    return Analysis(**tables, rank_stats=stats, collective_instances=instances, collective_waits=waits,
+                    collective_summary=op_summary(instances), straggler_ranks=stragglers, summary=summary)
+
+
+def _plain(numbers: Mapping[str, Any]) -> dict[str, Any]:
+    """JSON-ready numbers: NaN becomes null."""
+    return {k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in numbers.items()}
+
+
+def _check_out(out_dir: str, so: Mapping[str, Any], force: bool) -> None:
+    with storage_errors(out_dir, so):
+        fs, path = fsspec.core.url_to_fs(out_dir, **options_for(out_dir, so))
+        if fs.exists(path) and not force:
+            raise OutputExistsError(f"{out_dir} exists; pass --force (force=True) to replace it, or choose "
+                                    "another folder")
+
+
+def write_report(analysis: Analysis, out_dir: str, storage_options: Mapping[str, Any] | None = None, *,
+                 format: str = "parquet", force: bool = False) -> None:
+    """Write the report folder: a file per table, ``summary.json`` and ``report.html``.
+
+    Every file is written under a temporary folder first, then moved into
+    place with ``summary.json`` last, so a failed run leaves nothing behind
+    and a folder with ``summary.json`` is complete.
+    """
+    from .report import render_report
+
+    so = dict(storage_options or {})
+    _check_out(out_dir, so, force)
+    tmp = out_dir.rstrip("/") + TMP_SUFFIX
+    files: dict[str, bytes | pd.DataFrame] = dict(
+        (f"{name}.{format}", df) for name, df in analysis.tables().items())
+    files["report.html"] = render_report(analysis.tables(), analysis.summary).encode()
+    files["summary.json"] = json.dumps(analysis.summary, indent=1).encode()
+    with storage_errors(out_dir, so):
+        fs, path = fsspec.core.url_to_fs(out_dir, **options_for(out_dir, so))
+        _, tmp_path = fsspec.core.url_to_fs(tmp, **options_for(out_dir, so))
+        with contextlib.suppress(FileNotFoundError):
+            fs.rm(tmp_path, recursive=True)
+        try:
+            fs.makedirs(tmp_path, exist_ok=True)
+            for name, content in files.items():
+                with fs.open(f"{tmp_path}/{name}", "wb") as fh:
+                    if isinstance(content, bytes):
+                        fh.write(content)
+                    elif format == "csv":
+                        fh.write(content.to_csv(index=False).encode())
+                    else:
+                        content.to_parquet(fh, index=False)
+            if fs.exists(path):
+                fs.rm(path, recursive=True)
+            fs.makedirs(path, exist_ok=True)
+            try:
+                for name in files:
+                    fs.mv(f"{tmp_path}/{name}", f"{path}/{name}")
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    fs.rm(path, recursive=True)
+                raise
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm(tmp_path, recursive=True)

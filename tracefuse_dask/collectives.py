@@ -1,0 +1,362 @@
+"""Collectives: each rank's calls (a map task), then matching, wait and skew, stragglers and clock offsets (a reduction).
+
+Pure functions on events and small DataFrames; no IO, no Dask. See the spec §5: ``Rank`` in
+``record_param_comms`` is group-local and ``Sequence number`` is autograd's, so neither is used
+to match; ``Seq`` (PyTorch >= March 2026) is, when present.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import orjson
+import pandas as pd
+
+__all__ = ["CALL_COLUMNS", "canonical_op", "clock_offsets", "match_collectives", "rank_collectives", "straggler"]
+
+_CALL_PREFIXES = ("c10d::", "record_param_comms", "nccl:", "rccl:", "gloo:")
+_COMM_KERNEL = re.compile(r"nccl|rccl", re.IGNORECASE)
+_OP_SUFFIX = re.compile(r"(base|single|intotensor|tensor|coalesced)$")
+_ITEMSIZE = {"float": 4, "float32": 4, "bfloat16": 2, "half": 2, "float16": 2, "double": 8, "float64": 8,
+             "int": 4, "int32": 4, "long": 8, "int64": 8, "short": 2, "int16": 2, "char": 1, "byte": 1,
+             "int8": 1, "uint8": 1, "bool": 1, "signed char": 1, "unsigned char": 1, "float8_e4m3fn": 1,
+             "float8_e5m2": 1, "complexfloat": 8, "complexdouble": 16}
+CALL_COLUMNS = ["index", "op", "name", "pg_name", "pg_desc", "group_ranks", "group_size", "dtype", "in_nelems",
+                "out_nelems", "in_bytes", "out_bytes", "input_dims", "seq", "comms_id", "step", "tid",
+                "cpu_start_ns", "cpu_end_ns", "gpu_start_ns", "gpu_end_ns", "stream"]
+
+
+def canonical_op(name: str) -> str:
+    """One spelling per collective: ``c10d::allreduce_``, ``nccl:all_reduce`` and ``allreduce`` are ``allreduce``."""
+    s = re.sub(r"^(c10d::|nccl:|rccl:|gloo:)", "", name).lower().replace("_", "")
+    while (t := _OP_SUFFIX.sub("", s)) != s and t:
+        s = t
+    return s
+
+
+def _dims_product(dims: Any) -> int | None:
+    """Elements of the first tensor in ``Input Dims`` (a tensor list counts its first tensor)."""
+    if not isinstance(dims, list):
+        return None
+    for d in dims:
+        while isinstance(d, list) and d and isinstance(d[0], list):
+            d = d[0]
+        if isinstance(d, list) and d and all(type(v) is int for v in d):
+            return int(np.prod(d))
+    return None
+
+
+def rank_collectives(events: list[dict[str, Any]], order: list[int], parent: dict[int, int],
+                     start: dict[int, int], end: dict[int, int], gpu_launch: list[tuple[int, int, int, int, str]],
+                     steps: list[tuple[int, int, int]], base: int,
+                     pg_config: Mapping[str, list[int]]) -> pd.DataFrame:
+    """One rank's collective calls, one row each, times in absolute ns.
+
+    A call is the outermost of a chain of ``c10d::*``, ``record_param_comms``, ``nccl:*``
+    and ``gloo:*`` events; its args are gathered over the chain, and its GPU times are those
+    of the NCCL/RCCL kernels launched inside it. A ``gloo:*`` annotation on its own runloop
+    thread is the execution of a ``c10d::*`` call, not a call, when the rank has ``c10d::*`` calls.
+
+    Parameters
+    ----------
+    gpu_launch
+        ``(launching host event, gpu start, gpu end, stream, name)`` per GPU event.
+    steps
+        ``(step, start, end)`` of each ``ProfilerStep#N`` (relative ns).
+    pg_config
+        ``distributedInfo.pg_config`` as ``{pg_name: global ranks}``.
+    """
+    is_call = {i for i in order if events[i].get("name", "").startswith(_CALL_PREFIXES)}
+    root: dict[int, int] = {}
+    for i in order:  # parents come first, so a root is known before its chain
+        p = parent.get(i)
+        r = root.get(p) if p is not None else None
+        if i in is_call:
+            root[i] = r if r is not None else i
+        elif r is not None:
+            root[i] = r
+    has_c10d = any(events[i]["name"].startswith("c10d::") for i in is_call)
+    calls: dict[int, dict[str, Any]] = {}
+    for i in order:
+        r = root.get(i)
+        if r is None or i not in is_call:
+            continue
+        if r not in calls:
+            if has_c10d and events[r]["name"].startswith("gloo:"):
+                continue
+            calls[r] = {"name": events[r]["name"], "tid": events[r].get("tid"), "cpu_start_ns": start[r] + base,
+                        "cpu_end_ns": end[r] + base}
+        if r in calls:
+            _gather(calls[r], events[i])
+    for j, s, e, stream, name in gpu_launch:
+        r = root.get(j)
+        if r in calls and _COMM_KERNEL.search(name):
+            c = calls[r]
+            c["gpu_start_ns"] = min(c.get("gpu_start_ns", s + base), s + base)
+            c["gpu_end_ns"] = max(c.get("gpu_end_ns", e + base), e + base)
+            c["stream"] = stream
+    rows = []
+    for k, r in enumerate(sorted(calls, key=lambda r: (start[r], r))):
+        c = calls[r]
+        pg = c.get("pg_name")
+        ranks = c.get("group_ranks") or (str(pg_config[pg]) if pg in pg_config else None)
+        itemsize = _ITEMSIZE.get(str(c.get("dtype", "")).lower())
+        in_n, out_n = c.get("in_nelems"), c.get("out_nelems")
+        rows.append({
+            "index": k, "op": canonical_op(c.get("collective") or c.get("op_name") or c["name"]),
+            "name": c["name"], "pg_name": pg, "pg_desc": c.get("pg_desc"), "group_ranks": ranks,
+            "group_size": c.get("group_size") or (len(pg_config[pg]) if pg in pg_config else None),
+            "dtype": c.get("dtype"), "in_nelems": in_n, "out_nelems": out_n,
+            "in_bytes": in_n * itemsize if in_n is not None and itemsize else None,
+            "out_bytes": out_n * itemsize if out_n is not None and itemsize else None,
+            "input_dims": c.get("input_dims"), "seq": c.get("seq"), "comms_id": c.get("comms_id"),
+            "step": _step_of(steps, c["cpu_start_ns"] - base), "tid": str(c["tid"]),
+            "cpu_start_ns": c["cpu_start_ns"], "cpu_end_ns": c["cpu_end_ns"],
+            "gpu_start_ns": c.get("gpu_start_ns"), "gpu_end_ns": c.get("gpu_end_ns"), "stream": c.get("stream"),
+        })
+    df = pd.DataFrame(rows, columns=CALL_COLUMNS)
+    for col in ("group_size", "in_nelems", "out_nelems", "in_bytes", "out_bytes", "seq", "step", "gpu_start_ns",
+                "gpu_end_ns", "stream"):
+        df[col] = df[col].astype("Int64")
+    for col in ("op", "name", "pg_name", "pg_desc", "group_ranks", "dtype", "input_dims", "comms_id", "tid"):
+        df[col] = df[col].astype("string")
+    return df
+
+
+def _gather(call: dict[str, Any], ev: dict[str, Any]) -> None:
+    """Take a chain member's args into its call; the first value seen wins."""
+    args = ev.get("args") if type(ev.get("args")) is dict else {}
+    name = ev["name"]
+    if name.startswith(("c10d::", "nccl:", "rccl:", "gloo:")):
+        call.setdefault("op_name", name)
+    found = {
+        "collective": args.get("Collective name"),
+        "pg_name": args.get("Process Group Name"),
+        "pg_desc": args.get("Process Group Description"),
+        "group_ranks": args.get("Process Group Ranks"),
+        "group_size": args.get("Group size"),
+        "dtype": args.get("dtype"),
+        "in_nelems": args.get("In msg nelems"),
+        "out_nelems": args.get("Out msg nelems"),
+        "seq": args.get("Seq"),
+        "comms_id": args.get("Comms Id"),
+    }
+    for key, value in found.items():
+        if value is not None and value != "" and key not in call:
+            call[key] = str(value) if key in ("pg_name", "comms_id", "group_ranks") else value
+    dims = args.get("Input Dims")
+    if dims is not None and "input_dims" not in call and _dims_product(dims):
+        call["input_dims"] = orjson.dumps(dims).decode()
+        n = _dims_product(dims)
+        types = args.get("Input type")
+        dtype = next((t for t in types if t and t not in ("Scalar", "TensorList")), None) if isinstance(
+            types, list) else None
+        call.setdefault("in_nelems", n)
+        if dtype:
+            call.setdefault("dtype", dtype)
+
+
+def _step_of(spans: list[tuple[int, int, int]], t: int) -> int | None:
+    for step, s, e in spans:
+        if s <= t < e:
+            return step
+    return None
+
+
+def _expected(row_ranks: Any, pg: Any, pg_members: Mapping[str, set[int]]) -> set[int] | None:
+    """The global ranks of an instance's group: ``Process Group Ranks``, else ``pg_config``; None when unknown."""
+    if isinstance(row_ranks, str):
+        try:
+            return set(orjson.loads(row_ranks))
+        except orjson.JSONDecodeError:
+            pass
+    return pg_members.get(pg) if isinstance(pg, str) else None
+
+
+def match_collectives(calls: pd.DataFrame, pg_members: Mapping[str, set[int]]) -> tuple[pd.DataFrame, list[str]]:
+    """Match each rank's calls into collective instances; return the matched calls and the problems.
+
+    The key is (process group, ``Seq``) when every call of the group has a ``Seq``; else
+    (process group, ordinal in the group) counted from the first ``ProfilerStep#N`` all ranks
+    share; for calls with no process group (gloo) it is (op, input shape, ordinal). An instance
+    whose ranks disagree on the op or message size, or that lacks an expected rank that is in
+    the inputs, is reported and left out.
+    """
+    if calls.empty:
+        return calls.assign(instance=pd.Series(dtype="Int64")), []
+    df = calls.copy()
+    df["channel"] = df["pg_name"].fillna("op " + df["op"] + " " + df["input_dims"].fillna("?"))
+    if df["step"].notna().any():
+        common = [set(g.dropna()) for _, g in df.groupby("rank")["step"]]
+        shared = set.intersection(*common) if common else set()
+        if shared:
+            df = df[df["step"].ge(min(shared)).fillna(False)]
+    df = df.sort_values(["rank", "cpu_start_ns"], kind="stable")
+    df["ordinal"] = df.groupby(["rank", "channel"]).cumcount()
+    by_seq = df.groupby("channel")["seq"].transform(lambda s: s.notna().all())
+    df["key"] = np.where(by_seq, "seq " + df["seq"].astype("string").fillna(""), "n " + df["ordinal"].astype(str))
+    present = set(df["rank"])
+    problems: list[str] = []
+    ids: dict[tuple[str, str], int] = {}
+    keep = np.zeros(len(df), dtype=bool)
+    inst = np.full(len(df), -1, dtype=np.int64)
+    for k, ((channel, key), g) in enumerate(df.groupby(["channel", "key"], sort=False)):
+        where = f"{g['op'].iloc[0]} #{key.split()[-1]} of group {channel}"
+        if g["op"].nunique() > 1 or g["in_nelems"].dropna().nunique() > 1:
+            sizes = ", ".join(f"rank {r}: {o} {n}" for r, o, n in zip(g["rank"], g["op"], g["in_nelems"]))
+            problems.append(f"inconsistent {where}: {sizes}")
+            continue
+        expected = _expected(g["group_ranks"].iloc[0], g["pg_name"].iloc[0], pg_members)
+        missing = sorted((expected & present) - set(g["rank"])) if expected else []
+        if missing or len(g) < 2:
+            problems.append(f"unmatched {where}: no call from rank(s) {missing or 'other than ' + str(list(g['rank']))}")
+            continue
+        pos = df.index.get_indexer(g.index)
+        keep[pos] = True
+        inst[pos] = ids.setdefault((channel, key), len(ids))
+    out = df.assign(instance=inst)[keep]
+    return out.reset_index(drop=True), problems
+
+
+_BUS_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
+               "reducescatter": lambda n: (n - 1) / n, "alltoall": lambda n: (n - 1) / n}
+
+
+def instance_metrics(matched: pd.DataFrame, offsets_ns: Mapping[int, float]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per instance: arrival skew, last rank, comm latency, algbw/busbw; per (instance, rank): the wait.
+
+    Arrival is the GPU kernel start when every rank of the instance has one, else the CPU
+    start; times are first corrected by ``offsets_ns`` (what to subtract from each rank).
+    """
+    cols = ["instance", "op", "group", "bytes", "ranks", "skew_us", "last_rank", "comm_latency_us", "algbw_gbps",
+            "busbw_gbps", "step", "on_gpu"]
+    if matched.empty:
+        return pd.DataFrame(columns=cols), pd.DataFrame(columns=["instance", "rank", "arrival_us", "wait_us"])
+    rows, waits = [], []
+    shift = matched["rank"].map(lambda r: offsets_ns.get(r, 0.0)).astype(float)
+    for inst, g in matched.assign(shift=shift).groupby("instance", sort=True):
+        on_gpu = bool(g["gpu_start_ns"].notna().all())
+        start = (g["gpu_start_ns"] if on_gpu else g["cpu_start_ns"]).astype(float) - g["shift"]
+        end = (g["gpu_end_ns"] if on_gpu else g["cpu_end_ns"]).astype(float) - g["shift"]
+        last = start.max()
+        ranks = g["rank"].to_numpy()
+        last_rank = int(ranks[start.to_numpy() == last].min())
+        latency = float((end - start).min()) / 1e3
+        n = len(g)
+        size = pd.concat([g["in_bytes"], g["out_bytes"]]).dropna()
+        nbytes = int(size.max()) if len(size) else None
+        op = g["op"].iloc[0]
+        algbw = nbytes / (latency * 1e3) if nbytes and latency > 0 else None  # bytes/ns = GB/s
+        busbw = algbw * _BUS_FACTOR.get(op, lambda n: 1.0)(n) if algbw is not None else None
+        rows.append([int(inst), op, g["channel"].iloc[0], nbytes, n, (last - start.min()) / 1e3, last_rank, latency,
+                     algbw, busbw, g["step"].dropna().min() if g["step"].notna().any() else None, on_gpu])
+        first = start.min()
+        waits += [[int(inst), int(r), (a - first) / 1e3, (last - a) / 1e3] for r, a in zip(ranks, start)]
+    return pd.DataFrame(rows, columns=cols), pd.DataFrame(waits, columns=["instance", "rank", "arrival_us", "wait_us"])
+
+
+def op_summary(instances: pd.DataFrame) -> pd.DataFrame:
+    """Per op and message size: count, comm latency (total, mean, max), mean skew, mean bus bandwidth."""
+    cols = ["op", "bytes", "count", "latency_total_us", "latency_mean_us", "latency_max_us", "skew_mean_us",
+            "busbw_mean_gbps"]
+    if instances.empty:
+        return pd.DataFrame(columns=cols)
+    g = instances.groupby(["op", "bytes"], dropna=False)
+    out = g.agg(count=("instance", "count"), latency_total_us=("comm_latency_us", "sum"),
+                latency_mean_us=("comm_latency_us", "mean"), latency_max_us=("comm_latency_us", "max"),
+                skew_mean_us=("skew_us", "mean"), busbw_mean_gbps=("busbw_gbps", "mean")).reset_index()
+    return out.sort_values(["latency_total_us", "op"], ascending=[False, True], ignore_index=True)[cols]
+
+
+def straggler(instances: pd.DataFrame, waits: pd.DataFrame, matched: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+    """Per rank: times last, wait caused, own wait, compute before collectives; and the verdict.
+
+    The verdict names the rank that caused most of the waiting when its share stands out:
+    ``confidence`` rescales its share of all caused waiting from ``1/ranks`` (nobody stands
+    out) to 1 (all of it); a rank is named at 0.5 and above.
+    """
+    cols = ["rank", "collectives", "last_count", "wait_caused_us", "own_wait_us", "compute_before_us"]
+    if instances.empty:
+        return pd.DataFrame(columns=cols), {"rank": None, "confidence": 0.0,
+                                            "evidence": "no matched collectives across ranks"}
+    lasts = instances.set_index("instance")["last_rank"]
+    w = waits.assign(last=waits["instance"].map(lasts))
+    caused = w[w["rank"] != w["last"]].groupby("last")["wait_us"].sum()
+    before = _compute_before(matched)
+    table = pd.DataFrame({
+        "collectives": w.groupby("rank")["instance"].count(),
+        "last_count": lasts.value_counts(),
+        "wait_caused_us": caused,
+        "own_wait_us": w.groupby("rank")["wait_us"].sum(),
+        "compute_before_us": before,
+    }).fillna(0).rename_axis("rank").reset_index()
+    table = table[cols].astype({"rank": int, "collectives": int, "last_count": int})
+    n_ranks = len(table)
+    total = float(table["wait_caused_us"].sum())
+    top = table.sort_values(["wait_caused_us", "rank"], ascending=[False, True]).iloc[0]
+    share = float(top["wait_caused_us"]) / total if total else 0.0
+    confidence = max(0.0, (share - 1 / n_ranks) / (1 - 1 / n_ranks)) if n_ranks > 1 else 0.0
+    r, n = int(top["rank"]), len(instances)
+    numbers = {"last_count": int(top["last_count"]), "collectives": n, "wait_caused_ms": round(top["wait_caused_us"] / 1e3, 3),
+               "share_of_wait": round(share, 3), "total_wait_ms": round(total / 1e3, 3)}
+    if confidence >= 0.5:
+        text = (f"rank {r} is the straggler: last to arrive in {numbers['last_count']} of {n} collectives; the other "
+                f"ranks waited {numbers['wait_caused_ms']:,.1f} ms for it in total ({share:.0%} of all waiting)")
+        verdict = {"rank": r, "confidence": round(confidence, 3), "evidence": text, **numbers}
+    else:
+        text = (f"no straggler: waiting is spread across ranks (the most, rank {r}, caused {share:.0%} of "
+                f"{numbers['total_wait_ms']:,.1f} ms of waiting in {n} collectives)")
+        verdict = {"rank": None, "confidence": round(confidence, 3), "evidence": text, **numbers}
+    return table, verdict
+
+
+def _compute_before(matched: pd.DataFrame) -> pd.Series:
+    """Per rank: the time between the end of each matched collective and the start of the next."""
+    m = matched.sort_values(["rank", "cpu_start_ns"])
+    gap = m["cpu_start_ns"] - m.groupby("rank")["cpu_end_ns"].shift(1)
+    return (gap.clip(lower=0) / 1e3).groupby(m["rank"]).sum()
+
+
+def clock_offsets(matched: pd.DataFrame, hosts: Mapping[int, str | None]) -> dict[str, Any]:
+    """Each rank's clock offset from the lowest rank present, from the ends of matched GPU collectives.
+
+    The kernels of one collective instance end within a few µs of each other on every rank,
+    so the median over instances of (this rank's end - the reference's end) is the offset;
+    ranks that share no instance with the reference are chained through ranks that do. The
+    spread is the median absolute deviation of those differences.
+    """
+    gpu = matched[matched["gpu_end_ns"].notna()]
+    if gpu.empty:
+        return {"clock_offset_us": {}, "clock_offset_spread_us": {},
+                "clock_note": "no matched GPU collectives: clock offsets need NCCL/RCCL kernels"}
+    pair: dict[tuple[int, int], list[float]] = {}
+    for _, g in gpu.groupby("instance"):
+        ends = dict(zip(g["rank"].astype(int), g["gpu_end_ns"].astype(float)))
+        ref = min(ends)
+        for r, e in ends.items():
+            if r != ref:
+                pair.setdefault((ref, r), []).append(e - ends[ref])
+    lowest = int(gpu["rank"].min())
+    offset = {lowest: 0.0}
+    spread = {lowest: 0.0}
+    frontier = [lowest]
+    while frontier:
+        a = frontier.pop()
+        for (x, y), d in sorted(pair.items()):
+            for src, dst, sign in ((x, y, 1), (y, x, -1)):
+                if src == a and dst not in offset:
+                    med = float(np.median(d))
+                    offset[dst] = offset[a] + sign * med
+                    spread[dst] = float(np.median(np.abs(np.array(d) - med)))
+                    frontier.append(dst)
+    by_host: dict[str, list[int]] = {}
+    for r in sorted(offset):
+        by_host.setdefault(hosts.get(r) or "?", []).append(r)
+    return {
+        "clock_offset_us": {str(r): round(offset[r] / 1e3, 3) for r in sorted(offset)},
+        "clock_offset_spread_us": {str(r): round(spread[r] / 1e3, 3) for r in sorted(offset)},
+        "clock_offset_by_host": {h: {"ranks": rs, "median_offset_us": round(float(np.median([offset[r] for r in rs])) / 1e3, 3)}
+                                 for h, rs in by_host.items()},
+    }

@@ -1,0 +1,377 @@
+"""The self-contained HTML report: plots and tables of the per-rank analysis, readable offline.
+
+Every string from a trace is untrusted. Text and table cells go through :func:`html.escape`;
+figures travel as inert JSON in ``<script type="application/json">`` blocks with ``<``, ``>``, ``&``,
+U+2028 and U+2029 escaped (whatever plotly's own encoder does), and plot labels are entity-escaped
+because plotly.js renders a subset of HTML in them. A Content-Security-Policy runs only the page's
+own two scripts, by hash, and allows no network access.
+
+A page is the concatenation of :data:`SECTIONS`; to add one, append a function that takes a
+:class:`Page` and returns HTML (``""`` to leave it out).
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import json
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeGuard
+
+import pandas as pd
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.offline import get_plotlyjs
+
+__all__ = ["SECTIONS", "Page", "render_report"]
+
+TOP_N = 20
+"""Bars in the top-kernels and top-ops plots."""
+MAX_ROWS = 50
+"""Rows shown of each HTML table."""
+MAX_RANK_TICKS = 64
+"""Up to this many ranks, every rank gets its own tick label."""
+MAX_LABEL = 70
+"""Characters of a kernel or op name shown on an axis; the hover shows the whole name."""
+MAX_LISTED = 10
+"""Input paths, warnings and rank ranges listed before "and N more"."""
+
+_BREAKDOWN = (("computation_us", "computation", "#4c78a8"), ("non_compute_us", "non-compute", "#f58518"),
+              ("idle_us", "idle", "#bab0ac"))
+_COMM = (("communication_us", "communication", "#72b7b2"), ("exposed_comm_us", "exposed communication", "#e45756"))
+_PLOTTED = {"gpu_span_us", *(c for c, _, _ in _BREAKDOWN + _COMM)}
+_CATEGORY_COLORS = {"GEMM": "#4c78a8", "attention": "#b279a2", "elementwise": "#f58518", "reduce": "#54a24b",
+                    "communication": "#72b7b2", "memory": "#eeca3b", "other": "#bab0ac"}
+_PLOT_CONFIG = {"responsive": True, "displaylogo": False}
+_BOOT = ("document.querySelectorAll('script.tf-figure').forEach(function (s) {"
+         "var f = JSON.parse(s.textContent);"
+         f"Plotly.newPlot(s.previousElementSibling, f.data, f.layout, {json.dumps(_PLOT_CONFIG)});"
+         "});")
+_JSON_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028",
+                               "\u2029": "\\u2029"})
+_CSS = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 1.5em auto; max-width: 1200px; padding: 0 1em; color: #222; }
+h1 { font-size: 1.6em; margin-bottom: .2em; } h2 { margin-top: 1.8em; border-bottom: 1px solid #ddd; }
+.meta { color: #555; } .note { background: #fff4e5; border-left: 4px solid #f58518; padding: .5em .8em; }
+.warnings li { color: #8a4b00; } .outliers li { font-weight: 600; }
+table.tf { border-collapse: collapse; font-size: 12.5px; margin: .5em 0 1em; }
+table.tf th, table.tf td { border-bottom: 1px solid #e4e4e4; padding: 3px 8px; text-align: right;
+  vertical-align: top; white-space: nowrap; }
+table.tf th { background: #f6f6f6; } table.tf .text { text-align: left; }
+table.tf td.text { white-space: normal; max-width: 42em; overflow-wrap: anywhere; }
+.scroll { overflow-x: auto; }
+.caption { color: #666; font-size: 12px; } .plot { min-height: 300px; }
+"""
+
+
+@dataclass
+class Page:
+    """What a section function sees: the analysis tables, the summary and the outliers.
+
+    Parameters
+    ----------
+    tables : dict of str to DataFrame
+        The analysis tables, by name; a missing table reads as an empty one.
+    summary : dict
+        The run summary (``inputs``, ``ranks``, ``steps``, ``gpu``, ``why_no_gpu``, ``warnings``, ...).
+    """
+
+    tables: dict[str, pd.DataFrame]
+    summary: dict[str, Any]
+    figures: int = field(default=0, init=False)
+
+    def table(self, name: str) -> pd.DataFrame:
+        """The table ``name``, or an empty DataFrame when it is missing."""
+        df = self.tables.get(name)
+        return df if df is not None else pd.DataFrame()
+
+    @property
+    def gpu(self) -> bool:
+        """Whether the traces have GPU events."""
+        return bool(self.summary.get("gpu", True))
+
+    def outlier_ranks(self, metrics: Iterable[str] | None = None) -> list[int]:
+        """Ranks flagged in ``rank_stats`` for any of ``metrics`` (all metrics when None)."""
+        stats = self.table("rank_stats")
+        if "outlier_ranks" not in stats:
+            return []
+        if metrics is not None:
+            stats = stats[stats["metric"].isin(list(metrics))]
+        return sorted({int(r) for ranks in stats["outlier_ranks"] if _is_list(ranks) for r in ranks})
+
+    def figure(self, fig: go.Figure) -> str:
+        """A plot placeholder followed by the figure as inert, script-safe JSON."""
+        self.figures += 1
+        payload = pio.to_json(fig, validate=False).translate(_JSON_ESCAPES)
+        return f'<div class="plot"></div><script type="application/json" class="tf-figure">{payload}</script>'
+
+
+def render_report(tables: dict[str, pd.DataFrame], summary: dict[str, Any]) -> str:
+    """The self-contained report page (HTML text).
+
+    The page embeds plotly.js once (about 4.6 MB, only when it has a plot) and loads nothing from
+    the network. Names, shapes, paths and warnings are escaped, so a hostile trace cannot inject
+    markup or script.
+
+    Parameters
+    ----------
+    tables : dict of str to DataFrame
+        The per-rank analysis: ``breakdown``, ``breakdown_by_step``, ``kernels``,
+        ``kernel_categories``, ``ops``, ``kernel_launchers``, ``idle`` and ``rank_stats``. Missing or
+        empty tables leave their plots and tables out.
+    summary : dict
+        ``tool``, ``version``, ``inputs``, ``ranks``, ``steps``, ``gpu``, ``why_no_gpu`` and
+        ``warnings``; with ``gpu`` False the page has no GPU plots and says why.
+
+    Returns
+    -------
+    str
+        The HTML document.
+
+    Examples
+    --------
+    >>> page = render_report({}, {"tool": "tracefuse_dask", "version": "0.1", "inputs": ["t/rank0.json"],
+    ...                           "ranks": [0], "steps": [], "gpu": False, "why_no_gpu": "no GPU events",
+    ...                           "warnings": []})
+    >>> page.startswith("<!DOCTYPE html>") and "no GPU events" in page
+    True
+    """
+    page = Page(dict(tables), dict(summary))
+    body = "\n".join(part for section in SECTIONS if (part := section(page)))
+    scripts = [get_plotlyjs(), _BOOT] if page.figures else []
+    script_src = " ".join(f"'{_sha256(s)}'" for s in scripts) or "'none'"
+    csp = (f"default-src 'none'; script-src {script_src}; style-src 'unsafe-inline'; img-src data: blob:; "
+           "font-src data:; base-uri 'none'; form-action 'none'")
+    title = html.escape(f"{summary.get('tool', 'tracefuse_dask')} report")
+    return "\n".join([
+        "<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
+        f'<meta http-equiv="Content-Security-Policy" content="{csp}">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{title}</title>", f"<style>{_CSS}</style>", "</head>", "<body>", body,
+        *(f"<script>{s}</script>" for s in scripts), "</body>", "</html>", ""])
+
+
+def _header(page: Page) -> str:
+    s = page.summary
+    inputs = [str(p) for p in s.get("inputs") or []]
+    shown = ", ".join(f"<code>{html.escape(p)}</code>" for p in inputs[:MAX_LISTED])
+    if len(inputs) > MAX_LISTED:
+        shown += f" and {len(inputs) - MAX_LISTED:,} more"
+    ranks, steps = list(s.get("ranks") or []), list(s.get("steps") or [])
+    parts = [f"<h1>{html.escape(str(s.get('tool', 'tracefuse_dask')))} report</h1>",
+             f'<p class="meta">version {html.escape(str(s.get("version", "")))} · {len(inputs):,} input(s): '
+             f"{shown or 'none'}</p>",
+             f'<p class="meta">{len(ranks):,} rank(s): {html.escape(_ranges(ranks)) or "none"} · '
+             f'{len(steps):,} step(s): {html.escape(_ranges(steps)) or "none"}</p>']
+    if not page.gpu:
+        why = s.get("why_no_gpu") or "the traces have no GPU events"
+        parts.append(f'<p class="note">No GPU plots: {html.escape(str(why))}.</p>')
+    warnings = [str(w) for w in s.get("warnings") or []]
+    if warnings:
+        items = "".join(f"<li>{html.escape(w)}</li>" for w in warnings[:MAX_LISTED])
+        more = f"<li>and {len(warnings) - MAX_LISTED:,} more</li>" if len(warnings) > MAX_LISTED else ""
+        parts.append(f'<h2>Warnings</h2><ul class="warnings">{items}{more}</ul>')
+    return "\n".join(parts)
+
+
+def _outliers(page: Page) -> str:
+    stats = page.table("rank_stats")
+    if stats.empty:
+        return ""
+    notes = [str(n) for n in stats["note"].dropna() if str(n)] if "note" in stats else []
+    listed = ('<ul class="outliers">' + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>"
+              if notes else "<p>No outlier ranks.</p>")
+    table = _html_table(stats, "metric", ascending=True)
+    return f"<h2>Outliers</h2>{listed}<h3>Spread over ranks</h3>{table}"
+
+
+def _breakdown(page: Page) -> str:
+    df = page.table("breakdown")
+    if not page.gpu or df.empty:
+        return ""
+    df = df.sort_values("rank")
+    plots, outliers = "", page.outlier_ranks(_PLOTTED)
+    if {c for c, _, _ in _BREAKDOWN} <= set(df.columns):
+        plots = page.figure(_rank_bars(df, _BREAKDOWN, "stack", "GPU time per rank (µs): the bars partition the "
+                                       "GPU span", outliers))
+        if {c for c, _, _ in _COMM} <= set(df.columns):
+            plots += page.figure(_rank_bars(df, _COMM, "overlay", "Communication per rank (µs): total and "
+                                            "exposed (not overlapped with computation)", outliers))
+    return f"<h2>Per-rank breakdown</h2>{plots}{_html_table(df, 'gpu_span_us', what='ranks')}"
+
+
+def _kernels(page: Page) -> str:
+    kernels, categories = page.table("kernels"), page.table("kernel_categories")
+    if not page.gpu or (kernels.empty and categories.empty):
+        return ""
+    parts = ["<h2>Kernels</h2>"]
+    if not kernels.empty:
+        top = (kernels.groupby("name", sort=False)
+               .agg(total_us=("total_us", "sum"), count=("count", "sum"), category=("category", "first"),
+                    ranks=("rank", "nunique"))
+               .nlargest(TOP_N, "total_us").reset_index())
+        parts.append(page.figure(_top_kernels(top)))
+    if not categories.empty:
+        cats = categories.groupby("category").agg(total_us=("total_us", "sum"), count=("count", "sum"))
+        cats = cats.sort_values("total_us", ascending=False).reset_index()
+        fig = go.Figure(go.Bar(
+            x=[_label(c) for c in cats["category"]], y=cats["total_us"], customdata=cats["count"],
+            marker_color=[_CATEGORY_COLORS.get(str(c), "#888") for c in cats["category"]],
+            hovertemplate="%{x}: %{y:,.0f} µs in %{customdata:,} kernels<extra></extra>"))
+        fig.update_layout(_layout("Kernel time by category, all ranks (µs)", 360), xaxis_type="category")
+        parts.append(page.figure(fig))
+    if not kernels.empty:
+        parts.append(f"<h3>Kernels per rank</h3>{_html_table(kernels, 'total_us')}")
+    return "".join(parts)
+
+
+def _ops(page: Page) -> str:
+    ops, launchers = page.table("ops"), page.table("kernel_launchers")
+    if ops.empty and launchers.empty:
+        return ""
+    parts = ["<h2>Operators</h2>"]
+    key = "gpu_time_us" if page.gpu else "cpu_time_us"
+    if key in ops and ops[key].notna().any():
+        top = ops.groupby("name", sort=False).agg(time=(key, "sum"), count=("count", "sum"))
+        top = top.nlargest(TOP_N, "time").reset_index()
+        parts.append(page.figure(_top_ops(top, key.removesuffix("_us").replace("_", " "))))
+    if not ops.empty:
+        parts.append(f"<h3>Operators per rank</h3>{_html_table(ops, key)}")
+    if not launchers.empty:
+        parts.append(f"<h3>Kernel launchers by input shape</h3>{_html_table(launchers, 'gpu_time_us')}")
+    return "".join(parts)
+
+
+def _idle(page: Page) -> str:
+    idle = page.table("idle")
+    if not page.gpu or idle.empty:
+        return ""
+    return f"<h2>GPU idle time by stream</h2>{_html_table(idle, 'idle_us')}"
+
+
+def _steps(page: Page) -> str:
+    steps = page.table("breakdown_by_step")
+    if steps.empty or "step" not in steps:
+        return ""
+    per_step = steps.drop(columns="rank").select_dtypes("number").groupby("step").median()
+    per_step.insert(0, "ranks", steps.groupby("step")["rank"].nunique())
+    return (f"<h2>Steps</h2><p class=\"caption\">Median over ranks.</p>"
+            f"{_html_table(per_step.reset_index(), 'step', ascending=True, what='steps')}")
+
+
+SECTIONS: list[Callable[[Page], str]] = [_header, _outliers, _breakdown, _kernels, _ops, _idle, _steps]
+"""The page, in order: each function returns its section's HTML, or "" to leave it out."""
+
+
+def _rank_bars(df: pd.DataFrame, series: Sequence[tuple[str, str, str]], barmode: str, title: str,
+               outliers: list[int]) -> go.Figure:
+    ranks = df["rank"].astype(int).tolist()
+    many = len(ranks) > MAX_RANK_TICKS
+    fig = go.Figure([go.Bar(x=ranks, y=df[col], name=name, marker_color=color,
+                            marker_line_width=0 if many else None,
+                            hovertemplate=f"rank %{{x}}<br>{name}: %{{y:,.0f}} µs<extra></extra>")
+                     for col, name, color in series])
+    top = df[[c for c, _, _ in series]].sum(axis=1) if barmode == "stack" else df[series[0][0]]
+    flagged = df["rank"].isin(outliers)
+    if flagged.any():
+        fig.add_trace(go.Scatter(
+            x=df.loc[flagged, "rank"].astype(int), y=top[flagged], name="outlier", mode="markers+text",
+            text=[f"rank {r}" for r in df.loc[flagged, "rank"].astype(int)], textposition="top center",
+            marker={"symbol": "triangle-down", "size": 12, "color": "#d62728"}, textfont={"color": "#d62728"},
+            hovertemplate="outlier rank %{x}<extra></extra>"))
+    xaxis: dict[str, Any] = {"title": {"text": "rank"}, "tickformat": "d"}
+    if not many:
+        xaxis.update(tickmode="array", tickvals=ranks,
+                     ticktext=[f'<span style="color:#d62728"><b>{r}</b></span>' if r in outliers else str(r)
+                               for r in ranks])
+    fig.update_layout(_layout(title, 420), barmode=barmode, xaxis=xaxis, yaxis_title_text="µs",
+                      bargap=0 if many else 0.15)
+    return fig
+
+
+def _top_kernels(top: pd.DataFrame) -> go.Figure:
+    fig = go.Figure()
+    for category, rows in top.groupby("category", sort=False, dropna=False):
+        fig.add_trace(go.Bar(
+            y=rows.index, x=rows["total_us"], orientation="h", name=_label(category), width=0.8,
+            marker_color=_CATEGORY_COLORS.get(str(category), "#888"),
+            customdata=list(zip([_label(n, None) for n in rows["name"]], rows["count"], rows["ranks"])),
+            hovertemplate="%{customdata[0]}<br>%{x:,.0f} µs, %{customdata[1]:,} launches on "
+                          "%{customdata[2]} rank(s)<extra></extra>"))
+    fig.update_layout(_layout(f"Top {len(top)} kernels by total time, all ranks (µs)", 140 + 24 * len(top)),
+                      barmode="overlay", yaxis=_name_axis(top["name"]), xaxis_title_text="µs")
+    return fig
+
+
+def _top_ops(top: pd.DataFrame, what: str) -> go.Figure:
+    fig = go.Figure(go.Bar(
+        y=top.index, x=top["time"], orientation="h", marker_color="#54a24b",
+        customdata=list(zip([_label(n, None) for n in top["name"]], top["count"])),
+        hovertemplate="%{customdata[0]}<br>%{x:,.0f} µs in %{customdata[1]:,} calls<extra></extra>"))
+    fig.update_layout(_layout(f"Top {len(top)} operators by {what}, all ranks (µs)", 140 + 24 * len(top)),
+                      yaxis=_name_axis(top["name"]), xaxis_title_text="µs")
+    return fig
+
+
+def _name_axis(names: pd.Series) -> dict[str, Any]:
+    # Positions, not names, on the axis: names cut to MAX_LABEL may collide and would merge their bars.
+    return {"tickmode": "array", "tickvals": list(range(len(names))), "ticktext": [_label(n) for n in names],
+            "autorange": "reversed", "automargin": True}
+
+
+def _layout(title: str, height: int) -> dict[str, Any]:
+    return {"title": {"text": title}, "height": height, "template": "plotly_white",
+            "margin": {"l": 60, "r": 20, "t": 60, "b": 50}, "legend": {"orientation": "h", "y": -0.15}}
+
+
+def _label(value: object, limit: int | None = MAX_LABEL) -> str:
+    """``value`` as literal plotly text: plotly.js reads a subset of HTML and entities in labels."""
+    text = str(value)
+    if limit is not None and len(text) > limit:
+        text = text[:limit - 1] + "…"
+    return html.escape(text, quote=False)
+
+
+def _html_table(df: pd.DataFrame, sort: str, *, ascending: bool = False, what: str = "rows") -> str:
+    """The first :data:`MAX_ROWS` rows by ``sort``, every cell escaped; numbers right-aligned."""
+    shown = df.sort_values([sort], ascending=ascending, na_position="last", kind="stable") if sort in df else df
+    shown = shown.head(MAX_ROWS).dropna(axis=1, how="all")
+    align = ['' if pd.api.types.is_numeric_dtype(t) else ' class="text"' for t in shown.dtypes]
+    head = "".join(f"<th{a}>{html.escape(str(c))}</th>" for c, a in zip(shown.columns, align))
+    rows = "".join("<tr>" + "".join(f"<td{a}>{html.escape(_cell(v))}</td>" for v, a in zip(row, align)) + "</tr>"
+                   for row in shown.itertuples(index=False))
+    caption = (f'<p class="caption">{MAX_ROWS} of {len(df):,} {what}, by {html.escape(sort)}.</p>'
+               if len(df) > MAX_ROWS else "")
+    return f'{caption}<div class="scroll"><table class="tf"><tr>{head}</tr>{rows}</table></div>'
+
+
+def _cell(value: object) -> str:
+    if _is_list(value):
+        return ", ".join(str(v) for v in value)
+    if isinstance(value, float):
+        return "–" if math.isnan(value) else f"{value:,.1f}"
+    return "–" if value is None or value is pd.NA else str(value)
+
+
+def _ranges(values: Iterable[int]) -> str:
+    """``[0, 1, 2, 3, 7]`` as ``"0–3, 7"``, listing at most :data:`MAX_LISTED` runs."""
+    runs: list[list[int]] = []
+    for n in sorted({int(v) for v in values}):
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    text = [str(a) if a == b else f"{a}–{b}" for a, b in runs]
+    return ", ".join(text[:MAX_LISTED]) + (f", … ({len(runs) - MAX_LISTED:,} more runs)" if len(runs) > MAX_LISTED
+                                           else "")
+
+
+def _is_list(value: object) -> TypeGuard[Iterable[Any]]:
+    # outlier_ranks holds lists, or 1-d numpy arrays after a round trip through Arrow.
+    return isinstance(value, (list, tuple)) or getattr(value, "ndim", 0) == 1
+
+
+def _sha256(script: str) -> str:
+    return "sha256-" + base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
