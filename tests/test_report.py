@@ -252,3 +252,32 @@ def test_1024_rank_report_in_chromium(browser, tmp_path):
     labels = browser.execute_script(
         "return document.querySelector('.js-plotly-plot').querySelectorAll('.xtick').length")
     assert bars == 3 * 1024 and 2 <= labels <= 30
+
+
+def collective_tables(n_ranks: int = 4, straggler: int = 2) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
+    waits = pd.DataFrame([{"instance": i, "rank": r, "arrival_us": 0.0 if r == straggler else 100.0 * (r + 1),
+                           "wait_us": 0.0 if r == straggler else 1000.0} for i in range(3) for r in range(n_ranks)])
+    instances = pd.DataFrame({"instance": range(3), "op": [HOSTILE, "allreduce", "barrier"]})
+    summary = make_summary(n_ranks) | {"straggler": {"rank": straggler, "confidence": 0.9,
+                                                      "evidence": f"rank {straggler} is the straggler: {HOSTILE_OP}"},
+                                        "clock_offset_us": {"0": 0.0, "1": 12.5}, "clock_offset_spread_us":
+                                            {"0": 0.0, "1": 0.4},
+                                        "collectives": {"problem_examples": [f"unmatched {HOSTILE}"]}}
+    return make_tables(n_ranks) | {"collective_waits": waits, "collective_instances": instances}, summary
+
+
+def test_collectives_section_states_the_verdict_and_plots_waits():
+    tables, summary = collective_tables()
+    page = render_report(tables, summary)
+    assert_safe(page)
+    assert f"<b>rank 2 is the straggler: {html.escape(HOSTILE_OP)}</b> (confidence 0.90)" in page
+    assert len(figures(page)) == 5 + 2  # the wait heatmap and the arrival bars
+    assert "Clock offsets" in page and "Unmatched or inconsistent collectives" in page
+
+
+@pytest.mark.integration
+def test_collectives_report_in_chromium(browser, tmp_path):
+    tables, summary = collective_tables()
+    _load(browser, tmp_path, render_report(tables, summary), plots=7)
+    assert browser.execute_script("return document.querySelectorAll('.js-plotly-plot .heatmaplayer').length") == 1
+    assert "rank 2 is the straggler" in browser.execute_script("return document.body.innerText")

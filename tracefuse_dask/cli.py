@@ -77,6 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--window", metavar="START_MS:END_MS",
                    help="keep events starting in this window, in ms from the earliest kept event of all ranks")
     o = m.add_argument_group("output")
+    o.add_argument("--align", choices=("base", "collectives"), default="base",
+                   help="align ranks by baseTimeNanoseconds (default), or also correct each rank's clock offset "
+                        "estimated from matched NCCL/RCCL collectives")
     o.add_argument("--rewrite-ids", action="store_true",
                    help="also make External id and correlation unique across ranks (originals kept as <field>_raw)")
     o.add_argument("--keep-empty-processes", action="store_true", help="keep processes that have no events")
@@ -191,7 +194,8 @@ def _merge(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
         args.inputs, args.output, storage_options=so, ranks=args.ranks, rank_regex=args.rank_regex,
         include_pyfunc=args.include_pyfunc, keep=args.keep, steps=args.steps, window=args.window,
         rewrite_ids=args.rewrite_ids, keep_empty_processes=args.keep_empty_processes,
-        gzip_members=args.gzip_members, on_error=args.on_error, repair=args.repair, force=args.force,
+        gzip_members=args.gzip_members, on_error=args.on_error, repair=args.repair, align=args.align,
+        force=args.force,
         skip_if_unchanged=args.skip_if_unchanged, workers=args.workers, scheduler=args.scheduler,
         scheduler_file=args.scheduler_file, timeout=args.timeout,
         show_progress=not args.quiet and sys.stderr.isatty(), performance_report=args.performance_report,
@@ -232,6 +236,9 @@ def _analyze(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
             print(f"note: {s['why_no_gpu']}", file=sys.stderr)
         for line in s["outliers"]:
             print(f"outlier: {line}", file=sys.stderr)
+        if s["collectives"]["matched"]:
+            print(f"collectives: {s['collectives']['matched']} matched, {s['collectives']['problems']} unmatched or "
+                  f"inconsistent; {s['straggler']['evidence']}", file=sys.stderr)
         for path in s["ignored"]:
             print(f"ignored {path}", file=sys.stderr)
         for w in s["warnings"]:

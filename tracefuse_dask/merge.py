@@ -370,6 +370,7 @@ def merge_traces(
     gzip_members: str = "rank",
     on_error: str = "raise",
     repair: bool = False,
+    align: str = "base",
     force: bool = False,
     skip_if_unchanged: bool = False,
     workers: int | None = None,
@@ -411,6 +412,10 @@ def merge_traces(
         them in the summary and in the output's ``metadata.tracefuse.skipped``.
     repair
         Recover the complete events of truncated files (reported in the warnings).
+    align
+        ``"base"`` aligns ranks exactly by their ``baseTimeNanoseconds``; ``"collectives"``
+        also corrects each rank's clock offset, estimated from the ends of matched NCCL/RCCL
+        collectives (see ``analyze``), and records the offsets in ``metadata.tracefuse``.
     force
         Replace an existing output.
     skip_if_unchanged
@@ -443,6 +448,8 @@ def merge_traces(
         raise MergeError(f"gzip_members={gzip_members!r}; use 'rank' or 'single'")
     if on_error not in ("raise", "skip"):
         raise MergeError(f"on_error={on_error!r}; use 'raise' or 'skip'")
+    if align not in ("base", "collectives"):
+        raise MergeError(f"align={align!r}; use 'base' or 'collectives'")
     try:
         subset = RankSet.parse(ranks) if isinstance(ranks, str) else (set(ranks) if ranks is not None else None)
     except ValueError as e:
@@ -454,7 +461,7 @@ def merge_traces(
     tmp_dir = out.rstrip("/") + TMP_SUFFIX
     manifest = None
     if skip_if_unchanged:
-        manifest = _manifest(files, out, options, ranks, rank_regex, gzip_members, on_error, repair)
+        manifest = _manifest(files, out, options, ranks, rank_regex, gzip_members, on_error, repair, align)
         unchanged = _unchanged(out, manifest, so)
         if unchanged is not None:
             unchanged.seconds = round(time.perf_counter() - started, 3)
@@ -480,7 +487,7 @@ def merge_traces(
                                  "other processes; use a local path or object storage, or an in-process cluster "
                                  "(LocalCluster(processes=False))")
             summary = _run(c, files, skipped_names, out, tmp_dir, options, subset, rank_regex, so,
-                           gzip_members, show_progress, on_error, repair, futures)
+                           gzip_members, show_progress, on_error, repair, align, futures)
     except BaseException:
         # Only unfinished work is cancelled: a finished key that is cancelled would also
         # cancel the same (deterministic) key of a rerun in this client.
@@ -510,7 +517,7 @@ _SKIPPABLE = (TraceFormatError, TraceFileNotFoundError, MergeError, PermissionEr
 
 
 def _manifest(files: list[InputFile], out: str, options: MergeOptions, ranks: Any, rank_regex: str,
-              gzip_members: str, on_error: str, repair: bool) -> dict[str, Any]:
+              gzip_members: str, on_error: str, repair: bool, align: str) -> dict[str, Any]:
     """What the output was made from: inputs (size and etag or mtime), options, tool version; no credentials."""
     return {
         "tool": "tracefuse_dask",
@@ -520,7 +527,7 @@ def _manifest(files: list[InputFile], out: str, options: MergeOptions, ranks: An
                     else None} for f in files],
         "options": {**options.describe(), "ranks": ranks if ranks is None or isinstance(ranks, str)
                     else sorted(ranks), "rank_regex": rank_regex, "gzip_members": gzip_members,
-                    "on_error": on_error, "repair": repair},
+                    "on_error": on_error, "repair": repair, "align": align},
     }
 
 
@@ -567,7 +574,7 @@ def _settle(outcomes: list[tuple[Any, BaseException | None]], paths: list[str], 
 
 def _run(c: Client, files: list[InputFile], skipped_names: list[str], out: str, tmp_dir: str,
          options: MergeOptions, subset: Any, rank_regex: str, so: dict[str, Any], gzip_members: str,
-         show_progress: bool, on_error: str, repair: bool, futures: list[Any]) -> MergeSummary:
+         show_progress: bool, on_error: str, repair: bool, align: str, futures: list[Any]) -> MergeSummary:
     warnings: list[str] = []
     ignored = [f"{p}: not a JSON trace by name, or written by tracefuse" for p in skipped_names]
     skipped: list[dict[str, Any]] = []
@@ -610,6 +617,10 @@ def _run(c: Client, files: list[InputFile], skipped_names: list[str], out: str, 
                                          and any(h.base is None for h in headers)):
         _fill_earliest(c, headers, so, earliest or MergeOptions(), repair, futures)
     base_out = _plan_bases(headers)
+    offsets: dict[int, int] = {}
+    if align == "collectives":
+        offsets = _clock_offsets(c, chosen, so, warnings)
+        base_out = min([base_out] + [(h.base or 0) - offsets.get(r, 0) for r, h in chosen])
     window_abs = None
     if options.window_ns is not None:
         t0s = [h.earliest_kept_ns for h in headers if h.earliest_kept_ns is not None]
@@ -620,8 +631,8 @@ def _run(c: Client, files: list[InputFile], skipped_names: list[str], out: str, 
     gzip_out = out.endswith(".gz")
     compress = gzip_out and gzip_members == "rank"
     ext = ".json.gz" if compress else ".json"
-    tasks = [RankTask(r, h.path, h.base or 0, base_out, f"{tmp_dir}/part-{r:08d}{ext}", options,
-                      window_abs, compress, repair) for r, h in chosen]
+    tasks = [RankTask(r, h.path, (h.base or 0) - offsets.get(r, 0), base_out, f"{tmp_dir}/part-{r:08d}{ext}",
+                      options, window_abs, compress, repair) for r, h in chosen]
     keys = [f"tracefuse-rewrite-{tokenize(t, so)}" for t in tasks]
     t0 = time.perf_counter()
     futures[:] = c.map(_rewrite_rank, tasks, storage_options=so, key=keys)
@@ -643,7 +654,7 @@ def _run(c: Client, files: list[InputFile], skipped_names: list[str], out: str, 
     meta = {
         "version": __version__,
         "base_time_ns": base_out,
-        "options": options.describe(),
+        "options": {**options.describe(), "align": align},
         "ranks": {
             str(res.rank): {
                 "source": sources[res.path],
@@ -657,6 +668,8 @@ def _run(c: Client, files: list[InputFile], skipped_names: list[str], out: str, 
         "skipped": [{"rank": sk["rank"], "source": sources[sk["path"]],
                      "reason": sk["reason"].replace(sk["path"], sources[sk["path"]])} for sk in skipped],
     }
+    if align == "collectives":
+        meta["clock_offsets_ns"] = {str(r): v for r, v in sorted(offsets.items())}
     head = (b'{"schemaVersion":1,"displayTimeUnit":"ms","baseTimeNanoseconds":' + str(base_out).encode()
             + b',"metadata":{"tracefuse":' + orjson.dumps(meta) + b'},"traceEvents":[\n'
             + _SEP.join(r.head for r in results if r.head))
@@ -679,6 +692,25 @@ def _run(c: Client, files: list[InputFile], skipped_names: list[str], out: str, 
         ignored=ignored,
         rank_list=[r.rank for r in results],
     )
+
+
+def _clock_offsets(c: Client, chosen: list[tuple[int, RankHeader]], so: dict[str, Any],
+                   warnings: list[str]) -> dict[int, int]:
+    """Each rank's clock offset in ns (what to subtract), from an analysis of its collectives."""
+    from .analyze import analyze
+
+    summary = analyze({r: h.path for r, h in chosen}, client=c, storage_options=so).summary
+    offsets = {int(r): round(us * 1000) for r, us in summary["clock_offset_us"].items()}
+    if not offsets:
+        warnings.append(f"--align collectives: {summary['clock_note']}; kept base-time alignment")
+    elif missing := sorted(r for r, _ in chosen if r not in offsets):
+        warnings.append(f"--align collectives: no GPU collective links rank(s) {_ranges(missing)} to rank "
+                        f"{min(offsets)}; their clocks were not corrected")
+    for r, off in sorted(offsets.items()):
+        if off:
+            spread = summary["clock_offset_spread_us"][str(r)]
+            warnings.append(f"--align collectives: rank {r} shifted by {-off / 1000:+,.3f} µs (spread {spread} µs)")
+    return offsets
 
 
 def _assume_bases(chosen: list[tuple[int, RankHeader]]) -> list[str]:

@@ -37,6 +37,8 @@ MAX_LABEL = 70
 """Characters of a kernel or op name shown on an axis; the hover shows the whole name."""
 MAX_LISTED = 10
 """Input paths, warnings and rank ranges listed before "and N more"."""
+MAX_HEATMAP_COLUMNS = 200
+"""Collective instances shown in the wait heatmap (the first ones, in order)."""
 
 _BREAKDOWN = (("computation_us", "computation", "#4c78a8"), ("non_compute_us", "non-compute", "#f58518"),
               ("idle_us", "idle", "#bab0ac"))
@@ -261,7 +263,57 @@ def _steps(page: Page) -> str:
             f"{_html_table(per_step.reset_index(), 'step', ascending=True, what='steps')}")
 
 
-SECTIONS: list[Callable[[Page], str]] = [_header, _outliers, _breakdown, _kernels, _ops, _idle, _steps]
+def _collectives(page: Page) -> str:
+    s = page.summary
+    verdict = s.get("straggler") or {}
+    waits, stragglers = page.table("collective_waits"), page.table("straggler_ranks")
+    if not verdict and waits.empty:
+        return ""
+    parts = ["<h2>Collectives and stragglers</h2>"]
+    if verdict.get("evidence"):
+        cls = "note" if verdict.get("rank") is not None else "caption"
+        parts.append(f'<p class="{cls}"><b>{html.escape(str(verdict["evidence"]))}</b> '
+                     f'(confidence {float(verdict.get("confidence", 0)):.2f})</p>')
+    if not waits.empty:
+        instances = page.table("collective_instances")
+        shown = sorted(waits["instance"].unique())[:MAX_HEATMAP_COLUMNS]
+        grid = waits[waits["instance"].isin(shown)].pivot(index="rank", columns="instance", values="wait_us")
+        ops = instances.set_index("instance")["op"] if "op" in instances else pd.Series(dtype=str)
+        labels = [f"{i}: {_label(ops.get(i, ''))}" for i in grid.columns]
+        fig = go.Figure(go.Heatmap(z=grid.to_numpy(), x=labels, y=grid.index.astype(int), colorscale="Reds",
+                                   colorbar={"title": {"text": "µs"}},
+                                   hovertemplate="rank %{y}<br>%{x}<br>waited %{z:,.0f} µs<extra></extra>"))
+        fig.update_layout(_layout(f"Wait per rank and collective (µs){' — first ' + str(len(shown)) if len(shown) < waits['instance'].nunique() else ''}",
+                                  min(900, 200 + 12 * len(grid))), xaxis_type="category", yaxis_title_text="rank")
+        parts.append(page.figure(fig))
+        arrival = waits.groupby("rank")["arrival_us"].mean().reset_index()
+        marked = [verdict["rank"]] if verdict.get("rank") is not None else []
+        parts.append(page.figure(_rank_bars(arrival, [("arrival_us", "mean arrival after the first rank", "#9467bd")],
+                                            "stack", "Arrival per rank (µs after the first rank, mean over collectives)",
+                                            marked)))
+    if not stragglers.empty:
+        parts.append(f"<h3>Per rank</h3>{_html_table(stragglers, 'wait_caused_us', what='ranks')}")
+    summary = page.table("collective_summary")
+    if not summary.empty:
+        parts.append(f"<h3>Per op and size</h3>{_html_table(summary, 'latency_total_us')}")
+    offsets = s.get("clock_offset_us") or {}
+    if offsets:
+        spread = s.get("clock_offset_spread_us") or {}
+        rows = pd.DataFrame({"rank": [int(r) for r in offsets], "clock_offset_us": list(offsets.values()),
+                             "spread_us": [spread.get(r) for r in offsets]})
+        parts.append("<h3>Clock offsets</h3><p class=\"caption\">Estimated from the ends of matched GPU "
+                     "collectives; subtract from a rank's times to align it with the lowest rank "
+                     "(<code>tracefuse merge --align collectives</code>).</p>"
+                     + _html_table(rows, "rank", ascending=True, what="ranks"))
+    problems = (s.get("collectives") or {}).get("problem_examples") or []
+    if problems:
+        items = "".join(f"<li>{html.escape(str(p))}</li>" for p in problems)
+        parts.append(f"<h3>Unmatched or inconsistent collectives</h3><ul>{items}</ul>")
+    return "".join(parts)
+
+
+SECTIONS: list[Callable[[Page], str]] = [_header, _outliers, _collectives, _breakdown, _kernels, _ops, _idle,
+                                         _steps]
 """The page, in order: each function returns its section's HTML, or "" to leave it out."""
 
 
