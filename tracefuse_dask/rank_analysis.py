@@ -18,7 +18,7 @@ import pandas as pd
 
 from .collectives import rank_collectives
 from .model import MergeOptions
-from .rewrite import RankEvents, map_tid, to_ns
+from .rewrite import RankEvents, map_tid
 
 __all__ = ["RankTables", "analyze_rank", "kernel_category", "kernel_type", "union_length"]
 
@@ -69,6 +69,12 @@ def kernel_category(name: str, gpu_kind: str) -> str:
         if rule.search(low):
             return category
     return "other"
+
+
+def _ns(us: np.ndarray) -> np.ndarray:
+    """Exact integer ns of µs values, as ``rewrite.to_ns`` (the fraction of a float below 2**52 is exact)."""
+    whole = np.trunc(us)
+    return whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000).astype(np.int64)
 
 
 def _merged(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -219,22 +225,15 @@ def analyze_rank(events: list[Any], rank: int, path: str, steps: tuple[int, int]
     RankTables
     """
     who = f"{path} (rank {rank})"
-    sel = RankEvents(events, 0, MergeOptions(steps=steps), who)
+    sel = RankEvents(events, 0, MergeOptions(steps=steps), who, link_flows=False)
     keep, dev = sel.keep, sel.dev
-    host: list[int] = []
-    gpu: list[int] = []
-    start: dict[int, int] = {}
-    end: dict[int, int] = {}
-    for i, ev in enumerate(events):
-        if not keep[i] or ev["ph"] != "X":
-            continue
-        s = to_ns(ev["ts"])
-        start[i] = s
-        end[i] = s + to_ns(ev.get("dur", 0))
-        if not dev[i]:
-            host.append(i)
-        elif ev.get("cat", "").lower() in _GPU_CATS and _stream(ev) != -1:
-            gpu.append(i)
+    xs = [i for i, ev in enumerate(events) if keep[i] and ev["ph"] == "X"]
+    starts = _ns(np.array([events[i]["ts"] for i in xs], dtype=np.float64))
+    ends = starts + _ns(np.array([events[i].get("dur", 0) for i in xs], dtype=np.float64))
+    start: dict[int, int] = dict(zip(xs, starts.tolist()))
+    end: dict[int, int] = dict(zip(xs, ends.tolist()))
+    host = [i for i in xs if not dev[i]]
+    gpu = [i for i in xs if dev[i] and events[i].get("cat", "").lower() in _GPU_CATS and _stream(events[i]) != -1]
     order, parent = _call_tree(events, host, start, end)
     launch_of = _launches(events, host, gpu, keep)
     g = _gpu_arrays(events, gpu, start, end, launch_of)

@@ -123,6 +123,9 @@ class RankEvents:
         ``"<path> (rank N)"``, for error messages.
     window_abs_ns
         Absolute ``[start, end)`` in ns to keep, or None.
+    link_flows
+        Also link flow events to their anchors and decide which survive (what a
+        merge needs). Without it (the analysis) flows stay kept and unlinked.
     """
 
     events: list[Any]
@@ -130,6 +133,7 @@ class RankEvents:
     options: MergeOptions
     who: str
     window_abs_ns: tuple[int, int] | None = None
+    link_flows: bool = True
     dev: list[bool] = field(init=False)
     keep: list[bool] = field(init=False)
 
@@ -156,6 +160,7 @@ class RankEvents:
         anchors: dict[tuple[Any, Any, Any], int] = {}
         twins: dict[tuple[Any, Any, Any], list[int]] = {}
         flows: list[int] = []
+        link = self.link_flows
         for i, ev in enumerate(events):
             if type(ev) is not dict:
                 raise self._bad(i, f"is a JSON {type(ev).__name__}, not an object")
@@ -210,7 +215,7 @@ class RankEvents:
                 dev_tids.add((pid, tid))
             else:
                 host.add(pid)
-            if ph == "X":
+            if ph == "X" and link:
                 key = (pid, tid, ts)
                 if anchors.setdefault(key, i) != i:
                     twins.setdefault(key, []).append(i)
@@ -293,6 +298,8 @@ class RankEvents:
                     keep[i] = self._passes(i, ev, spans, launches, False)
         else:
             spans = launches = None
+        if not self.link_flows:
+            return
         # A flow survives only when every one of its ends survives.
         alive: dict[tuple[Any, Any, Any], bool] = {}
         for i in flows:
