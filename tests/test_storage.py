@@ -305,3 +305,26 @@ def test_real_gloo_traces_round_trip_through_s3(s3, bucket_name, client, tmp_pat
                  client=client)
     merge_traces(str(folder), str(tmp_path / "m.json.gz"), client=client)
     assert s3.fs().cat(f"{bucket_name}/m.json.gz") == (tmp_path / "m.json.gz").read_bytes()
+
+
+def test_ten_thousand_objects_list_in_one_pass_without_a_request_per_file(s3, bucket_name):
+    import time
+
+    import fsspec
+
+    from tracefuse_dask.io import expand_inputs
+
+    s3.bucket(bucket_name)
+    s3.fs().pipe({f"{bucket_name}/job/rank{r}.json": b"{}" for r in range(10_000)}, batch_size=256)
+    fs = fsspec.filesystem("s3", **s3.options)  # the cached instance expand_inputs uses
+    calls: list[str] = []
+    fs.s3.meta.events.register("before-call.s3", lambda event_name, **kw: calls.append(event_name.split(".")[-1]))
+    fs.invalidate_cache()
+    t0 = time.perf_counter()
+    files, skipped = expand_inputs(f"s3://{bucket_name}/job/", storage_options=s3.options)
+    seconds = time.perf_counter() - t0
+    assert len(files) == 10_000 and sorted(f.rank_hint for f in files) == list(range(10_000))
+    assert all(f.size == 2 and f.stamp for f in files)  # sizes and etags came with the listing
+    assert set(calls) <= {"ListObjectsV2", "HeadObject", "HeadBucket"} and 10 <= calls.count("ListObjectsV2") <= 12
+    assert calls.count("HeadObject") <= 1, calls  # at most the folder itself, never one per file
+    assert seconds < 30
