@@ -8,9 +8,15 @@ if [ -z "${VIRTUAL_ENV:-}" ]; then
   . .venv/bin/activate
 fi
 python -m pip install --quiet --disable-pip-version-check -e ".[test]"
-# The report's browser tests need Debian's chromium and chromedriver; without them they skip.
-if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && { [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; }; then
-  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } >/dev/null 2>&1 \
-    || echo "scripts/test.sh: could not install chromium; the browser tests will skip" >&2
+# Debian packages some tests use, installed when we are root and they are missing; without them those tests skip:
+# chromium and chromedriver (the report's browser tests), docker-compose (validates deploy/docker-compose.yml).
+missing=()
+[ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] || missing+=(chromium chromium-driver)
+if command -v docker >/dev/null && ! docker compose version >/dev/null 2>&1 && ! command -v docker-compose >/dev/null; then
+  missing+=(docker-compose)
+fi
+if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"; } >/dev/null 2>&1 \
+    || echo "scripts/test.sh: could not install ${missing[*]}; the tests that need them will skip" >&2
 fi
 exec python -m pytest "$@"
