@@ -846,7 +846,7 @@ def agreement(breakdown: Any, hta_ranks: dict[str, dict[str, float]]) -> tuple[b
 
 
 def _warm_analyze() -> None:
-    import tracefuse_dask.analyze  # noqa: F401
+    import tracefuse_dask.analysis  # noqa: F401
 
 
 def analyze_row(args: argparse.Namespace, client: Any, name: str, folder: str, hta: bool) -> tuple[str, bool]:

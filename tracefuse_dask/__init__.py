@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from ._version import __version__
-from .analyze import Analysis, analyze
 from .errors import (
     MergeError,
     OutputExistsError,
@@ -37,3 +36,12 @@ __all__ = [
     "analyze",
     "merge_traces",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``analyze`` and ``Analysis`` load pandas; import them only when asked, so merges stay lean."""
+    if name in ("analyze", "Analysis"):
+        from . import analysis
+
+        return getattr(analysis, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -223,7 +223,7 @@ def _merge(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
 
 
 def _analyze(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
-    from .analyze import analyze
+    from .analysis import analyze
 
     result = analyze(args.inputs, args.output, storage_options=so, ranks=args.ranks, steps=args.steps,
                      rank_regex=args.rank_regex, format=args.format, force=args.force, workers=args.workers,

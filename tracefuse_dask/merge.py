@@ -697,7 +697,7 @@ def _run(c: Client, files: list[InputFile], skipped_names: list[str], out: str, 
 def _clock_offsets(c: Client, chosen: list[tuple[int, RankHeader]], so: dict[str, Any],
                    warnings: list[str]) -> dict[int, int]:
     """Each rank's clock offset in ns (what to subtract), from an analysis of its collectives."""
-    from .analyze import analyze
+    from .analysis import analyze
 
     summary = analyze({r: h.path for r, h in chosen}, client=c, storage_options=so).summary
     offsets = {int(r): round(us * 1000) for r, us in summary["clock_offset_us"].items()}

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import make_trace, shared, write_trace
 from tracefuse_dask import TraceFormatError, analyze, merge_traces
-from tracefuse_dask.analyze import rank_stats
+from tracefuse_dask.analysis import rank_stats
 from tracefuse_dask.cli import main
 from tracefuse_dask.errors import OutputExistsError, RankError
 from tracefuse_dask.rank_analysis import analyze_rank, kernel_category, kernel_type, union_length
