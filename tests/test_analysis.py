@@ -2,9 +2,6 @@
 from __future__ import annotations
 
 import json
-import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from conftest import make_trace, shared, write_trace
+from conftest import shared, write_trace
 from tracefuse_dask import analyze
 from tracefuse_dask.collectives import canonical_op, instance_metrics, match_collectives
 from tracefuse_dask.rank_analysis import analyze_rank
@@ -146,7 +146,8 @@ def test_merge_align_collectives_lines_up_the_nccl_kernels(client, tmp_path):
 
     shifts = {0: 0, 1: 3_000_000, 2: -750_000}
     for r, shift in shifts.items():
-        write_trace(tmp_path / "in" / f"rank{r}.json", make_rank_trace(r, 3, target_bytes=150_000, clock_shift_ns=shift))
+        doc = make_rank_trace(r, 3, target_bytes=150_000, clock_shift_ns=shift)
+        write_trace(tmp_path / "in" / f"rank{r}.json", doc)
 
     def kernel_ends(path):
         events = orjson.loads(gzip.decompress(path.read_bytes()))["traceEvents"]

@@ -1,4 +1,4 @@
-"""Collectives: each rank's calls (a map task), then matching, wait and skew, stragglers and clock offsets (a reduction).
+"""Collectives: each rank's calls (a map task); matching, wait and skew, stragglers, clock offsets (a reduction).
 
 Pure functions on events and small DataFrames; no IO, no Dask. See the spec §5: ``Rank`` in
 ``record_param_comms`` is group-local and ``Sequence number`` is autograd's, so neither is used
@@ -211,7 +211,8 @@ def match_collectives(calls: pd.DataFrame, pg_members: Mapping[str, set[int]]) -
         expected = _expected(g["group_ranks"].iloc[0], g["pg_name"].iloc[0], pg_members)
         missing = sorted((expected & present) - set(g["rank"])) if expected else []
         if missing or len(g) < 2:
-            problems.append(f"unmatched {where}: no call from rank(s) {missing or 'other than ' + str(list(g['rank']))}")
+            who = missing or f"other than {list(g['rank'])}"
+            problems.append(f"unmatched {where}: no call from rank(s) {who}")
             continue
         pos = df.index.get_indexer(g.index)
         keep[pos] = True
@@ -299,8 +300,9 @@ def straggler(instances: pd.DataFrame, waits: pd.DataFrame, matched: pd.DataFram
     share = float(top["wait_caused_us"]) / total if total else 0.0
     confidence = max(0.0, (share - 1 / n_ranks) / (1 - 1 / n_ranks)) if n_ranks > 1 else 0.0
     r, n = int(top["rank"]), len(instances)
-    numbers = {"last_count": int(top["last_count"]), "collectives": n, "wait_caused_ms": round(top["wait_caused_us"] / 1e3, 3),
-               "share_of_wait": round(share, 3), "total_wait_ms": round(total / 1e3, 3)}
+    numbers = {"last_count": int(top["last_count"]), "collectives": n,
+               "wait_caused_ms": round(top["wait_caused_us"] / 1e3, 3), "share_of_wait": round(share, 3),
+               "total_wait_ms": round(total / 1e3, 3)}
     if confidence >= 0.5:
         text = (f"rank {r} is the straggler: last to arrive in {numbers['last_count']} of {n} collectives; the other "
                 f"ranks waited {numbers['wait_caused_ms']:,.1f} ms for it in total ({share:.0%} of all waiting)")
@@ -357,6 +359,7 @@ def clock_offsets(matched: pd.DataFrame, hosts: Mapping[int, str | None]) -> dic
     return {
         "clock_offset_us": {str(r): round(offset[r] / 1e3, 3) for r in sorted(offset)},
         "clock_offset_spread_us": {str(r): round(spread[r] / 1e3, 3) for r in sorted(offset)},
-        "clock_offset_by_host": {h: {"ranks": rs, "median_offset_us": round(float(np.median([offset[r] for r in rs])) / 1e3, 3)}
-                                 for h, rs in by_host.items()},
+        "clock_offset_by_host": {
+            h: {"ranks": rs, "median_offset_us": round(float(np.median([offset[r] for r in rs])) / 1e3, 3)}
+            for h, rs in by_host.items()},
     }

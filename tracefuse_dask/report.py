@@ -283,14 +283,15 @@ def _collectives(page: Page) -> str:
         fig = go.Figure(go.Heatmap(z=grid.to_numpy(), x=labels, y=grid.index.astype(int), colorscale="Reds",
                                    colorbar={"title": {"text": "µs"}},
                                    hovertemplate="rank %{y}<br>%{x}<br>waited %{z:,.0f} µs<extra></extra>"))
-        fig.update_layout(_layout(f"Wait per rank and collective (µs){' — first ' + str(len(shown)) if len(shown) < waits['instance'].nunique() else ''}",
-                                  min(900, 200 + 12 * len(grid))), xaxis_type="category", yaxis_title_text="rank")
+        first = f" — the first {len(shown)}" if len(shown) < waits["instance"].nunique() else ""
+        fig.update_layout(_layout(f"Wait per rank and collective (µs){first}", min(900, 200 + 12 * len(grid))),
+                          xaxis_type="category", yaxis_title_text="rank")
         parts.append(page.figure(fig))
         arrival = waits.groupby("rank")["arrival_us"].mean().reset_index()
         marked = [verdict["rank"]] if verdict.get("rank") is not None else []
-        parts.append(page.figure(_rank_bars(arrival, [("arrival_us", "mean arrival after the first rank", "#9467bd")],
-                                            "stack", "Arrival per rank (µs after the first rank, mean over collectives)",
-                                            marked)))
+        series = [("arrival_us", "mean arrival after the first rank", "#9467bd")]
+        title = "Arrival per rank (µs after the first rank, mean over collectives)"
+        parts.append(page.figure(_rank_bars(arrival, series, "stack", title, marked)))
     if not stragglers.empty:
         parts.append(f"<h3>Per rank</h3>{_html_table(stragglers, 'wait_caused_us', what='ranks')}")
     summary = page.table("collective_summary")
