@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import sys
 import time
 from collections.abc import Iterable, Mapping
@@ -20,16 +21,21 @@ from .errors import MergeError, OutputExistsError, RankError
 from .io import (
     DEFAULT_RANK_REGEX,
     TMP_SUFFIX,
+    TRACE_NAME,
     check_document,
     expand_inputs,
     options_for,
     parse_json,
     paused_gc,
+    rank_from_name,
+    read_bytes,
     resolve_rank,
     storage_errors,
 )
 from .merge import connect
 from .model import InputFile, RankSet, parse_steps
+from .collective_trace import CALL_COLUMNS as CT_COLUMNS
+from .collective_trace import looks_like_collective_trace, parse_collective_trace, summarize
 from .collectives import clock_offsets, instance_metrics, match_collectives, op_summary, straggler
 from .rank_analysis import TABLES, RankTables, analyze_rank, rows_for
 from .rewrite import PID_BASE, SLOTS_PER_RANK
@@ -37,7 +43,11 @@ from .rewrite import PID_BASE, SLOTS_PER_RANK
 __all__ = ["Analysis", "analyze", "rank_stats"]
 
 log = logging.getLogger(__name__)
-_REDUCED = ("rank_stats", "collective_instances", "collective_waits", "collective_summary", "straggler_ranks")
+_REDUCED = ("rank_stats", "collective_instances", "collective_waits", "collective_summary", "straggler_ranks",
+            "collective_trace_calls", "collective_trace_summary", "collective_trace_hints")
+_CT_RANK = r"[-_.](?P<rank>\d+)(?:\.(?:csv|log|txt))?$"  # collective_trace names its logs <file>-<rank>
+# what a folder or glob lists for analysis: traces, and collective_trace logs and CSV exports
+_NAMES = re.compile(r"\.json(\.gz)?$|\.gz$|\.csv$|\.log(-\d+)?$|\.txt$", re.IGNORECASE)
 _MAD_LIMIT = 3.0
 _MIN_REL_DEVIATION = 0.10
 
@@ -59,6 +69,9 @@ class Analysis:
     collective_waits: pd.DataFrame
     collective_summary: pd.DataFrame
     straggler_ranks: pd.DataFrame
+    collective_trace_calls: pd.DataFrame
+    collective_trace_summary: pd.DataFrame
+    collective_trace_hints: pd.DataFrame
     summary: dict[str, Any] = field(default_factory=dict)
 
     def tables(self) -> dict[str, pd.DataFrame]:
@@ -85,7 +98,17 @@ def _split_merged(events: list[Any]) -> dict[int, list[Any]]:
 
 def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps: tuple[int, int] | None,
                   subset: Any, rank_regex: str) -> dict[str, Any]:
-    """Task: parse one file and analyse each rank it holds (one, or all of a merged trace)."""
+    """Task: parse one file and analyse each rank it holds (one, or all of a merged trace).
+
+    A collective_trace log or CSV export (recognised by its content) gives its calls instead.
+    """
+    with storage_errors(f.path, storage_options), fsspec.open(f.path, "rb", **options_for(
+            f.path, storage_options)) as fh:
+        head = fh.read(8192)
+    if looks_like_collective_trace(head):
+        return {"ct_calls": _collective_trace_calls(f, storage_options, rank_regex)}
+    if f.listed and not TRACE_NAME.search(f.path):
+        return {"ignored": f"{f.path}: neither a trace nor a collective_trace log or CSV"}
     with paused_gc():
         doc, _, _ = parse_json(f.path, storage_options, rank=f.rank_hint)
         if f.listed and isinstance(doc, dict) and "traceEvents" not in doc:
@@ -110,6 +133,18 @@ def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps
         ranks = [analyze_rank(events, rank, f.path, steps, base=base, header=headers.get(rank))
                  for rank, events in sorted(parts.items()) if subset is None or rank in subset]
         return {"ranks": ranks, "world_size": world_size, "notes": notes}
+
+
+def _collective_trace_calls(f: InputFile, storage_options: Mapping[str, Any] | None,
+                            rank_regex: str) -> pd.DataFrame:
+    data, _ = read_bytes(f.path, storage_options)
+    rank = f.rank_hint if f.rank_hint is not None else rank_from_name(f.path, _CT_RANK)
+    calls = parse_collective_trace(data, f.path, rank)
+    if calls["rank"].isna().any():
+        raise RankError(f"{f.path}: a collective_trace CSV export holds no rank and its name gives none (regex "
+                        f"{rank_regex!r}); rename it (e.g. rank3.csv), pass --rank-regex, or give a {{rank: path}} "
+                        "dict")
+    return calls
 
 
 def rank_stats(breakdown: pd.DataFrame, by_step: pd.DataFrame) -> pd.DataFrame:
@@ -206,7 +241,8 @@ def analyze(
     so = dict(storage_options or {})
     if out_dir is not None:
         _check_out(out_dir, so, force)
-    files, skipped_names = expand_inputs(urlpath, storage_options=storage_options, rank_regex=rank_regex)
+    files, skipped_names = expand_inputs(urlpath, storage_options=storage_options, rank_regex=rank_regex,
+                                         names=_NAMES)
     if subset is not None:
         files = [f for f in files if f.hint_source not in ("key", "name") or f.rank_hint in subset]
     with connect(client, scheduler=scheduler, scheduler_file=scheduler_file, workers=workers,
@@ -227,13 +263,17 @@ def analyze(
 def _reduce(files: list[InputFile], results: list[dict[str, Any]], skipped_names: list[str],
             steps: tuple[int, int] | None) -> Analysis:
     warnings: list[str] = []
-    ignored = [f"{p}: not a JSON trace by name, or written by tracefuse" for p in skipped_names]
+    ignored = [f"{p}: not a trace or collective_trace file by name, or written by tracefuse" for p in skipped_names]
     per_rank: list[RankTables] = []
     world_sizes = set()
     where: dict[int, str] = {}
+    ct_calls: list[pd.DataFrame] = []
     for res in results:
         if "ignored" in res:
             ignored.append(res["ignored"])
+            continue
+        if "ct_calls" in res:
+            ct_calls.append(res["ct_calls"])
             continue
         warnings += res["notes"]
         if res["world_size"] is not None:
@@ -244,7 +284,7 @@ def _reduce(files: list[InputFile], results: list[dict[str, Any]], skipped_names
                                 "the files as a {rank: path} dict")
             where[rt.rank] = rt.path
             per_rank.append(rt)
-    if not per_rank:
+    if not per_rank and not ct_calls:
         raise RankError("no ranks to analyse after --ranks; check the inputs and --ranks")
     per_rank.sort(key=lambda rt: rt.rank)
     if len(world_sizes) == 1:
@@ -264,7 +304,9 @@ def _reduce(files: list[InputFile], results: list[dict[str, Any]], skipped_names
     offsets = {int(r): us * 1e3 for r, us in clocks["clock_offset_us"].items()}
     instances, waits = instance_metrics(matched, offsets)
     stragglers, verdict = straggler(instances, waits, matched)
-    gpu = bool((tables["breakdown"]["kernel_count"] > 0).any())
+    gpu = bool("kernel_count" in tables["breakdown"] and (tables["breakdown"]["kernel_count"] > 0).any())
+    ct = pd.concat(ct_calls, ignore_index=True) if ct_calls else pd.DataFrame(columns=CT_COLUMNS)
+    ct_summary, ct_hints, ct_verdict = summarize(ct)
     summary = {
         "tool": "tracefuse_dask",
         "version": __version__,
@@ -280,12 +322,16 @@ def _reduce(files: list[InputFile], results: list[dict[str, Any]], skipped_names
         "collectives": {"calls": len(tables["collectives"]), "matched": len(instances), "problems": len(problems),
                         "problem_examples": problems[:20]},
         "straggler": verdict,
+        "collective_trace": {"files": len(ct_calls), "calls": len(ct), "straggler_hint": ct_verdict}
+        if ct_calls else None,
         **clocks,
         "warnings": warnings,
         "ignored": ignored,
     }
     return Analysis(**tables, rank_stats=stats, collective_instances=instances, collective_waits=waits,
-                    collective_summary=op_summary(instances), straggler_ranks=stragglers, summary=summary)
+                    collective_summary=op_summary(instances), straggler_ranks=stragglers,
+                    collective_trace_calls=ct, collective_trace_summary=ct_summary,
+                    collective_trace_hints=ct_hints, summary=summary)
 
 
 def _plain(numbers: Mapping[str, Any]) -> dict[str, Any]:

@@ -236,6 +236,10 @@ def _analyze(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
             print(f"note: {s['why_no_gpu']}", file=sys.stderr)
         for line in s["outliers"]:
             print(f"outlier: {line}", file=sys.stderr)
+        if s["collective_trace"]:
+            ct = s["collective_trace"]
+            print(f"collective_trace: {ct['calls']} calls in {ct['files']} files; {ct['straggler_hint']['evidence']}",
+                  file=sys.stderr)
         if s["collectives"]["matched"]:
             print(f"collectives: {s['collectives']['matched']} matched, {s['collectives']['problems']} unmatched or "
                   f"inconsistent; {s['straggler']['evidence']}", file=sys.stderr)

@@ -329,7 +329,7 @@ def clock_offsets(matched: pd.DataFrame, hosts: Mapping[int, str | None]) -> dic
     ranks that share no instance with the reference are chained through ranks that do. The
     spread is the median absolute deviation of those differences.
     """
-    gpu = matched[matched["gpu_end_ns"].notna()]
+    gpu = matched[matched["gpu_end_ns"].notna()] if "gpu_end_ns" in matched else matched.iloc[:0]
     if gpu.empty:
         return {"clock_offset_us": {}, "clock_offset_spread_us": {},
                 "clock_note": "no matched GPU collectives: clock offsets need NCCL/RCCL kernels"}

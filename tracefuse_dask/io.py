@@ -34,6 +34,7 @@ __all__ = [
     "DEFAULT_RANK_REGEX",
     "GZIP_LEVEL",
     "TMP_SUFFIX",
+    "TRACE_NAME",
     "expand_inputs",
     "resolve_rank",
     "gzip_member",
@@ -54,7 +55,7 @@ TMP_SUFFIX = ".tracefuse-tmp"
 MANIFEST_SUFFIX = ".manifest.json"
 GZIP_LEVEL = 1  # isal level: fast, and fixed so the bytes are deterministic
 _GZIP_MAGIC = b"\x1f\x8b"
-_TRACE_NAME = re.compile(r"\.json(\.gz)?$|\.gz$", re.IGNORECASE)
+TRACE_NAME = re.compile(r"\.json(\.gz)?$|\.gz$", re.IGNORECASE)
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _HEADER_CHUNK = 1 << 16
 _HEADER_LIMIT = 1 << 24
@@ -222,6 +223,7 @@ def expand_inputs(
     *,
     storage_options: Mapping[str, Any] | None = None,
     rank_regex: str = DEFAULT_RANK_REGEX,
+    names: re.Pattern[str] = TRACE_NAME,
 ) -> tuple[list[InputFile], list[str]]:
     """Expand folders and globs into input files, with their rank hints.
 
@@ -233,6 +235,8 @@ def expand_inputs(
         Passed to fsspec.
     rank_regex
         Regex with a named group ``rank``, applied to each basename.
+    names
+        The file names a folder or glob lists (default: ``*.json``, ``*.json.gz``, ``*.gz``).
 
     Returns
     -------
@@ -284,7 +288,7 @@ def expand_inputs(
             if info.get("type") == "directory":
                 continue
             full = (chain + "::" if chain else "") + _unstrip(fs, name)
-            if is_own_artifact(name) or not _TRACE_NAME.search(name):
+            if is_own_artifact(name) or not names.search(name):
                 skipped.append(full)
                 continue
             hint = rank_from_name(name, rank_regex)
@@ -293,7 +297,9 @@ def expand_inputs(
             matched += 1
         if not matched:
             raise TraceFileNotFoundError(
-                f"{item}: no trace files found (looked for *.json and *.json.gz); check the path or glob"
+                f"{item}: no trace files found (looked for "
+                f"{'*.json and *.json.gz' if names is TRACE_NAME else 'names matching ' + names.pattern}); "
+                "check the path or glob"
             )
     return files, skipped
 

@@ -313,8 +313,26 @@ def _collectives(page: Page) -> str:
     return "".join(parts)
 
 
-SECTIONS: list[Callable[[Page], str]] = [_header, _outliers, _collectives, _breakdown, _kernels, _ops, _idle,
-                                         _steps]
+def _collective_trace(page: Page) -> str:
+    ct = page.summary.get("collective_trace")
+    if not ct:
+        return ""
+    hint = ct["straggler_hint"]
+    cls = "note" if hint.get("rank") is not None else "caption"
+    parts = [f"<h2>collective_trace logs</h2><p>{int(ct['calls']):,} calls in {int(ct['files'])} files. Their "
+             "timestamps are perf_counter values that cannot be aligned across hosts, so only durations are used.</p>"
+             f'<p class="{cls}"><b>{html.escape(str(hint["evidence"]))}</b> '
+             f'(confidence {float(hint.get("confidence", 0)):.2f})</p>']
+    summary, hints = page.table("collective_trace_summary"), page.table("collective_trace_hints")
+    if not summary.empty:
+        parts.append(f"<h3>Per op, shape, dtype and group</h3>{_html_table(summary, 'total_us')}")
+    if not hints.empty:
+        parts.append(f"<h3>Per rank</h3>{_html_table(hints, 'others_waited_us', what='ranks')}")
+    return "".join(parts)
+
+
+SECTIONS: list[Callable[[Page], str]] = [_header, _outliers, _collectives, _collective_trace, _breakdown, _kernels,
+                                         _ops, _idle, _steps]
 """The page, in order: each function returns its section's HTML, or "" to leave it out."""
 
 

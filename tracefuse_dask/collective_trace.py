@@ -1,0 +1,186 @@
+"""collective_trace input: its per-rank ``[TRACE]`` logs and CSV exports, parsed and summarised.
+
+collective_trace (PyPI ``collective-trace``) wraps ``torch.distributed`` calls and logs one line
+per call. Its timestamps are ``time.perf_counter()`` values: they cannot be aligned across hosts,
+so nothing here treats them as wall time. Straggler hints come from durations alone: in a
+collective, the rank that arrives last waits least, so it shows the shortest duration. Its
+``GROUP_<n>`` label is numbered per rank, so a group is known by its list of ranks; log sizes are
+MB rounded to 0.01 (bytes are exact in the CSV).
+"""
+from __future__ import annotations
+
+import csv
+import io
+import re
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .collectives import canonical_op
+from .errors import TraceFormatError
+
+__all__ = ["CALL_COLUMNS", "looks_like_collective_trace", "parse_collective_trace", "summarize"]
+
+CALL_COLUMNS = ["rank", "kind", "op", "group", "group_size", "async_op", "bytes", "shape", "dtype", "duration_us",
+                "call_count", "timestamp", "path"]
+_CSV_HEADER = "function,timestamp,duration,tensor_shape,tensor_dtype,tensor_size"
+_TAG = re.compile(r"\[(TRACE|BARRIER|BATCH|COALESCE)\] global rank \d+")
+_MB = 1024 * 1024
+_LINES = {
+    "TRACE": re.compile(
+        r"\[TRACE\] global rank (?P<rank>\d+) in GROUP_\S+ - (?P<op>\S+) - async:(?P<async>\d),\s*"
+        r"Size: (?P<mb>[\d.]+) MB,\s*Shape: (?P<shape>.*?),\s*Dtype: (?P<dtype>\S+),\s*"
+        r"Duration: (?P<ms>[\d.]+) ms,\s*GROUP size (?P<size>\d+)\s*=\s*(?P<ranks>\[[^\]]*\]),\s*"
+        r"call count: (?P<count>\d+)"),
+    "BARRIER": re.compile(
+        r"\[BARRIER\] global rank (?P<rank>\d+) -\s*barrier - async:(?P<async>\d),\s*Duration: (?P<ms>[\d.]+) ms"),
+    "BATCH": re.compile(
+        r"\[BATCH\] global rank (?P<rank>\d+) - send: (?P<send>\d+) bytes \([\d.]+ MB\),\s*"
+        r"shape: \[(?P<send_shapes>.*?)\]"
+        r".*?recv: (?P<recv>\d+) bytes \([\d.]+ MB\),\s*shape: \[(?P<recv_shapes>.*?)\[.*?ops count: (?P<ops>\d+)"),
+    "COALESCE": re.compile(
+        r"\[COALESCE\] global rank (?P<rank>\d+) in GROUP_\S+ - coalesced_ops - async:(?P<async>\d),\s*"
+        r"conuters: (?P<count>\d+),\s*name: (?P<op>\S+),\s*sizes: (?P<bytes>\d+),\s*Duration: (?P<ms>[\d.]+) ms,"
+        r"\s*GROUP size (?P<size>\d+)\s*=\s*(?P<ranks>\[[^\]]*\])"),
+}
+
+
+def looks_like_collective_trace(head: bytes) -> bool:
+    """True when the first bytes of a file are a collective_trace log or CSV export (never a JSON trace)."""
+    text = head[:8192].decode("utf-8", "replace").lstrip("\ufeff")
+    if text.lstrip().startswith(("{", "[{", "[\n", "[ ")):
+        return False
+    first = text.strip().splitlines()[0].strip() if text.strip() else ""
+    return first == _CSV_HEADER or any(_TAG.search(line) for line in text.splitlines()[:200])
+
+
+def parse_collective_trace(data: bytes, path: str, rank: int | None = None) -> pd.DataFrame:
+    """One row per logged call, from a log (``[TRACE]``, ``[BARRIER]``, ``[BATCH]``, ``[COALESCE]``) or a CSV.
+
+    Parameters
+    ----------
+    data
+        The file's bytes.
+    path
+        The file, for messages and the ``path`` column.
+    rank
+        The rank of a CSV export (it holds none; take it from the file name). Log lines carry theirs.
+
+    Raises
+    ------
+    TraceFormatError
+        When no line is a collective_trace line, or a tagged line does not parse.
+    """
+    text = data.decode("utf-8", "replace")
+    if text.lstrip("\ufeff").startswith(_CSV_HEADER):
+        rows = _csv_rows(text, path, rank)
+    else:
+        rows = _log_rows(text, path)
+    if not rows:
+        raise TraceFormatError(f"{path}: no collective_trace lines ([TRACE], [BARRIER], [BATCH], [COALESCE]) and no "
+                               f"CSV header {_CSV_HEADER!r}; is this a collective_trace log or export?")
+    df = pd.DataFrame(rows, columns=CALL_COLUMNS)
+    return df.astype({"rank": "Int64", "group_size": "Int64", "bytes": "Int64", "call_count": "Int64",
+                      "duration_us": float, "timestamp": float})
+
+
+def _log_rows(text: str, path: str) -> list[dict[str, Any]]:
+    rows = []
+    for n, line in enumerate(text.splitlines(), 1):
+        tag = _TAG.search(line)
+        if tag is None:
+            continue
+        kind = tag.group(1)
+        m = _LINES[kind].search(line)
+        if m is None:
+            raise TraceFormatError(f"{path}: line {n} is a collective_trace {kind} line that does not parse: "
+                                   f"{line.strip()[:160]!r}; is the file cut or from another version?")
+        g = m.groupdict()
+        row = {"rank": int(g["rank"]), "kind": kind.lower(), "op": "barrier", "group": None, "group_size": None,
+               "async_op": g.get("async") == "1", "bytes": None, "shape": None, "dtype": None,
+               "duration_us": float(g["ms"]) * 1e3 if g.get("ms") else np.nan, "call_count": None,
+               "timestamp": np.nan, "path": path}
+        if kind == "TRACE":
+            row.update(op=canonical_op(g["op"]), group=g["ranks"], group_size=int(g["size"]),
+                       bytes=round(float(g["mb"]) * _MB) or None, shape=g["shape"].strip(),
+                       dtype=g["dtype"], call_count=int(g["count"]))
+        elif kind == "COALESCE":
+            row.update(op=f"coalesced {canonical_op(g['op'])}", group=g["ranks"], group_size=int(g["size"]),
+                       bytes=int(g["bytes"]), call_count=int(g["count"]))
+        elif kind == "BATCH":
+            row.update(op="batch_isend_irecv", bytes=int(g["send"]) + int(g["recv"]), call_count=int(g["ops"]),
+                       shape=f"send [{g['send_shapes']}] recv [{g['recv_shapes']}]")
+        rows.append(row)
+    return rows
+
+
+def _csv_rows(text: str, path: str, rank: int | None) -> list[dict[str, Any]]:
+    rows = []
+    for n, rec in enumerate(csv.DictReader(io.StringIO(text.lstrip("\ufeff"))), 2):
+        try:
+            duration = float(rec["duration"]) * 1e6
+            timestamp = float(rec["timestamp"])
+            size = int(float(rec["tensor_size"] or 0))
+        except (TypeError, ValueError):
+            raise TraceFormatError(f"{path}: CSV line {n} has a bad duration, timestamp or tensor_size: {rec}; "
+                                   "is the file cut?") from None
+        rows.append({"rank": rank, "kind": "csv", "op": canonical_op(rec["function"] or "?"), "group": None,
+                     "group_size": None, "async_op": None, "bytes": size,
+                     "shape": rec["tensor_shape"], "dtype": rec["tensor_dtype"], "duration_us": duration,
+                     "call_count": None, "timestamp": timestamp, "path": path})
+    return rows
+
+
+def summarize(calls: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
+    """Per (op, shape, dtype, group): count, total, mean and max duration; and duration-only straggler hints.
+
+    Calls are matched across ranks by their order within (rank, group, op, shape). In each match the
+    rank with the shortest duration most likely arrived last (the others waited for it); per rank we
+    count how often that was so, and the time the others spent beyond that shortest duration.
+
+    Returns
+    -------
+    (summary, hints, verdict)
+    """
+    keys = ["op", "shape", "dtype", "group"]
+    c = calls.reset_index(drop=True)
+    c = c.assign(**{k: c[k].fillna("") for k in keys})
+    summary = (c.groupby(keys, sort=False)
+               .agg(count=("duration_us", "size"), ranks=("rank", "nunique"), total_us=("duration_us", "sum"),
+                    mean_us=("duration_us", "mean"), max_us=("duration_us", "max"), bytes=("bytes", "max"))
+               .reset_index().sort_values(["total_us", "op"], ascending=[False, True], ignore_index=True))
+    timed = c[c["duration_us"].notna() & c["rank"].notna()].copy()
+    timed["ordinal"] = timed.groupby(["rank", *keys]).cumcount()
+    rows = []
+    for _, g in timed.groupby([*keys, "ordinal"], sort=False):
+        if g["rank"].nunique() < 2:
+            continue
+        short = g["duration_us"].min()
+        last = int(g.loc[g["duration_us"].idxmin(), "rank"])
+        rows.append((last, float((g["duration_us"] - short).sum())))
+    cols = ["rank", "calls", "shortest_count", "others_waited_us"]
+    per_rank = timed.groupby("rank")["duration_us"].size().rename("calls")
+    if not rows:
+        hints = per_rank.reset_index().assign(shortest_count=0, others_waited_us=0.0)[cols] if len(per_rank) else \
+            pd.DataFrame(columns=cols)
+        return summary, hints, {"rank": None, "confidence": 0.0,
+                                "evidence": "no call was logged by two or more ranks: no straggler hint"}
+    m = pd.DataFrame(rows, columns=["rank", "waited"])
+    hints = pd.DataFrame({"calls": per_rank, "shortest_count": m.groupby("rank").size(),
+                          "others_waited_us": m.groupby("rank")["waited"].sum()}).fillna(0)
+    hints = hints.rename_axis("rank").reset_index().astype({"rank": int, "calls": int, "shortest_count": int})
+    total = float(hints["others_waited_us"].sum())
+    top = hints.sort_values(["others_waited_us", "rank"], ascending=[False, True]).iloc[0]
+    share = float(top["others_waited_us"]) / total if total else 0.0
+    n = len(hints)
+    confidence = max(0.0, (share - 1 / n) / (1 - 1 / n)) if n > 1 else 0.0
+    r = int(top["rank"])
+    numbers = (f"it had the shortest duration in {int(top['shortest_count'])} of {len(m)} matched calls; the other "
+               f"ranks spent {top['others_waited_us'] / 1e3:,.1f} ms longer in them ({share:.0%} of all such time)")
+    if confidence >= 0.5:
+        text = f"rank {r} probably arrives last (durations only; perf_counter times are not comparable): {numbers}"
+    else:
+        text = f"no straggler stands out in the durations (the most, rank {r}: {numbers})"
+    return summary, hints[cols], {"rank": r if confidence >= 0.5 else None, "confidence": round(confidence, 3),
+                                  "evidence": text}
