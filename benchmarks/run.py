@@ -936,14 +936,19 @@ def main_analyze(args: argparse.Namespace) -> int:
                 table.emit(line)
                 ok = ok and row_ok
     finally:
-        if args.keep:
-            print(f"kept {root}", file=sys.stderr)
-        else:
-            shutil.rmtree(root, ignore_errors=True)
+        _cleanup(root, args.keep)
     if args.out:
         with open(args.out, "w") as f:
             f.write(header + "\n" + "\n".join(table.lines) + "\n")
     return 0 if ok else 1
+
+
+def _cleanup(root: str, keep: bool) -> None:
+    """Keep the datasets and outputs (and say where) or remove them."""
+    if keep:
+        print(f"kept {root}", file=sys.stderr)
+    else:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def environment() -> str:
@@ -1069,10 +1074,7 @@ def main(argv: list[str] | None = None) -> int:
                     traceback.print_exc()
                     print(f"\nS3 case FAILED: {type(e).__name__}: {e}", flush=True)
     finally:
-        if args.keep:
-            print(f"kept {root}", file=sys.stderr)
-        else:
-            shutil.rmtree(root, ignore_errors=True)
+        _cleanup(root, args.keep)
     if args.out:
         with open(args.out, "w") as f:
             f.write(header + ("\n" + "\n".join(table.lines) + "\n" if datasets else ""))
