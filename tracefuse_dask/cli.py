@@ -77,6 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--window", metavar="START_MS:END_MS",
                    help="keep events starting in this window, in ms from the earliest kept event of all ranks")
     o = m.add_argument_group("output")
+    o.add_argument("--split", type=int, metavar="N",
+                   help="write N files, each a complete merged trace of a contiguous range of ranks "
+                        "(OUT.ranks-A-B.json.gz), for viewers that cannot open the whole merge")
     o.add_argument("--align", choices=("base", "collectives"), default="base",
                    help="align ranks by baseTimeNanoseconds (default), or also correct each rank's clock offset "
                         "estimated from matched NCCL/RCCL collectives")
@@ -195,7 +198,7 @@ def _merge(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
         include_pyfunc=args.include_pyfunc, keep=args.keep, steps=args.steps, window=args.window,
         rewrite_ids=args.rewrite_ids, keep_empty_processes=args.keep_empty_processes,
         gzip_members=args.gzip_members, on_error=args.on_error, repair=args.repair, align=args.align,
-        force=args.force,
+        split=args.split, force=args.force,
         skip_if_unchanged=args.skip_if_unchanged, workers=args.workers, scheduler=args.scheduler,
         scheduler_file=args.scheduler_file, timeout=args.timeout,
         show_progress=not args.quiet and sys.stderr.isatty(), performance_report=args.performance_report,
@@ -213,10 +216,11 @@ def _merge(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
             print(f"skipped rank {sk['rank']}: {sk['reason']}", file=sys.stderr)
         for w in summary.warnings:
             print(f"warning: {w}", file=sys.stderr)
-        print(f"wrote {summary.output}", file=sys.stderr)
+        for path in summary.outputs or [summary.output]:
+            print(f"wrote {path}", file=sys.stderr)
     if args.summary_json:
         keys = ("ranks", "skipped", "events_in", "events_out", "bytes_out", "seconds", "mb_per_s", "output",
-                "status", "warnings")
+                "outputs", "status", "warnings")
         data = summary.to_json()
         print(json.dumps({k: data[k] for k in keys}))
     return 0

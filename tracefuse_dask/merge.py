@@ -277,6 +277,7 @@ def _clean(fs: Any, out: str, tmp_dir: str, so: Mapping[str, Any]) -> None:
     """Abort unfinished multipart uploads of ``out`` and remove its temporary folder."""
     _, out_path = fsspec.core.url_to_fs(out, **options_for(out, so))
     _, tmp_path = fsspec.core.url_to_fs(tmp_dir, **options_for(out, so))
+    fs.invalidate_cache()  # the workers wrote the temporaries: a cached listing would miss them
     abort_uploads(fs, out_path, tmp_path)
     with contextlib.suppress(FileNotFoundError):
         fs.rm(tmp_path, recursive=True)
@@ -371,6 +372,7 @@ def merge_traces(
     on_error: str = "raise",
     repair: bool = False,
     align: str = "base",
+    split: int | None = None,
     force: bool = False,
     skip_if_unchanged: bool = False,
     workers: int | None = None,
@@ -412,6 +414,10 @@ def merge_traces(
         them in the summary and in the output's ``metadata.tracefuse.skipped``.
     repair
         Recover the complete events of truncated files (reported in the warnings).
+    split
+        Write this many files instead of one, each a complete merged trace of a contiguous range of
+        ranks (``merged.json.gz`` becomes ``merged.ranks-000-127.json.gz``, ...), all on the same time
+        base, for viewers that cannot load the whole merge. Capped at the number of ranks.
     align
         ``"base"`` aligns ranks exactly by their ``baseTimeNanoseconds``; ``"collectives"``
         also corrects each rank's clock offset, estimated from the ends of matched NCCL/RCCL
@@ -450,6 +456,10 @@ def merge_traces(
         raise MergeError(f"on_error={on_error!r}; use 'raise' or 'skip'")
     if align not in ("base", "collectives"):
         raise MergeError(f"align={align!r}; use 'base' or 'collectives'")
+    if split is not None and (type(split) is not int or split < 1):
+        raise MergeError(f"split={split!r}; give the number of output files, 1 or more")
+    if split and split > 1 and skip_if_unchanged:
+        raise MergeError("--skip-if-unchanged works with one output file; drop --split or --skip-if-unchanged")
     try:
         subset = RankSet.parse(ranks) if isinstance(ranks, str) else (set(ranks) if ranks is not None else None)
     except ValueError as e:
@@ -487,7 +497,7 @@ def merge_traces(
                                  "other processes; use a local path or object storage, or an in-process cluster "
                                  "(LocalCluster(processes=False))")
             summary = _run(c, files, skipped_names, out, tmp_dir, options, subset, rank_regex, so,
-                           gzip_members, show_progress, on_error, repair, align, futures)
+                           gzip_members, show_progress, on_error, repair, align, split or 1, force, futures)
     except BaseException:
         # Only unfinished work is cancelled: a finished key that is cancelled would also
         # cancel the same (deterministic) key of a rerun in this client.
@@ -574,7 +584,8 @@ def _settle(outcomes: list[tuple[Any, BaseException | None]], paths: list[str], 
 
 def _run(c: Client, files: list[InputFile], skipped_names: list[str], out: str, tmp_dir: str,
          options: MergeOptions, subset: Any, rank_regex: str, so: dict[str, Any], gzip_members: str,
-         show_progress: bool, on_error: str, repair: bool, align: str, futures: list[Any]) -> MergeSummary:
+         show_progress: bool, on_error: str, repair: bool, align: str, split: int, force: bool,
+         futures: list[Any]) -> MergeSummary:
     warnings: list[str] = []
     ignored = [f"{p}: not a JSON trace by name, or written by tracefuse" for p in skipped_names]
     skipped: list[dict[str, Any]] = []
@@ -670,13 +681,12 @@ def _run(c: Client, files: list[InputFile], skipped_names: list[str], out: str, 
     }
     if align == "collectives":
         meta["clock_offsets_ns"] = {str(r): v for r, v in sorted(offsets.items())}
-    head = (b'{"schemaVersion":1,"displayTimeUnit":"ms","baseTimeNanoseconds":' + str(base_out).encode()
-            + b',"metadata":{"tracefuse":' + orjson.dumps(meta) + b'},"traceEvents":[\n'
-            + _SEP.join(r.head for r in results if r.head))
+    parts = _split_parts(out, results, split)
     t0 = time.perf_counter()
     futures.clear()
-    bytes_out = _assemble(c, out, tmp_dir, head, results, gzip_out, gzip_members == "single", so, futures)
-    log.info("wrote %s (%d bytes) in %.2f s", out, bytes_out, time.perf_counter() - t0)
+    bytes_out = _assemble_parts(c, parts, meta, base_out, tmp_dir, gzip_out, gzip_members == "single", so, force,
+                                futures)
+    log.info("wrote %s (%d bytes) in %.2f s", ", ".join(o for o, _ in parts), bytes_out, time.perf_counter() - t0)
     return MergeSummary(
         ranks=len(results),
         skipped=skipped,
@@ -686,12 +696,72 @@ def _run(c: Client, files: list[InputFile], skipped_names: list[str], out: str, 
         bytes_out=bytes_out,
         seconds=0.0,
         mb_per_s=0.0,
-        output=out,
+        output=parts[0][0],
         status="ok",
         warnings=warnings,
         ignored=ignored,
         rank_list=[r.rank for r in results],
+        outputs=[o for o, _ in parts],
     )
+
+
+def split_name(out: str, first: int, last: int, width: int) -> str:
+    """The part of ``out`` with ranks ``first`` to ``last``: ``m.json.gz`` gives ``m.ranks-000-127.json.gz``."""
+    for ext in (".json.gz", ".json", ".gz"):
+        if out.endswith(ext):
+            return f"{out[:-len(ext)]}.ranks-{first:0{width}d}-{last:0{width}d}{ext}"
+    return f"{out}.ranks-{first:0{width}d}-{last:0{width}d}"
+
+
+def _split_parts(out: str, results: list[RankResult], split: int) -> list[tuple[str, list[RankResult]]]:
+    """``split`` contiguous rank ranges of as even sizes as can be, each with its output name."""
+    n = min(split, len(results))
+    if n == 1:
+        return [(out, results)]
+    width = len(str(results[-1].rank))
+    bounds = [len(results) * k // n for k in range(n + 1)]
+    groups = [results[a:b] for a, b in zip(bounds, bounds[1:])]
+    return [(split_name(out, g[0].rank, g[-1].rank, width), g) for g in groups]
+
+
+def _assemble_parts(c: Client, parts: list[tuple[str, list[RankResult]]], meta: dict[str, Any], base_out: int,
+                    tmp_dir: str, gzip_out: bool, single_member: bool, so: dict[str, Any], force: bool,
+                    futures: list[Any]) -> int:
+    """Write each part's header and partitions; with several parts, none is left behind when one fails."""
+    if len(parts) > 1:
+        for o, _ in parts:
+            with storage_errors(o, so):
+                fs, path = fsspec.core.url_to_fs(o, **options_for(o, so))
+                if fs.exists(path) and not force:
+                    raise OutputExistsError(f"{o}: the output exists; pass --force (force=True) to replace it")
+    written: list[str] = []
+    total = 0
+    try:
+        for k, (o, group) in enumerate(parts):
+            part_meta = {**meta, "ranks": {str(r.rank): meta["ranks"][str(r.rank)] for r in group}}
+            if len(parts) > 1:
+                part_meta["split"] = {"part": k + 1, "of": len(parts), "first_rank": group[0].rank,
+                                      "last_rank": group[-1].rank, "files": [p.rsplit("/", 1)[-1] for p, _ in parts]}
+            head = (b'{"schemaVersion":1,"displayTimeUnit":"ms","baseTimeNanoseconds":' + str(base_out).encode()
+                    + b',"metadata":{"tracefuse":' + orjson.dumps(part_meta) + b'},"traceEvents":[\n'
+                    + _SEP.join(r.head for r in group if r.head))
+            part_tmp = tmp_dir if len(parts) == 1 else f"{tmp_dir}/split-{k:06d}"
+            if len(parts) > 1:
+                with storage_errors(part_tmp, so):
+                    fs, tmp_path = fsspec.core.url_to_fs(part_tmp, **options_for(o, so))
+                    fs.makedirs(tmp_path, exist_ok=True)
+            written.append(o)
+            total += _assemble(c, o, part_tmp, head, group, gzip_out, single_member, so, futures)
+    except BaseException:
+        if len(parts) > 1:
+            for o in written:
+                with contextlib.suppress(Exception), storage_errors(o, so):
+                    fs, path = fsspec.core.url_to_fs(o, **options_for(o, so))
+                    abort_uploads(fs, path, path + TMP_SUFFIX)
+                    if fs.exists(path):
+                        fs.rm(path)
+        raise
+    return total
 
 
 def _clock_offsets(c: Client, chosen: list[tuple[int, RankHeader]], so: dict[str, Any],

@@ -180,6 +180,7 @@ class MergeSummary:
     warnings: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
     rank_list: list[int] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)  # every file written: one, or the parts of --split
 
     def to_json(self) -> dict[str, Any]:
         """The summary as a JSON-ready dict."""

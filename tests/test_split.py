@@ -1,0 +1,103 @@
+"""merge --split N: contiguous rank ranges in separate, complete, aligned files."""
+from __future__ import annotations
+
+import gzip
+
+import orjson
+import pytest
+
+from perfetto_rules import assert_perfetto_rules, load_exact
+from tracefuse_dask import MergeError, OutputExistsError, merge_traces
+from tracefuse_dask.cli import main
+from tracefuse_dask.merge import split_name
+from tracefuse_dask.synth import write_example
+
+
+@pytest.mark.parametrize(("out", "name"), [
+    ("m.json.gz", "m.ranks-007-015.json.gz"), ("s3://b/m.json", "s3://b/m.ranks-007-015.json"),
+    ("m.gz", "m.ranks-007-015.gz"), ("merged", "merged.ranks-007-015"),
+])
+def test_split_names(out, name):
+    assert split_name(out, 7, 15, 3) == name
+
+
+@pytest.fixture(scope="module")
+def seven(tmp_path_factory):
+    d = tmp_path_factory.mktemp("seven")
+    write_example(str(d), ranks=7, rank_bytes=150_000)
+    return d
+
+
+def events_by_rank(doc):
+    out = {}
+    for ev in doc["traceEvents"]:
+        if ev["ph"] != "M":
+            out.setdefault(ev["args"]["rank"], []).append(ev)
+    return out
+
+
+@pytest.mark.integration
+def test_split_parts_are_complete_aligned_and_cover_the_whole_merge(client, seven, tmp_path):
+    whole = tmp_path / "whole.json.gz"
+    merge_traces(str(seven), str(whole), client=client)
+    s = merge_traces(str(seven), str(tmp_path / "m.json.gz"), client=client, split=3)
+    names = ["m.ranks-0-1.json.gz", "m.ranks-2-3.json.gz", "m.ranks-4-6.json.gz"]
+    assert s.outputs == [str(tmp_path / n) for n in names] and s.output == s.outputs[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names + ["whole.json.gz"])
+    full = load_exact(whole)
+    expected = events_by_rank(full)
+    got = {}
+    for k, n in enumerate(names):
+        doc = load_exact(tmp_path / n)
+        assert_perfetto_rules(doc)
+        meta = doc["metadata"]["tracefuse"]
+        assert meta["split"]["part"] == k + 1 and meta["split"]["of"] == 3
+        assert doc["baseTimeNanoseconds"] == full["baseTimeNanoseconds"]
+        assert sorted(map(int, meta["ranks"])) == list(range(meta["split"]["first_rank"], meta["split"]["last_rank"] + 1))
+        got.update(events_by_rank(doc))
+    assert got == expected  # the same events with the same values (times exact to the ns), split by rank
+    assert s.bytes_out == sum((tmp_path / n).stat().st_size for n in names)
+
+
+@pytest.mark.integration
+def test_split_is_deterministic_refuses_existing_parts_and_cleans_up(client, seven, tmp_path):
+    a = merge_traces(str(seven), str(tmp_path / "a" / "m.json"), client=client, split=2)
+    b = merge_traces(str(seven), str(tmp_path / "b" / "m.json"), workers=1, split=2)
+    assert [p.rsplit("/", 1)[1] for p in a.outputs] == [p.rsplit("/", 1)[1] for p in b.outputs]
+    for pa, pb in zip(a.outputs, b.outputs):
+        assert open(pa, "rb").read() == open(pb, "rb").read()
+    with pytest.raises(OutputExistsError, match=r"m\.ranks-0-2\.json: the output exists; pass --force"):
+        merge_traces(str(seven), str(tmp_path / "a" / "m.json"), client=client, split=2)
+    assert merge_traces(str(seven), str(tmp_path / "a" / "m.json"), client=client, split=2, force=True).outputs
+    assert not list((tmp_path / "a").glob("*tracefuse-tmp*"))
+    one = merge_traces(str(seven), str(tmp_path / "c.json"), client=client, split=100)  # one rank per file
+    assert len(one.outputs) == 7 and one.outputs[0].endswith("c.ranks-0-0.json")
+    with pytest.raises(MergeError, match="split=0"):
+        merge_traces(str(seven), str(tmp_path / "d.json"), client=client, split=0)
+
+
+@pytest.mark.integration
+def test_cli_split(seven, tmp_path, capsys):
+    assert main(["merge", str(seven), "-o", str(tmp_path / "m.json.gz"), "--split", "2", "--workers", "1",
+                 "--summary-json"]) == 0
+    captured = capsys.readouterr()
+    line = orjson.loads(captured.out)
+    assert [p.rsplit("/", 1)[1] for p in line["outputs"]] == ["m.ranks-0-2.json.gz", "m.ranks-3-6.json.gz"]
+    assert f"wrote {tmp_path / 'm.ranks-3-6.json.gz'}" in captured.err
+    assert gzip.decompress((tmp_path / "m.ranks-3-6.json.gz").read_bytes()).startswith(b'{"schemaVersion"')
+    assert main(["merge", str(seven), "-o", str(tmp_path / "x.json"), "--split", "2", "--skip-if-unchanged"]) == 1
+    assert "--skip-if-unchanged works with one output file" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_split_to_s3_matches_the_local_split(client, s3, bucket_name, seven, tmp_path):
+    s3.bucket(bucket_name)
+    fs = s3.fs()
+    remote = merge_traces(str(seven), f"s3://{bucket_name}/m.json.gz", client=client, split=2,
+                          storage_options=s3.options)
+    local = merge_traces(str(seven), str(tmp_path / "m.json.gz"), client=client, split=2)
+    for r, l in zip(remote.outputs, local.outputs):
+        assert fs.cat(r.removeprefix("s3://")) == open(l, "rb").read()
+    fs.invalidate_cache()
+    assert sorted(fs.find(bucket_name)) == [f"{bucket_name}/m.ranks-0-2.json.gz", f"{bucket_name}/m.ranks-3-6.json.gz"]
+    assert not fs.call_s3("list_multipart_uploads", Bucket=bucket_name).get("Uploads")
