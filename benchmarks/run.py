@@ -68,7 +68,7 @@ class TreeRSS:
 
     def __init__(self, interval: float = 0.025) -> None:
         self.interval, self.proc = interval, psutil.Process()
-        self.baseline = self.peak = 0
+        self.baseline = self.peak = self.self_peak = 0
         self._stop = threading.Event()
 
     def sample(self) -> int:
@@ -77,7 +77,10 @@ class TreeRSS:
             try:
                 if self.exclude and (p.pid in self.exclude or p.ppid() in self.exclude):
                     continue
-                total += p.memory_info().rss
+                rss = p.memory_info().rss
+                total += rss
+                if p is self.proc:
+                    self.self_peak = max(self.self_peak, rss)
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 pass
         return total
@@ -943,6 +946,123 @@ def main_analyze(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+# ---------------------------------------------------------------------------------------------------------
+# The scale case: many small ranks (per-rank overhead) and flat memory as the rank count grows.
+
+def _write_copies(args: tuple[bytes, int, int, int, str]) -> int:
+    """Write ranks ``first..last-1`` as copies of one template trace, each with its own rank."""
+    template, first, last, world_size, folder = args
+    doc = orjson.loads(template)
+    for r in range(first, last):
+        doc["distributedInfo"].update(rank=r, world_size=world_size)
+        with open(os.path.join(folder, f"rank{r}.pt.trace.json"), "wb") as f:
+            f.write(orjson.dumps(doc))
+    return (last - first) * len(orjson.dumps(doc))
+
+
+def make_small_ranks(pool: Any, root: str, ranks: int, rank_kb: float) -> tuple[str, int]:
+    folder = os.path.join(root, f"in_{ranks}x{rank_kb:g}kB")
+    os.makedirs(folder)
+    template = orjson.dumps(make_rank_trace(0, 8, target_bytes=int(rank_kb * 1000), seed=0))
+    step = 500
+    jobs = [(template, a, min(a + step, ranks), ranks, folder) for a in range(0, ranks, step)]
+    return folder, sum(pool.map(_write_copies, jobs, chunksize=1))
+
+
+def _write_nameless(args: tuple[int, int, str]) -> int:
+    rank, rank_bytes, path = args
+    doc = make_rank_trace(rank, 8, target_bytes=rank_bytes, seed=0)
+    del doc["distributedInfo"]  # the rank comes from the file name, so that copies can stand for other ranks
+    data = orjson.dumps(doc)
+    with open(path, "wb") as f:
+        f.write(data)
+    return len(data)
+
+
+def make_linked_ranks(pool: Any, root: str, counts: list[int], rank_mb: float) -> list[tuple[int, str, int]]:
+    """Folders of ``n`` ranks each, hard links to 8 distinct generated ranks (no disk space per rank)."""
+    base = os.path.join(root, "distinct")
+    os.makedirs(base)
+    paths = [os.path.join(base, f"r{r}.json") for r in range(8)]
+    sizes = pool.map(_write_nameless, [(r, int(rank_mb * MB), p) for r, p in enumerate(paths)], chunksize=1)
+    out = []
+    for n in counts:
+        folder = os.path.join(root, f"linked_{n}")
+        os.makedirs(folder)
+        for r in range(n):
+            os.link(paths[r % 8], os.path.join(folder, f"rank{r}.pt.trace.json"))
+        out.append((n, folder, sum(sizes[r % 8] for r in range(n))))
+    return out
+
+
+def main_scale(args: argparse.Namespace) -> int:
+    """Per-rank overhead of many small ranks, and the memory of merges from 8 to many ranks of 20 MB."""
+    import distributed
+
+    from tracefuse_dask import merge_traces
+
+    ctx = multiprocessing.get_context("spawn")
+    print(environment() + f"Every merge runs on a pre-started LocalCluster of {args.workers} single-threaded "
+          "worker processes and writes .json.gz. RSS = summed over the process tree, sampled every 25 ms; the "
+          "client is this process.\n", flush=True)
+    root = tempfile.mkdtemp(prefix="tracefuse-scale-", dir=args.tmp_dir)
+    lines: list[str] = []
+
+    def emit(line: str) -> None:
+        lines.append(line)
+        print(line, flush=True)
+
+    try:
+        with ctx.Pool(args.workers) as pool:
+            t = time.perf_counter()
+            small, small_bytes = make_small_ranks(pool, root, args.small_ranks, args.small_kb)
+            large, _, large_bytes = make_dataset(pool, root, 8, small_bytes / 8 / MB)
+            linked = make_linked_ranks(pool, root, [int(x) for x in args.memory_ranks.split(",")], args.rank_mb)
+            print(f"generated the datasets in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
+        with distributed.LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
+                                      dashboard_address=None, silence_logs=logging.ERROR) as cluster, \
+                distributed.Client(cluster) as client:
+            client.run(_warm)
+
+            def merge(folder: str, name: str) -> tuple[float, TreeRSS, Any]:
+                out = os.path.join(root, f"{name}.json.gz")
+                seconds, mem, res = measure(lambda: merge_traces(folder, out, client=client, force=True), args.repeat)
+                os.remove(out)
+                return seconds, mem, res
+
+            emit("| dataset | ranks | MB | s | MB/s | per-rank overhead ms | peak RSS MiB | client peak RSS MiB | "
+                 "events in → out |")
+            emit("|---|---|---|---|---|---|---|---|---|")
+            big_s, mem, res = merge(large, "large")
+            emit(f"| 8 large ranks, same bytes | 8 | {large_bytes / MB:,.0f} | {big_s:.2f} | "
+                 f"{large_bytes / MB / big_s:.1f} | – | {mem.peak / 2**20:,.0f} | {mem.self_peak / 2**20:,.0f} | "
+                 f"{res.events_in:,} → {res.events_out:,} |")
+            s, mem, res = merge(small, "small")
+            over = (s - big_s * small_bytes / large_bytes) / args.small_ranks * 1000
+            emit(f"| {args.small_ranks:,} × {args.small_kb:g} kB | {args.small_ranks:,} | {small_bytes / MB:,.0f} | "
+                 f"{s:.2f} | {small_bytes / MB / s:.1f} | {over:.2f} | {mem.peak / 2**20:,.0f} | "
+                 f"{mem.self_peak / 2**20:,.0f} | {res.events_in:,} → {res.events_out:,} |")
+            bound = (args.workers * 4 * args.rank_mb * MB + 0.5e9) / 2**20
+            emit("")
+            emit(f"Memory bound of the performance issue: workers × 4 × {args.rank_mb:g} MB + 0.5 GB = "
+                 f"{bound:,.0f} MiB (whole tree); the client under 300 MB.")
+            emit("")
+            emit("| dataset | s | MB/s | peak RSS MiB | Δ peak RSS MiB | client peak RSS MiB | within bound |")
+            emit("|---|---|---|---|---|---|---|")
+            for n, folder, size in linked:
+                s, mem, res = merge(folder, f"linked_{n}")
+                ok = mem.peak / 2**20 <= bound and mem.self_peak < 300e6
+                emit(f"| {n} × {args.rank_mb:g} MB | {s:.2f} | {size / MB / s:.1f} | {mem.peak / 2**20:,.0f} | "
+                     f"{(mem.peak - mem.baseline) / 2**20:,.0f} | {mem.self_peak / 2**20:,.0f} | "
+                     f"{'yes' if ok else 'NO'} |")
+    finally:
+        _cleanup(root, args.keep)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    return 0
+
+
 def _cleanup(root: str, keep: bool) -> None:
     """Keep the datasets and outputs (and say where) or remove them."""
     if keep:
@@ -996,6 +1116,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hta-python", default=HTA_PYTHON,
                     help=f"python of a venv with HolisticTraceAnalysis 0.5.0 (default {HTA_PYTHON}); without it "
                          f"the HTA columns are skipped. Set it up: {HTA_SETUP}")
+    ap.add_argument("--scale", action="store_true",
+                    help="run only the scale benchmark: many small ranks against the same bytes in 8 ranks (per-rank "
+                         "overhead), and merges of --memory-ranks ranks of --rank-mb MB (memory)")
+    ap.add_argument("--small-ranks", type=int, default=10_000, help="scale case: small ranks (default 10000)")
+    ap.add_argument("--small-kb", type=float, default=50, help="scale case: kB per small rank (default 50)")
+    ap.add_argument("--memory-ranks", default="8,64,512",
+                    help="scale case: rank counts of the memory rows, hard links to 8 distinct ranks (default 8,64,512)")
     args = ap.parse_args(argv)
     args.s3 = args.s3 or args.s3_only
     rank_counts = [] if args.s3_only else [int(x) for x in args.ranks.split(",") if x.strip()]
@@ -1005,6 +1132,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.analyze:
         return main_analyze(args)
+    if args.scale:
+        return main_scale(args)
 
     import distributed
 

@@ -79,13 +79,13 @@ def test_read_header_reports_keys_after_the_events(tmp_path):
 
 
 def test_expand_folder_skips_own_artifacts(tmp_path):
-    for name in ["rank0.json", "rank1.json.gz", "notes.txt", "m.json.manifest.json"]:
+    for name in ["rank0.json", "rank1.json.gz", "notes.txt", "m.json.manifest.json", "m.tar.gz", "m.tar"]:
         write_trace(tmp_path / name, make_trace(0, []))
     (tmp_path / "m.json.tracefuse-tmp").mkdir()
     write_trace(tmp_path / "m.json.tracefuse-tmp" / "part-00000001.json", b"{}")
     files, skipped = expand_inputs(str(tmp_path))
     assert [f.rank_hint for f in files] == [0, 1]
-    assert {p.rsplit("/", 1)[-1] for p in skipped} == {"notes.txt", "m.json.manifest.json"}
+    assert {p.rsplit("/", 1)[-1] for p in skipped} == {"notes.txt", "m.json.manifest.json", "m.tar.gz", "m.tar"}
 
 
 def test_relative_sources_drop_the_common_prefix():

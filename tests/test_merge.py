@@ -16,6 +16,8 @@ from tracefuse_dask import (
     TraceFuse,
     merge_traces,
 )
+from tracefuse_dask import merge
+from tracefuse_dask.merge import batches
 
 pytestmark = pytest.mark.integration
 
@@ -75,6 +77,28 @@ def test_output_is_identical_with_one_and_two_workers(client, tmp_path):
     assert one.read_bytes() == two.read_bytes()
 
 
+@pytest.mark.parametrize("sizes, limit, expected", [
+    pytest.param([], 10, [], id="none"),
+    pytest.param([20, 20, 20], 10, [[0], [1], [2]], id="big-ranks-alone"),
+    pytest.param([3, 3, 3, 3, 3], 10, [[0, 1, 2, 3], [4]], id="small-ranks-share"),
+    pytest.param([3, None, 3], 10, [[0, 1], [2]], id="unknown-size-counts-as-big"),
+    pytest.param([1] * 2500, 10**9, [list(range(0, 1024)), list(range(1024, 2048)), list(range(2048, 2500))],
+                 id="at-most-1024-ranks"),
+    pytest.param([3, 3], 0, [[0], [1]], id="no-batching"),
+])
+def test_batches(sizes, limit, expected):
+    assert [list(b) for b in batches(sizes, limit)] == expected
+
+
+@pytest.mark.parametrize("out", ["m.json", "m.json.gz"])
+def test_batching_does_not_change_the_output(client, tmp_path, monkeypatch, out):
+    folder = shared("gloo_4ranks")
+    merge_traces(str(folder), str(tmp_path / f"batched-{out}"), client=client)
+    monkeypatch.setattr(merge, "BATCH_BYTES", 1)  # every rank its own task
+    merge_traces(str(folder), str(tmp_path / f"alone-{out}"), client=client)
+    assert (tmp_path / f"batched-{out}").read_bytes() == (tmp_path / f"alone-{out}").read_bytes()
+
+
 def test_gzip_members_single_and_per_rank_hold_the_same_json(client, tmp_path):
     folder = shared("gloo_4ranks")
     plain, per_rank, single = tmp_path / "m.json", tmp_path / "r.json.gz", tmp_path / "s.json.gz"
@@ -85,6 +109,9 @@ def test_gzip_members_single_and_per_rank_hold_the_same_json(client, tmp_path):
     members = per_rank.read_bytes().count(b"\x1f\x8b\x08\x00\x00\x00\x00\x00")
     assert members >= 4 + 2  # header, one member per rank, separators, footer
     assert single.read_bytes().count(b"\x1f\x8b\x08\x00\x00\x00\x00\x00") == 1
+    plain_single = tmp_path / "s.json"  # one member asked for, but the name says plain JSON
+    merge_traces(str(folder), str(plain_single), client=client, gzip_members="single")
+    assert plain_single.read_bytes() == plain.read_bytes()
 
 
 def test_ranks_subset_and_different_bases_align(client, tmp_path):

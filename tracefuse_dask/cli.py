@@ -77,6 +77,10 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--window", metavar="START_MS:END_MS",
                    help="keep events starting in this window, in ms from the earliest kept event of all ranks")
     o = m.add_argument_group("output")
+    o.add_argument("--format", choices=("json", "perfetto-archive"), default="json",
+                   help="json: one merged trace (default). perfetto-archive: a TAR (OUT.tar, or OUT.tar.gz gzipped) "
+                        "of one trace per rank plus the perfetto_manifest.json with which Perfetto v58+ merges "
+                        "them natively, each rank a machine; not with --split")
     o.add_argument("--split", type=int, metavar="N",
                    help="write N files, each a complete merged trace of a contiguous range of ranks "
                         "(OUT.ranks-A-B.json.gz), for viewers that cannot open the whole merge")
@@ -198,7 +202,7 @@ def _merge(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
         include_pyfunc=args.include_pyfunc, keep=args.keep, steps=args.steps, window=args.window,
         rewrite_ids=args.rewrite_ids, keep_empty_processes=args.keep_empty_processes,
         gzip_members=args.gzip_members, on_error=args.on_error, repair=args.repair, align=args.align,
-        split=args.split, force=args.force,
+        split=args.split, format=args.format, force=args.force,
         skip_if_unchanged=args.skip_if_unchanged, workers=args.workers, scheduler=args.scheduler,
         scheduler_file=args.scheduler_file, timeout=args.timeout,
         show_progress=not args.quiet and sys.stderr.isatty(), performance_report=args.performance_report,

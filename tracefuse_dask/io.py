@@ -12,7 +12,7 @@ import posixpath
 import re
 import threading
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Container, Iterable, Iterator, Mapping
 from typing import IO, Any
 
 import fsspec
@@ -44,7 +44,9 @@ __all__ = [
     "storage_errors",
     "load_trace",
     "parse_json",
+    "decode_json",
     "paused_gc",
+    "read_bytes",
     "rank_from_name",
     "read_header",
     "relative_sources",
@@ -55,7 +57,7 @@ TMP_SUFFIX = ".tracefuse-tmp"
 MANIFEST_SUFFIX = ".manifest.json"
 GZIP_LEVEL = 1  # isal level: fast, and fixed so the bytes are deterministic
 _GZIP_MAGIC = b"\x1f\x8b"
-TRACE_NAME = re.compile(r"\.json(\.gz)?$|\.gz$", re.IGNORECASE)
+TRACE_NAME = re.compile(r"\.json(\.gz)?$|(?<!\.tar)\.gz$", re.IGNORECASE)  # not a perfetto archive
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _HEADER_CHUNK = 1 << 16
 _HEADER_LIMIT = 1 << 24
@@ -224,6 +226,7 @@ def expand_inputs(
     storage_options: Mapping[str, Any] | None = None,
     rank_regex: str = DEFAULT_RANK_REGEX,
     names: re.Pattern[str] = TRACE_NAME,
+    subset: Container[int] | None = None,
 ) -> tuple[list[InputFile], list[str]]:
     """Expand folders and globs into input files, with their rank hints.
 
@@ -237,6 +240,9 @@ def expand_inputs(
         Regex with a named group ``rank``, applied to each basename.
     names
         The file names a folder or glob lists (default: ``*.json``, ``*.json.gz``, ``*.gz``).
+    subset
+        Ranks to keep: files whose dict key or name gives a rank outside it are dropped here,
+        before anything is read (the others are filtered once their header is read).
 
     Returns
     -------
@@ -258,7 +264,7 @@ def expand_inputs(
                 fs, p = _fs_for(path, storage_options)
                 info = _info(fs, p, path, storage_options)
                 files.append(InputFile(path, info.get("size"), rank, "key", False, _stamp(info)))
-        return files, []
+        return _in_subset(files, subset), []
     items = [urlpath] if isinstance(urlpath, str) else list(urlpath)
     if not items:
         raise TraceFileNotFoundError("no input given; pass a folder, a glob or trace files")
@@ -301,7 +307,13 @@ def expand_inputs(
                 f"{'*.json and *.json.gz' if names is TRACE_NAME else 'names matching ' + names.pattern}); "
                 "check the path or glob"
             )
-    return files, skipped
+    return _in_subset(files, subset), skipped
+
+
+def _in_subset(files: list[InputFile], subset: Container[int] | None) -> list[InputFile]:
+    if subset is None:
+        return files
+    return [f for f in files if f.hint_source not in ("key", "name") or f.rank_hint in subset]
 
 
 def _info(fs: Any, path: str, shown: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -405,6 +417,12 @@ def parse_json(path: str, storage_options: Mapping[str, Any] | None = None, *, r
     a truncated file, a note that says what was recovered.
     """
     data, cut_gzip = read_bytes(path, storage_options, repair=repair)
+    return decode_json(data, path, rank=rank, cut_gzip=cut_gzip, repair=repair)
+
+
+def decode_json(data: bytes, path: str, *, rank: int | None = None, cut_gzip: bool = False,
+                repair: bool = False) -> tuple[Any, int, str | None]:
+    """Parse the bytes of the file ``path`` with orjson (see ``parse_json``)."""
     who = f"{path}" + (f" (rank {rank})" if rank is not None else "")
     if not data.strip():
         raise TraceFormatError(f"{who}: the file is empty; the profiler probably died before writing it. "

@@ -13,7 +13,9 @@ import contextlib
 import logging
 import os
 import sys
+import tarfile
 import time
+import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Callable
 
@@ -41,11 +43,12 @@ from .io import (
     storage_errors,
     TMP_SUFFIX,
     check_document,
+    decode_json,
     expand_inputs,
     gzip_member,
-    load_trace,
     parse_json,
     paused_gc,
+    read_bytes,
     read_header,
     relative_sources,
     resolve_rank,
@@ -57,11 +60,12 @@ from .model import (
     MergeSummary,
     RankHeader,
     RankResult,
-    RankSet,
     RankTask,
     parse_steps,
     parse_window,
+    rank_subset,
 )
+from .fastpath import handles, rewrite_fast
 from .rewrite import RankEvents
 from .storage import MIN_PART, Piece, abort_uploads, join, plan_groups, protocol_of, write_group
 
@@ -70,7 +74,11 @@ __all__ = ["connect", "merge_traces", "build_options"]
 log = logging.getLogger("tracefuse_dask")
 
 _BIG_OUTPUT = 1_500_000_000
+BATCH_BYTES = 32 * 2**20  # ranks smaller than this share tasks up to this many input bytes
+BATCH_RANKS = 1024
 _SEP = b",\n"
+_FOOT = b"\n]}\n"
+PERFETTO_MANIFEST = "perfetto_manifest.json"
 
 
 @contextlib.contextmanager
@@ -213,31 +221,69 @@ def _base_of(base: Any, path: str) -> int:
     return base
 
 
-def _rewrite_rank(task: RankTask, storage_options: Mapping[str, Any] | None) -> RankResult:
-    """Phase B task: parse, filter and rewrite one rank, and write its partition."""
-    with paused_gc():
-        return _rewrite_rank_now(task, storage_options)
+def _rewrite_batch(tasks: list[RankTask], part_path: str, storage_options: Mapping[str, Any] | None,
+                   skip: bool) -> list[tuple[RankResult | None, BaseException | None]]:
+    """Phase B task: parse, filter and rewrite consecutive ranks, and write their partitions to one file.
+
+    A rank's failure stops the task, unless ``skip``: then a skippable failure is returned in
+    the rank's place and the others go on.
+    """
+    outcomes: list[tuple[RankResult | None, BaseException | None]] = []
+    fo = None
+    try:
+        for task in tasks:
+            try:
+                with paused_gc():
+                    result, data = _rewrite_rank(task, storage_options)
+            except _SKIPPABLE as e:
+                if not skip:
+                    raise
+                outcomes.append((None, e))
+                continue
+            with _writing(part_path), storage_errors(part_path, storage_options):
+                if fo is None:
+                    fo = fsspec.open(part_path, "wb", **options_for(part_path, storage_options)).open()
+                fo.write(data)
+            result.part_path = part_path
+            outcomes.append((result, None))
+    finally:
+        if fo is not None:
+            with _writing(part_path), storage_errors(part_path, storage_options):
+                fo.close()
+    return outcomes
 
 
-def _rewrite_rank_now(task: RankTask, storage_options: Mapping[str, Any] | None) -> RankResult:
+def _rewrite_rank(task: RankTask, storage_options: Mapping[str, Any] | None) -> tuple[RankResult, bytes]:
+    """One rank's partition: its kept events, rewritten, as bytes that join by plain concatenation."""
     who = f"{task.path} (rank {task.rank})"
-    doc, nbytes, note = load_trace(task.path, storage_options, rank=task.rank, repair=task.repair)
-    events = doc["traceEvents"]
-    n_in = len(events)
-    sel = RankEvents(events, task.base, task.options, who, task.window_abs_ns)
-    head, body = sel.rewrite(task.rank, task.base_out)
-    del doc, events, sel
+    data, cut_gzip = read_bytes(task.path, storage_options, repair=task.repair)
+    nbytes = len(data)
+    fast = None
+    if handles(task.options, task.window_abs_ns):
+        fast = rewrite_fast(data, task.rank, task.base, task.base_out, task.options, who)
+    if fast is not None:
+        del data
+        head_json, body_json, n_in, n_out = fast
+        note = None
+    else:
+        doc, nbytes, note = decode_json(data, task.path, rank=task.rank, cut_gzip=cut_gzip, repair=task.repair)
+        del data
+        check_document(doc, who)
+        events = doc["traceEvents"]
+        n_in = len(events)
+        sel = RankEvents(events, task.base, task.options, who, task.window_abs_ns)
+        head, body = sel.rewrite(task.rank, task.base_out)
+        del doc, events, sel
+        head_json, body_json = orjson.dumps(head), orjson.dumps(body)
+        n_out = len(head) + len(body)
+        del head, body
     # Every partition carries its own leading separator, so partitions join as plain bytes.
-    data = _SEP + orjson.dumps(body)[1:-1] if body else b""
-    n_out = len(head) + len(body)
-    del body
+    data = _SEP + body_json[1:-1] if len(body_json) > 2 else b""
+    del body_json
     if task.compress and data:
         data = gzip_member(data)
-    with _writing(task.part_path), storage_errors(task.part_path, storage_options):
-        with fsspec.open(task.part_path, "wb", **options_for(task.part_path, storage_options)) as fo:
-            fo.write(data)
-    return RankResult(task.rank, task.path, n_in, n_out, nbytes, len(data), task.part_path,
-                      orjson.dumps(head)[1:-1], [note] if note else [])
+    return RankResult(task.rank, task.path, n_in, n_out, nbytes, len(data), "", head_json[1:-1],
+                      [note] if note else []), data
 
 
 @contextlib.contextmanager
@@ -283,13 +329,10 @@ def _clean(fs: Any, out: str, tmp_dir: str, so: Mapping[str, Any]) -> None:
         fs.rm(tmp_path, recursive=True)
 
 
-def _assemble(c: Client, out: str, tmp_dir: str, head: bytes, results: list[RankResult], gzip_out: bool,
-              single_member: bool, so: dict[str, Any], futures: list[Any]) -> int:
-    """Join header, partitions and footer into ``out``; the client only plans and moves metadata."""
+def _assemble(c: Client, out: str, tmp_dir: str, pieces: list[Piece], single_member: bool,
+              so: dict[str, Any], futures: list[Any]) -> int:
+    """Join ``pieces`` into ``out``, as one gzip member with ``single_member``; the client only plans."""
     fs = fsspec.core.url_to_fs(out, **options_for(out, so))[0]
-    wrap = gzip_member if gzip_out and not single_member else (lambda b: b)
-    pieces: list[Piece] = [wrap(head)] + [(r.part_path, r.part_bytes) for r in results if r.part_bytes]
-    pieces.append(wrap(b"\n]}\n"))
     strategy = protocol_of(fs)
     if strategy == "other" or single_member:
         groups = [list(range(len(pieces)))]
@@ -373,6 +416,7 @@ def merge_traces(
     repair: bool = False,
     align: str = "base",
     split: int | None = None,
+    format: str = "json",
     force: bool = False,
     skip_if_unchanged: bool = False,
     workers: int | None = None,
@@ -389,7 +433,8 @@ def merge_traces(
     urlpath
         A folder, a glob, a file, a list of those, or a ``{rank: path}`` dict; any fsspec URL.
     out
-        The merged trace; gzip (one member per rank) when it ends in ``.gz``.
+        The merged trace; gzip (one member per rank) when it ends in ``.gz``. With
+        ``format="perfetto-archive"``, the archive: ``.tar``, or ``.tar.gz`` to gzip the whole TAR.
     client
         A Dask client to use. Otherwise ``scheduler``/``scheduler_file``/
         ``DASK_SCHEDULER_ADDRESS`` name a cluster, or a LocalCluster of ``workers`` is started.
@@ -418,6 +463,11 @@ def merge_traces(
         Write this many files instead of one, each a complete merged trace of a contiguous range of
         ranks (``merged.json.gz`` becomes ``merged.ranks-000-127.json.gz``, ...), all on the same time
         base, for viewers that cannot load the whole merge. Capped at the number of ranks.
+    format
+        ``"json"``: one merged trace. ``"perfetto-archive"``: a TAR of one complete trace per
+        rank (``rank-00003.json``, ids and times already merged) plus the ``perfetto_manifest.json``
+        with which Perfetto v58+ merges them natively, each rank a machine; not with ``split``,
+        and ``gzip_members`` does not apply.
     align
         ``"base"`` aligns ranks exactly by their ``baseTimeNanoseconds``; ``"collectives"``
         also corrects each rank's clock offset, estimated from the ends of matched NCCL/RCCL
@@ -458,20 +508,29 @@ def merge_traces(
         raise MergeError(f"align={align!r}; use 'base' or 'collectives'")
     if split is not None and (type(split) is not int or split < 1):
         raise MergeError(f"split={split!r}; give the number of output files, 1 or more")
+    if format not in ("json", "perfetto-archive"):
+        raise MergeError(f"format={format!r}; use 'json' or 'perfetto-archive'")
+    if format == "perfetto-archive" and not out.endswith((".tar", ".tar.gz")):
+        raise MergeError(f"{out}: --format perfetto-archive writes a TAR archive; name the output .tar, or "
+                         ".tar.gz to gzip it")
+    if format == "perfetto-archive" and split and split > 1:
+        raise MergeError("--split writes several merged JSON traces, and a perfetto archive already holds one trace "
+                         "per rank; drop --split or --format perfetto-archive")
     if split and split > 1 and skip_if_unchanged:
         raise MergeError("--skip-if-unchanged works with one output file; drop --split or --skip-if-unchanged")
     try:
-        subset = RankSet.parse(ranks) if isinstance(ranks, str) else (set(ranks) if ranks is not None else None)
+        subset = rank_subset(ranks)
     except ValueError as e:
         raise MergeError(str(e)) from None
-    files, skipped_names = expand_inputs(urlpath, storage_options=storage_options, rank_regex=rank_regex)
-    if subset is not None:
-        files = [f for f in files if f.hint_source not in ("key", "name") or f.rank_hint in subset]
+    files, skipped_names = expand_inputs(urlpath, storage_options=storage_options, rank_regex=rank_regex,
+                                         subset=subset)
     so = dict(storage_options or {})
-    tmp_dir = out.rstrip("/") + TMP_SUFFIX
+    tmp_root = out.rstrip("/") + TMP_SUFFIX
+    # A folder of its own per run: the task keys name its files, so no run reuses another's results.
+    tmp_dir = f"{tmp_root}/{uuid.uuid4().hex}"
     manifest = None
     if skip_if_unchanged:
-        manifest = _manifest(files, out, options, ranks, rank_regex, gzip_members, on_error, repair, align)
+        manifest = _manifest(files, out, options, ranks, rank_regex, gzip_members, on_error, repair, align, format)
         unchanged = _unchanged(out, manifest, so)
         if unchanged is not None:
             unchanged.seconds = round(time.perf_counter() - started, 3)
@@ -481,7 +540,7 @@ def merge_traces(
         fs, out_path = fsspec.core.url_to_fs(out, **options_for(out, so))
         if fs.exists(out_path) and not force:
             raise OutputExistsError(f"{out}: the output exists; pass --force (force=True) to replace it")
-        _clean(fs, out, tmp_dir, so)  # leftovers of a crashed run
+        _clean(fs, out, tmp_root, so)  # leftovers of a crashed run
     in_memory = any(url.startswith("memory://") for url in [out] + [f.path for f in files])
     report = contextlib.nullcontext()
     if performance_report:
@@ -497,7 +556,8 @@ def merge_traces(
                                  "other processes; use a local path or object storage, or an in-process cluster "
                                  "(LocalCluster(processes=False))")
             summary = _run(c, files, skipped_names, out, tmp_dir, options, subset, rank_regex, so,
-                           gzip_members, show_progress, on_error, repair, align, split or 1, force, futures)
+                           gzip_members, show_progress, on_error, repair, align, split or 1, force, format,
+                           futures)
     except BaseException:
         # Only unfinished work is cancelled: a finished key that is cancelled would also
         # cancel the same (deterministic) key of a rerun in this client.
@@ -508,7 +568,7 @@ def merge_traces(
     finally:
         futures.clear()
         with storage_errors(out, so):
-            _clean(fs, out, tmp_dir, so)
+            _clean(fs, out, tmp_root, so)
     if manifest is not None:
         with storage_errors(out + MANIFEST_SUFFIX, so):
             fs.pipe(out_path + MANIFEST_SUFFIX, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
@@ -527,7 +587,7 @@ _SKIPPABLE = (TraceFormatError, TraceFileNotFoundError, MergeError, PermissionEr
 
 
 def _manifest(files: list[InputFile], out: str, options: MergeOptions, ranks: Any, rank_regex: str,
-              gzip_members: str, on_error: str, repair: bool, align: str) -> dict[str, Any]:
+              gzip_members: str, on_error: str, repair: bool, align: str, format: str) -> dict[str, Any]:
     """What the output was made from: inputs (size and etag or mtime), options, tool version; no credentials."""
     return {
         "tool": "tracefuse_dask",
@@ -537,7 +597,7 @@ def _manifest(files: list[InputFile], out: str, options: MergeOptions, ranks: An
                     else None} for f in files],
         "options": {**options.describe(), "ranks": ranks if ranks is None or isinstance(ranks, str)
                     else sorted(ranks), "rank_regex": rank_regex, "gzip_members": gzip_members,
-                    "on_error": on_error, "repair": repair, "align": align},
+                    "on_error": on_error, "repair": repair, "align": align, "format": format},
     }
 
 
@@ -568,6 +628,16 @@ def _outcomes(c: Client, futures: list[Any], show_progress: bool = False) -> lis
     return [(next(ok), None) if f.status == "finished" else (None, f.exception()) for f in futures]
 
 
+def _flat(outcomes: list[tuple[Any, BaseException | None]]) -> list[tuple[Any, BaseException | None]]:
+    """Per-item outcomes from those of batch tasks; a failed batch fails each of its items."""
+    flat: list[tuple[Any, BaseException | None]] = []
+    for result, exc in outcomes:
+        if exc is not None:
+            raise exc
+        flat.extend(result)
+    return flat
+
+
 def _settle(outcomes: list[tuple[Any, BaseException | None]], paths: list[str], ranks: list[int | None],
             on_error: str, skipped: list[dict[str, Any]]) -> list[tuple[int, Any]]:
     """Keep the successes; raise the first failure, or record the bad ranks with ``on_error="skip"``."""
@@ -582,9 +652,40 @@ def _settle(outcomes: list[tuple[Any, BaseException | None]], paths: list[str], 
     return kept
 
 
+def batches(sizes: list[int | None], limit: int = BATCH_BYTES) -> list[range]:
+    """Consecutive items grouped into tasks of about ``limit`` input bytes (at most ``BATCH_RANKS`` items).
+
+    A big rank gets a task of its own; small ones share, so that 10,000 tiny ranks do not
+    cost 10,000 tasks. An unknown size counts as big. The grouping depends on the inputs
+    alone, and does not change the output.
+    """
+    out: list[range] = []
+    start = total = 0
+    for i, size in enumerate(sizes):
+        total += limit if size is None else size
+        if total >= limit or i + 1 - start >= BATCH_RANKS:
+            out.append(range(start, i + 1))
+            start, total = i + 1, 0
+    if start < len(sizes):
+        out.append(range(start, len(sizes)))
+    return out
+
+
+def _read_headers(files: list[InputFile], storage_options: Mapping[str, Any] | None, earliest: MergeOptions | None,
+                  repair: bool) -> list[tuple[RankHeader | None, BaseException | None]]:
+    """Phase A task: the headers of several files, or why a file could not be read."""
+    outcomes: list[tuple[RankHeader | None, BaseException | None]] = []
+    for f in files:
+        try:
+            outcomes.append((_read_header_rank(f, storage_options, earliest, repair), None))
+        except _SKIPPABLE as e:
+            outcomes.append((None, e))
+    return outcomes
+
+
 def _run(c: Client, files: list[InputFile], skipped_names: list[str], out: str, tmp_dir: str,
          options: MergeOptions, subset: Any, rank_regex: str, so: dict[str, Any], gzip_members: str,
-         show_progress: bool, on_error: str, repair: bool, align: str, split: int, force: bool,
+         show_progress: bool, on_error: str, repair: bool, align: str, split: int, force: bool, fmt: str,
          futures: list[Any]) -> MergeSummary:
     warnings: list[str] = []
     ignored = [f"{p}: not a JSON trace by name, or written by tracefuse" for p in skipped_names]
@@ -593,9 +694,11 @@ def _run(c: Client, files: list[InputFile], skipped_names: list[str], out: str, 
     if options.window_ns is not None:
         earliest = MergeOptions(options.include_pyfunc, options.keep, options.steps, None, options.filter_fn)
     t0 = time.perf_counter()
-    keys = [f"tracefuse-header-{tokenize(f, so, earliest, repair)}" for f in files]
-    futures[:] = c.map(_read_header_rank, files, storage_options=so, earliest=earliest, repair=repair, key=keys)
-    read = _settle(_outcomes(c, futures), [f.path for f in files], [f.rank_hint for f in files], on_error, skipped)
+    groups = [[files[i] for i in b] for b in batches([f.size for f in files], BATCH_BYTES)]
+    keys = [f"tracefuse-header-{tokenize(g, so, earliest, repair)}" for g in groups]
+    futures[:] = c.map(_read_headers, groups, storage_options=so, earliest=earliest, repair=repair, key=keys)
+    read = _settle(_flat(_outcomes(c, futures)), [f.path for f in files], [f.rank_hint for f in files], on_error,
+                   skipped)
     log.info("read %d headers in %.2f s", len(read), time.perf_counter() - t0)
     chosen, notes, more_ignored = _resolve_ranks([files[k] for k, _ in read], [h for _, h in read], rank_regex)
     warnings.extend(notes)
@@ -640,19 +743,26 @@ def _run(c: Client, files: list[InputFile], skipped_names: list[str], out: str, 
         t0 = min(t0s)
         window_abs = (t0 + options.window_ns[0], t0 + options.window_ns[1])
     gzip_out = out.endswith(".gz")
-    compress = gzip_out and gzip_members == "rank"
+    compress = gzip_out and gzip_members == "rank" and fmt == "json"
     ext = ".json.gz" if compress else ".json"
-    tasks = [RankTask(r, h.path, (h.base or 0) - offsets.get(r, 0), base_out, f"{tmp_dir}/part-{r:08d}{ext}",
-                      options, window_abs, compress, repair) for r, h in chosen]
-    keys = [f"tracefuse-rewrite-{tokenize(t, so)}" for t in tasks]
+    tasks = [RankTask(r, h.path, (h.base or 0) - offsets.get(r, 0), base_out, options, window_abs, compress, repair)
+             for r, h in chosen]
+    split_groups = _split_ranges(len(tasks), 1 if fmt == "perfetto-archive" else split)
+    # An archive needs each rank's partition on its own; a split part, whole batches.
+    limit = 0 if fmt == "perfetto-archive" else BATCH_BYTES
+    by_path = {f.path: f.size for f in files}
+    runs = [[tasks[part.start + i] for i in b] for part in split_groups
+            for b in batches([by_path.get(tasks[k].path) for k in part], limit)]
+    paths = [f"{tmp_dir}/part-{run[0].rank:08d}{ext}" for run in runs]
+    keys = [f"tracefuse-rewrite-{tokenize(run, p, so, on_error)}" for run, p in zip(runs, paths)]
     t0 = time.perf_counter()
-    futures[:] = c.map(_rewrite_rank, tasks, storage_options=so, key=keys)
-    done = _settle(_outcomes(c, futures, show_progress), [t.path for t in tasks], [t.rank for t in tasks],
+    futures[:] = c.map(_rewrite_batch, runs, paths, storage_options=so, skip=on_error == "skip", key=keys)
+    done = _settle(_flat(_outcomes(c, futures, show_progress)), [t.path for t in tasks], [t.rank for t in tasks],
                    on_error, skipped)
     if not done:
         raise MergeError("every rank failed; see the reasons above, fix or re-export the traces")
     results: list[RankResult] = [res for _, res in done]
-    log.info("rewrote %d ranks in %.2f s", len(results), time.perf_counter() - t0)
+    log.info("rewrote %d ranks in %d tasks in %.2f s", len(results), len(runs), time.perf_counter() - t0)
     for res in results:
         warnings.extend(w for w in res.warnings if w not in warnings)
     if sizes:
@@ -681,11 +791,14 @@ def _run(c: Client, files: list[InputFile], skipped_names: list[str], out: str, 
     }
     if align == "collectives":
         meta["clock_offsets_ns"] = {str(r): v for r, v in sorted(offsets.items())}
-    parts = _split_parts(out, results, split)
+    parts = _split_parts(out, results, [{tasks[k].rank for k in g} for g in split_groups])
     t0 = time.perf_counter()
     futures.clear()
-    bytes_out = _assemble_parts(c, parts, meta, base_out, tmp_dir, gzip_out, gzip_members == "single", so, force,
-                                futures)
+    if fmt == "perfetto-archive":
+        bytes_out = _assemble(c, out, tmp_dir, _archive_pieces(results, meta, base_out), gzip_out, so, futures)
+    else:
+        bytes_out = _assemble_parts(c, parts, meta, base_out, tmp_dir, gzip_out,
+                                    gzip_out and gzip_members == "single", so, force, futures)
     log.info("wrote %s (%d bytes) in %.2f s", ", ".join(o for o, _ in parts), bytes_out, time.perf_counter() - t0)
     return MergeSummary(
         ranks=len(results),
@@ -713,15 +826,33 @@ def split_name(out: str, first: int, last: int, width: int) -> str:
     return f"{out}.ranks-{first:0{width}d}-{last:0{width}d}"
 
 
-def _split_parts(out: str, results: list[RankResult], split: int) -> list[tuple[str, list[RankResult]]]:
-    """``split`` contiguous rank ranges of as even sizes as can be, each with its output name."""
-    n = min(split, len(results))
-    if n == 1:
+def _split_ranges(n: int, split: int) -> list[range]:
+    """``split`` contiguous ranges of ``n`` ranks, of as even sizes as can be (at most ``n`` of them)."""
+    k = min(split, n)
+    bounds = [n * j // k for j in range(k + 1)]
+    return [range(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+def _split_parts(out: str, results: list[RankResult], groups: list[set[int]]) -> list[tuple[str, list[RankResult]]]:
+    """The output name and results of each part: one part, or the rank ``groups`` of ``--split``."""
+    if len(groups) == 1:
         return [(out, results)]
     width = len(str(results[-1].rank))
-    bounds = [len(results) * k // n for k in range(n + 1)]
-    groups = [results[a:b] for a, b in zip(bounds, bounds[1:])]
-    return [(split_name(out, g[0].rank, g[-1].rank, width), g) for g in groups]
+    parts = [[r for r in results if r.rank in g] for g in groups]
+    return [(split_name(out, p[0].rank, p[-1].rank, width), p) for p in parts if p]
+
+
+def _pieces(results: list[RankResult]) -> list[Piece]:
+    """The partition files of ``results``, in order; the ranks of a batch share one file."""
+    pieces: list[Piece] = []
+    for r in results:
+        if not r.part_bytes:
+            continue
+        if pieces and pieces[-1][0] == r.part_path:  # type: ignore[index]
+            pieces[-1] = (r.part_path, pieces[-1][1] + r.part_bytes)  # type: ignore[index]
+        else:
+            pieces.append((r.part_path, r.part_bytes))
+    return pieces
 
 
 def _assemble_parts(c: Client, parts: list[tuple[str, list[RankResult]]], meta: dict[str, Any], base_out: int,
@@ -742,16 +873,16 @@ def _assemble_parts(c: Client, parts: list[tuple[str, list[RankResult]]], meta: 
             if len(parts) > 1:
                 part_meta["split"] = {"part": k + 1, "of": len(parts), "first_rank": group[0].rank,
                                       "last_rank": group[-1].rank, "files": [p.rsplit("/", 1)[-1] for p, _ in parts]}
-            head = (b'{"schemaVersion":1,"displayTimeUnit":"ms","baseTimeNanoseconds":' + str(base_out).encode()
-                    + b',"metadata":{"tracefuse":' + orjson.dumps(part_meta) + b'},"traceEvents":[\n'
-                    + _SEP.join(r.head for r in group if r.head))
+            wrap = gzip_member if gzip_out and not single_member else (lambda b: b)
+            pieces: list[Piece] = ([wrap(_json_head(base_out, part_meta, [r.head for r in group]))]
+                                   + _pieces(group) + [wrap(_FOOT)])
             part_tmp = tmp_dir if len(parts) == 1 else f"{tmp_dir}/split-{k:06d}"
             if len(parts) > 1:
                 with storage_errors(part_tmp, so):
                     fs, tmp_path = fsspec.core.url_to_fs(part_tmp, **options_for(o, so))
                     fs.makedirs(tmp_path, exist_ok=True)
             written.append(o)
-            total += _assemble(c, o, part_tmp, head, group, gzip_out, single_member, so, futures)
+            total += _assemble(c, o, part_tmp, pieces, single_member, so, futures)
     except BaseException:
         if len(parts) > 1:
             for o in written:
@@ -762,6 +893,74 @@ def _assemble_parts(c: Client, parts: list[tuple[str, list[RankResult]]], meta: 
                         fs.rm(path)
         raise
     return total
+
+
+def _json_head(base_out: int, meta: dict[str, Any], heads: list[bytes]) -> bytes:
+    """A merged trace's header up to its first events: the ranks' process metadata."""
+    return (b'{"schemaVersion":1,"displayTimeUnit":"ms","baseTimeNanoseconds":' + str(base_out).encode()
+            + b',"metadata":{"tracefuse":' + orjson.dumps(meta) + b'},"traceEvents":[\n'
+            + _SEP.join(h for h in heads if h))
+
+
+def archive_member(rank: int) -> str:
+    """The name of a rank's trace inside a perfetto archive: ``rank-00003.json``."""
+    return f"rank-{rank:05d}.json"
+
+
+def _perfetto_manifest(results: list[RankResult], meta: dict[str, Any]) -> bytes:
+    """The ``perfetto_manifest.json`` that merges the archive's rank traces on one timeline.
+
+    Format: https://perfetto.dev/docs/reference/perfetto-manifest and docs/analysis/merging-traces.md (v58+).
+    Each rank is its own machine (``rank-3``), so its processes stay apart. Perfetto treats
+    JSON as clockless (a private per-file timeline; ``baseTimeNanoseconds`` is ignored), and
+    every member's times are already rewritten onto the merge's one base, so each file is
+    pinned to the first file's timeline at ``offset_ns`` 0: the raw-file offset
+    ``base_r - base_0`` (spec §3) and any ``--align collectives`` shift are already applied.
+    """
+    first = archive_member(results[0].rank)
+    files: list[dict[str, Any]] = []
+    for r in results:
+        entry: dict[str, Any] = {"path": archive_member(r.rank), "machine": {"name": f"rank-{r.rank}"}}
+        if entry["path"] != first:
+            entry["clocks"] = {"sync_to": {"file": first}, "offset_ns": 0}
+        files.append(entry)
+    attributes = {"tracefuse.version": meta["version"], "tracefuse.base_time_ns": meta["base_time_ns"]}
+    return orjson.dumps({"perfetto_manifest": {"version": 1, "files": files, "attributes": attributes}},
+                        option=orjson.OPT_INDENT_2) + b"\n"
+
+
+def _archive_pieces(results: list[RankResult], meta: dict[str, Any], base_out: int) -> list[Piece]:
+    """The bytes of a TAR of ``perfetto_manifest.json`` and one complete JSON trace per rank, as pieces.
+
+    Members come in a fixed order (the manifest, then ranks ascending) with fixed headers
+    (mtime 0, uid/gid 0, mode 0644, no user names). GNU format, because Perfetto's TAR reader
+    takes its base-256 sizes (members over 8 GiB) but not pax headers.
+    """
+    members: list[tuple[str, list[Piece]]] = [(PERFETTO_MANIFEST, [_perfetto_manifest(results, meta)])]
+    for r in results:
+        rank_meta = {**meta, "ranks": {str(r.rank): meta["ranks"][str(r.rank)]}}
+        body: list[Piece] = [(r.part_path, r.part_bytes)] if r.part_bytes else []
+        members.append((archive_member(r.rank), [_json_head(base_out, rank_meta, [r.head]), *body, _FOOT]))
+    pieces: list[Piece] = []
+    pending = b""
+    offset = 0
+    for name, parts in members:
+        info = tarfile.TarInfo(name)
+        info.size = sum(len(p) if isinstance(p, bytes) else p[1] for p in parts)
+        info.mtime, info.mode = 0, 0o644  # uid and gid 0, no user names: TarInfo's defaults
+        pending += info.tobuf(tarfile.GNU_FORMAT, "utf-8", "strict")
+        for p in parts:
+            if isinstance(p, bytes):
+                pending += p
+            else:
+                pieces += [pending, p]
+                pending = b""
+        pad = -info.size % tarfile.BLOCKSIZE
+        pending += bytes(pad)
+        offset += tarfile.BLOCKSIZE + info.size + pad
+    end = 2 * tarfile.BLOCKSIZE  # two zero blocks, then zeros up to a whole record, as tar ends an archive
+    pieces.append(pending + bytes(end + (-(offset + end)) % tarfile.RECORDSIZE))
+    return pieces
 
 
 def _clock_offsets(c: Client, chosen: list[tuple[int, RankHeader]], so: dict[str, Any],

@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal, InvalidOperation
+from collections.abc import Iterable
 from typing import Any, Callable, Literal
 
 __all__ = [
@@ -14,6 +15,7 @@ __all__ = [
     "RankHeader",
     "RankResult",
     "RankSet",
+    "rank_subset",
     "RankTask",
     "parse_steps",
     "parse_window",
@@ -51,6 +53,16 @@ class RankSet:
         return isinstance(rank, int) and any(
             lo <= rank <= hi and (rank - lo) % step == 0 for lo, hi, step in self.parts
         )
+
+
+def rank_subset(ranks: str | Iterable[int] | None) -> RankSet | set[int] | None:
+    """The ranks to keep: a spec such as ``"0-63:8,100"``, an iterable of ints, or None for all.
+
+    Raises ``ValueError`` with the accepted syntax on a bad spec.
+    """
+    if ranks is None:
+        return None
+    return RankSet.parse(ranks) if isinstance(ranks, str) else set(ranks)
 
 
 def parse_steps(spec: str) -> tuple[int, int]:
@@ -141,7 +153,6 @@ class RankTask:
     path: str
     base: int
     base_out: int
-    part_path: str
     options: MergeOptions
     window_abs_ns: tuple[int, int] | None = None
     compress: bool = False
@@ -158,7 +169,7 @@ class RankResult:
     events_out: int
     bytes_in: int
     part_bytes: int
-    part_path: str
+    part_path: str  # the file of its task's partitions, which it shares with the other ranks of the task
     head: bytes = b""  # the rank's process metadata events, which go into the output's header
     warnings: list[str] = field(default_factory=list)
 

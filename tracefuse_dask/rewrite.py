@@ -22,11 +22,16 @@ __all__ = [
     "SLOTS_PER_RANK",
     "MAX_RANK",
     "RankEvents",
+    "IdMap",
     "fmt_us",
     "is_device_event",
+    "is_gpu_label",
     "out_pid",
     "to_ns",
     "map_tid",
+    "order_slots",
+    "pid_maps",
+    "process_metadata",
 ]
 
 PID_BASE = 1 << 22
@@ -95,6 +100,12 @@ def is_device_event(ev: dict[str, Any]) -> bool:
         return False
     cat = cat.lower()
     return cat in _DEVICE_CATS or cat.startswith("gpu_")
+
+
+def is_gpu_label(name: Any, args: Any) -> bool:
+    """True for a process M event that names or labels its pid as a GPU (``"GPU 0"``)."""
+    label = next(iter(args.values()), "") if type(args) is dict else ""
+    return name in ("process_labels", "process_name") and type(label) is str and label.startswith("GPU")
 
 
 def _is_comm(ev: dict[str, Any], dev: bool) -> bool:
@@ -194,10 +205,7 @@ class RankEvents:
             if type(pid) is str or pid < 0:
                 other.add(pid)
             elif ph == "M":  # a pid named, labelled or with named threads but no events still has a slot
-                args = ev.get("args")
-                label = next(iter(args.values()), "") if type(args) is dict else ""
-                is_gpu = ev.get("name") in ("process_labels", "process_name") and type(label) is str
-                labelled[pid] = labelled.get(pid, False) or (is_gpu and label.startswith("GPU"))
+                labelled[pid] = labelled.get(pid, False) or is_gpu_label(ev.get("name"), ev.get("args"))
             if ph == "M":
                 continue
             if ph in _FLOW_PH:
@@ -346,21 +354,14 @@ class RankEvents:
         if not 0 <= rank <= MAX_RANK:
             raise MergeError(f"{self.who}: rank {rank} is outside 0..{MAX_RANK}, the range the pid layout holds")
         events, keep, dev = self.events, self.keep, self.dev
-        slots = self._slots()
-        host_map: dict[Any, int] = {}
-        dev_map: dict[Any, int] = {}
-        for j, (kind, pid) in enumerate(slots):
-            (dev_map if kind == "d" else host_map)[pid] = out_pid(rank, j)
-        for pid, new in list(host_map.items()):
-            dev_map.setdefault(pid, new)
-        for pid, new in dev_map.items():
-            host_map.setdefault(pid, new)
+        slots = order_slots(*self._pids, self.who)
+        host_map, dev_map = pid_maps(rank, slots)
         dev_tids = self._dev_tids
         shift = self.base - base_out
         exact = _EXACT_NS
-        id_map = _IdMap(rank, (ev["id"] for i, ev in enumerate(events) if keep[i] and "id" in ev))
+        id_map = IdMap(rank, (ev["id"] for i, ev in enumerate(events) if keep[i] and "id" in ev))
         field_maps = (
-            {f: _IdMap(rank, (ev["args"][f] for i, ev in enumerate(events) if keep[i]
+            {f: IdMap(rank, (ev["args"][f] for i, ev in enumerate(events) if keep[i]
                               and type(ev.get("args")) is dict and type(ev["args"].get(f)) in (int, str)))
              for f in _ID_FIELDS}
             if self.options.rewrite_ids
@@ -420,16 +421,7 @@ class RankEvents:
                             args[f + "_raw"] = v
                             args[f] = m[v]
             body.append(ev)
-        shown = range(len(slots)) if self.options.keep_empty_processes else sorted(
-            j for j in range(len(slots)) if out_pid(rank, j) in used)
-        head: list[Any] = []
-        for j in shown:
-            pid = out_pid(rank, j)
-            head.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-                         "args": {"name": _process_name(rank, slots[j])}})
-            head.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
-                         "args": {"sort_index": rank * SLOTS_PER_RANK + j}})
-        shown_pids = {out_pid(rank, j) for j in shown}
+        head, shown_pids = process_metadata(rank, slots, used, self.options.keep_empty_processes)
         return head, [ev for ev in threads if ev["pid"] in shown_pids] + body
 
     def _early(self, i: int, ev: dict[str, Any], ns: int) -> MergeError:
@@ -439,17 +431,55 @@ class RankEvents:
             "to its baseTimeNanoseconds"
         )
 
-    def _slots(self) -> list[tuple[str, Any]]:
-        """Distinct pids sorted host, device, string, negative; a pid with both kinds splits."""
-        host, device, other = self._pids
-        strings = sorted(p for p in other if type(p) is str)
-        negative = sorted((p for p in other if type(p) is int), reverse=True)
-        slots = ([("h", p) for p in sorted(host)] + [("d", p) for p in sorted(device)]
-                 + [("s", p) for p in strings] + [("n", p) for p in negative])
-        if len(slots) > SLOTS_PER_RANK:
-            raise MergeError(f"{self.who}: {len(slots)} distinct processes, more than the {SLOTS_PER_RANK} "
-                             "a rank can hold; is this a merged trace or several jobs in one file?")
-        return slots
+def order_slots(host: set[int], device: set[int], other: set[Any], who: str) -> list[tuple[str, Any]]:
+    """A rank's distinct pids as slots: host, device, string, negative; a pid with both kinds splits.
+
+    Raises
+    ------
+    MergeError
+        When the rank has more than ``SLOTS_PER_RANK`` processes.
+    """
+    strings = sorted(p for p in other if type(p) is str)
+    negative = sorted((p for p in other if type(p) is int), reverse=True)
+    slots = ([("h", p) for p in sorted(host)] + [("d", p) for p in sorted(device)]
+             + [("s", p) for p in strings] + [("n", p) for p in negative])
+    if len(slots) > SLOTS_PER_RANK:
+        raise MergeError(f"{who}: {len(slots)} distinct processes, more than the {SLOTS_PER_RANK} "
+                         "a rank can hold; is this a merged trace or several jobs in one file?")
+    return slots
+
+
+def pid_maps(rank: int, slots: list[tuple[str, Any]]) -> tuple[dict[Any, int], dict[Any, int]]:
+    """The merged pid of each input pid, for host events and for device events.
+
+    The two differ only for a pid that carries both kinds, which has a slot of each.
+    """
+    host_map: dict[Any, int] = {}
+    dev_map: dict[Any, int] = {}
+    for j, (kind, pid) in enumerate(slots):
+        (dev_map if kind == "d" else host_map)[pid] = out_pid(rank, j)
+    for pid, new in list(host_map.items()):
+        dev_map.setdefault(pid, new)
+    for pid, new in dev_map.items():
+        host_map.setdefault(pid, new)
+    return host_map, dev_map
+
+
+def process_metadata(rank: int, slots: list[tuple[str, Any]], used: set[int],
+                     keep_empty: bool) -> tuple[list[dict[str, Any]], set[int]]:
+    """The rank's ``process_name`` and ``process_sort_index`` events, and the pids they show.
+
+    A slot is shown when one of its events is kept, or always with ``keep_empty``.
+    """
+    shown = range(len(slots)) if keep_empty else sorted(j for j in range(len(slots)) if out_pid(rank, j) in used)
+    head: list[dict[str, Any]] = []
+    for j in shown:
+        pid = out_pid(rank, j)
+        head.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                     "args": {"name": _process_name(rank, slots[j])}})
+        head.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
+                     "args": {"sort_index": rank * SLOTS_PER_RANK + j}})
+    return head, {out_pid(rank, j) for j in shown}
 
 
 def _process_name(rank: int, slot: tuple[str, Any]) -> str:
@@ -463,7 +493,7 @@ def _process_name(rank: int, slot: tuple[str, Any]) -> str:
     return f"rank {rank} · CPU overhead" if pid == -1 else f"rank {rank} · pid {pid}"
 
 
-class _IdMap:
+class IdMap:
     """``(rank << 32) | id`` when every id of the rank is an int below 2**32, else a dense remap."""
 
     def __init__(self, rank: int, ids: Any) -> None:

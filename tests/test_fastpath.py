@@ -1,0 +1,160 @@
+"""The msgspec fast path gives exactly the events of the general path, or steps aside."""
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+from decimal import Decimal
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import BASE, SHARED, make_trace, shared
+from test_properties import QUARTER, SEEDS, mutate, rank_events, seed
+from tracefuse_dask.errors import TraceFuseError
+from tracefuse_dask.fastpath import handles, rewrite_fast
+from tracefuse_dask.model import MergeOptions
+from tracefuse_dask.rewrite import RankEvents
+
+TRACE_FILES = sorted(str(p.relative_to(SHARED)) for p in SHARED.glob("**/*.json*")
+                     if p.name != "generation_info.json") if SHARED.is_dir() else []
+OPTIONS = [pytest.param(MergeOptions(), id="default"),
+           pytest.param(MergeOptions(include_pyfunc=True, keep_empty_processes=True), id="pyfunc-empty")]
+
+
+def exact(text: bytes) -> Any:
+    """Parsed JSON with ts and dur as exact integer ns, read from the text itself."""
+    events = json.loads(text, parse_float=Decimal)
+    for e in events:
+        for key in ("ts", "dur"):
+            if key in e:
+                e[key] = int(Decimal(e[key]) * 1000)
+    return events
+
+
+def general(data: bytes, rank: int, base: int, base_out: int, opts: MergeOptions) -> tuple[Any, Any]:
+    head, body = RankEvents(orjson.loads(data)["traceEvents"], base, opts, "f (rank 0)").rewrite(rank, base_out)
+    return exact(orjson.dumps(head)), exact(orjson.dumps(body))
+
+
+def fast(data: bytes, rank: int, base: int, base_out: int, opts: MergeOptions) -> tuple[Any, Any] | None:
+    got = rewrite_fast(data, rank, base, base_out, opts, "f (rank 0)")
+    if got is None:
+        return None
+    head, body, n_in, n_out = got
+    head, body = exact(head), exact(body)
+    assert n_in == len(json.loads(data)["traceEvents"]) and n_out == len(head) + len(body)
+    return head, body
+
+
+def text(path: str) -> bytes:
+    raw = shared(*path.split("/")).read_bytes()
+    return gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
+
+
+@pytest.mark.parametrize("opts", OPTIONS)
+@pytest.mark.parametrize("shift", [0, QUARTER], ids=["same-base", "later-base"])
+@pytest.mark.parametrize("path", TRACE_FILES)
+def test_fast_path_equals_general_path_on_every_shared_trace(path, shift, opts):
+    data = text(path)
+    base = orjson.loads(data).get("baseTimeNanoseconds")
+    got = fast(data, 3, (base or 0) + shift, base or 0, opts)
+    assert got is not None, "a real trace fell back to the general path"
+    assert got == general(data, 3, (base or 0) + shift, base or 0, opts)
+
+
+def doc_with(*events: dict[str, Any]) -> bytes:
+    x = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 7, "tid": 7, "ts": 10.5, "dur": 2.25,
+         "args": {"External id": 1}}
+    return orjson.dumps(make_trace(0, [x, *events]))
+
+
+EV = {"ph": "X", "cat": "cpu_op", "name": "a", "pid": 7, "tid": 7, "ts": 11.0, "dur": 1.0}
+
+
+@pytest.mark.parametrize("data", [
+    pytest.param(doc_with(dict(EV, args={"rank": 9, "x": 1})), id="args-with-rank"),
+    pytest.param(doc_with(dict(EV, args={"name": "rank"})), id="rank-as-a-value"),
+    pytest.param(doc_with(dict(EV, args={})), id="empty-args"),
+    pytest.param(doc_with(dict(EV, args=None)), id="null-args"),
+    pytest.param(doc_with(dict(EV, args=[1, 2])), id="list-args"),
+    pytest.param(doc_with(dict(EV, args="x")), id="string-args"),
+    pytest.param(doc_with(dict(EV, args={"name": "caf\u00e9 \u00b7"})), id="non-ascii-args"),
+    pytest.param(doc_with(dict(EV, tid="stream 7")), id="string-tid"),
+    pytest.param(doc_with(dict(EV, pid=-1), dict(EV, pid="Spans")), id="overhead-and-string-pids"),
+    pytest.param(doc_with({"ph": "i", "s": "g", "name": "i", "pid": "Traces", "tid": 1, "ts": 12.0}),
+                 id="global-instant"),
+    pytest.param(doc_with({"ph": "M", "name": "thread_name", "pid": 7, "tid": 7, "ts": 0, "args": {"name": "a"}},
+                          {"ph": "M", "name": "thread_name", "pid": 7, "tid": 7, "ts": 0, "args": {"name": "b"}}),
+                 id="duplicate-thread-name"),
+    pytest.param(doc_with(dict(EV, ph="s", id=2**40, cat="fwdbwd"), dict(EV, ph="f", id=2**40, cat="fwdbwd")),
+                 id="flow-id-beyond-32-bits"),
+    pytest.param(orjson.dumps(make_trace(0, [dict(EV, ts=1682725897226747)], base=None)), id="absolute-int-ts"),
+])
+@pytest.mark.parametrize("shift", [0, 5_000_123, 2**44 * 1000], ids=["same-base", "later-base", "past-2-43-us"])
+def test_fast_path_equals_general_path_on_odd_events(data, shift):
+    assert fast(data, 2, BASE + shift, BASE, MergeOptions()) == general(data, 2, BASE + shift, BASE, MergeOptions())
+
+
+@pytest.mark.parametrize("data, base, base_out", [
+    pytest.param(doc_with(dict(EV, color="red")), BASE, BASE, id="unknown-field"),
+    pytest.param(doc_with(dict(EV, tid=None)), BASE, BASE, id="null-tid"),
+    pytest.param(doc_with(dict(EV, ts="12.5")), BASE, BASE, id="string-ts"),
+    pytest.param(doc_with({k: v for k, v in EV.items() if k != "ts"}), BASE, BASE, id="no-ts"),
+    pytest.param(doc_with(dict(EV, ts=-1.0)), BASE, BASE, id="negative-ts"),
+    pytest.param(doc_with(dict(EV, dur=-1.0)), BASE, BASE, id="negative-dur"),
+    pytest.param(doc_with(dict(EV, name=5)), BASE, BASE, id="int-name"),
+    pytest.param(doc_with(dict(EV, args={"x": "MARK"})).replace(b"MARK", b"\xff"), BASE, BASE,
+                 id="non-utf8-in-args"),
+    pytest.param(doc_with(dict(EV, pid=3), dict(EV, pid=3, cat="kernel"), dict(EV, ph="s", id=1, pid=3, cat="ac2g")),
+                 BASE, BASE, id="flow-on-a-pid-with-host-and-device-events"),
+    pytest.param(doc_with(), BASE, BASE + 11_000, id="lands-before-the-base"),
+    pytest.param(b'{"traceEvents": [', BASE, BASE, id="truncated"),
+    pytest.param(b'{"traceEvents": {}}', BASE, BASE, id="events-not-a-list"),
+])
+def test_fast_path_steps_aside_for_what_the_general_path_handles(data, base, base_out):
+    assert rewrite_fast(data, 0, base, base_out, MergeOptions(), "f (rank 0)") is None
+
+
+@pytest.mark.parametrize("opts, window, ok", [
+    (MergeOptions(), None, True),
+    (MergeOptions(include_pyfunc=True, keep_empty_processes=True), None, True),
+    (MergeOptions(keep=frozenset({"gpu"})), None, False),
+    (MergeOptions(steps=(1, 2)), None, False),
+    (MergeOptions(filter_fn=bool), None, False),
+    (MergeOptions(rewrite_ids=True), None, False),
+    (MergeOptions(), (0, 10), False),
+])
+def test_fast_path_handles_only_unfiltered_merges(opts, window, ok):
+    assert handles(opts, window) is ok
+
+
+@settings(max_examples=150, deadline=None)
+@given(events=rank_events(), rank=st.integers(0, 5000), shift=st.sampled_from([0, 1, QUARTER]),
+       include_pyfunc=st.booleans())
+def test_fast_path_equals_general_path_on_generated_ranks(events, rank, shift, include_pyfunc):
+    data = orjson.dumps({"traceEvents": events})
+    opts = MergeOptions(include_pyfunc=include_pyfunc)
+    got = fast(data, rank, BASE + shift, BASE, opts)
+    if got is not None:
+        assert got == general(data, rank, BASE + shift, BASE, opts)
+
+
+@settings(max_examples=200, deadline=None, report_multiple_bugs=False)
+@given(data=st.data(), name=st.sampled_from(SEEDS))
+def test_fast_path_on_mutated_real_traces_agrees_or_steps_aside(data, name):
+    buf, _ = mutate(data, seed(name))
+    try:
+        got = fast(buf, 1, BASE, BASE, MergeOptions())
+    except TraceFuseError:
+        got = None
+    if got is None:
+        return
+    try:
+        want = general(copy.copy(buf), 1, BASE, BASE, MergeOptions())
+    except (TraceFuseError, orjson.JSONDecodeError):
+        return  # values the general parser cannot hold (integers beyond 64 bits inside args) pass as text
+    assert got == want

@@ -1,0 +1,259 @@
+"""The fast path of the per-rank rewrite: msgspec structs, ``args`` kept as raw JSON text.
+
+Parsing every event into a dict (and its ``args`` into another) is most of the
+cost of a merge. Here events decode into slotted structs that the garbage
+collector does not track, and each ``args`` object stays the exact text of the
+input: only ``"rank":N`` is spliced in. The rules are those of ``rewrite.py``,
+whose helpers this module shares.
+
+The fast path takes only what it can rewrite exactly as the general path does:
+the default filters (``include_pyfunc`` and ``keep_empty_processes`` aside) and
+well-formed events with no field beyond Kineto's. For anything else
+``rewrite_fast`` returns None and the caller runs the general path, which also
+gives the error messages. Which path runs depends only on the input and the
+options, so the output stays deterministic.
+"""
+from __future__ import annotations
+
+from operator import attrgetter
+from typing import Annotated, Any
+
+import msgspec
+import orjson
+from msgspec import UNSET, Meta, Raw, Struct, UnsetType
+
+from .errors import MergeError
+from .model import MergeOptions
+from .rewrite import (
+    _EXACT_NS,
+    _FLOW_PH,
+    _MAX_US,
+    _PROCESS_M,
+    _U32,
+    MAX_RANK,
+    IdMap,
+    is_device_event,
+    is_gpu_label,
+    map_tid,
+    order_slots,
+    pid_maps,
+    process_metadata,
+    to_ns,
+)
+
+__all__ = ["handles", "rewrite_fast"]
+
+_Time = Annotated[int, Meta(gt=-_MAX_US, lt=_MAX_US)] | Annotated[float, Meta(gt=-_MAX_US, lt=_MAX_US)]
+_Dur = Annotated[int, Meta(ge=0, lt=_MAX_US)] | Annotated[float, Meta(ge=0, lt=_MAX_US)]
+
+
+class _Event(Struct, kw_only=True, gc=False, forbid_unknown_fields=True, omit_defaults=True):
+    """One Kineto event; any other field, a missing ``ts`` or a wrong type sends the rank to the general path."""
+
+    ph: str
+    cat: str | UnsetType = UNSET
+    name: str | UnsetType = UNSET
+    pid: int | str
+    tid: int | str | UnsetType = UNSET
+    ts: _Time
+    dur: _Dur | UnsetType = UNSET
+    id: int | str | UnsetType = UNSET
+    bp: str | UnsetType = UNSET
+    s: str | UnsetType = UNSET
+    args: Raw | UnsetType = UNSET
+
+
+class _Trace(Struct, gc=False):
+    traceEvents: list[_Event]
+
+
+_decoder = msgspec.json.Decoder(_Trace)
+_encoder = msgspec.json.Encoder()
+_PH_PID_TID_CAT = attrgetter("ph", "pid", "tid", "cat")
+_PID, _TID, _TS, _ID = attrgetter("pid"), attrgetter("tid"), attrgetter("ts"), attrgetter("id")
+
+
+def handles(options: MergeOptions, window_abs_ns: tuple[int, int] | None) -> bool:
+    """True when ``options`` keep every event but ``python_function`` ones: what the fast path does."""
+    return not (options.keep or options.steps or options.filter_fn or options.rewrite_ids
+                or window_abs_ns is not None)
+
+
+def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: MergeOptions,
+                 who: str) -> tuple[bytes, bytes, int, int] | None:
+    """Rewrite one rank's trace text as ``RankEvents.rewrite`` would, or None to use the general path.
+
+    Parameters
+    ----------
+    data
+        The rank's whole trace, uncompressed.
+    rank, base, base_out
+        The rank, its ``baseTimeNanoseconds`` (0 without one) and the merged base time.
+    options
+        Merge options for which ``handles`` is true.
+    who
+        ``"<path> (rank N)"``, for error messages.
+
+    Returns
+    -------
+    tuple or None
+        ``(head, body, events_in, events_out)``: the process metadata events and
+        the other events, each as JSON array text; None when the input needs the
+        general path (a decoding or validation failure, an odd field, a time
+        that needs the general path's checks or formatting).
+
+    Raises
+    ------
+    MergeError
+        When the rank is out of range or has more than 64 processes, as the general path does.
+    """
+    if not 0 <= rank <= MAX_RANK:
+        raise MergeError(f"{who}: rank {rank} is outside 0..{MAX_RANK}, the range the pid layout holds")
+    if not data.isascii():
+        try:
+            data.decode()  # raw args are not checked by the decoder
+        except UnicodeDecodeError:
+            return None
+    try:
+        events = _decoder.decode(data).traceEvents
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    n_in = len(events)
+    if not options.include_pyfunc:
+        events = [e for e in events if e.cat != "python_function"]
+    metas = [e for e in events if e.ph == "M"]
+    if metas:
+        events = [e for e in events if e.ph != "M"]
+    flows = [e for e in events if e.ph in _FLOW_PH]
+
+    host: set[int] = set()
+    device: set[int] = set()
+    other: set[Any] = set()
+    dev_tids: set[tuple[Any, Any]] = set()
+    cat_dev: dict[Any, bool] = {}
+    for ph, pid, tid, cat in set(map(_PH_PID_TID_CAT, events)):
+        if ph in _FLOW_PH:
+            continue
+        is_dev = cat_dev.get(cat)
+        if is_dev is None:
+            is_dev = cat_dev[cat] = cat is not UNSET and is_device_event({"cat": cat})
+        if type(pid) is str or pid < 0:
+            other.add(pid)
+        elif is_dev:
+            device.add(pid)
+            dev_tids.add((pid, tid))
+        else:
+            host.add(pid)
+    labelled: dict[int, bool] = {}
+    for e in metas:
+        if type(e.pid) is str or e.pid < 0:
+            other.add(e.pid)
+        else:
+            try:
+                args = orjson.loads(bytes(e.args)) if e.args is not UNSET else None
+            except orjson.JSONDecodeError:
+                return None
+            labelled[e.pid] = labelled.get(e.pid, False) or is_gpu_label(e.name, args)
+    for pid, is_gpu in labelled.items():
+        if pid not in host and pid not in device:
+            (device if is_gpu else host).add(pid)
+    for pid in set(map(_PID, flows)):  # a pid that carries only flow events still needs a process
+        if type(pid) is str or pid < 0:
+            other.add(pid)
+        elif pid not in host and pid not in device:
+            host.add(pid)
+        elif pid in host and pid in device:
+            return None  # the flow's process is that of the event it is anchored to: the general path links them
+    slots = order_slots(host, device, other, who)
+    host_map, dev_map = pid_maps(rank, slots)
+
+    pid_map = host_map if host_map == dev_map else None  # None: a pid carries both host and device events
+    if pid_map is None:
+        by_cat = {cat: dev_map if is_dev else host_map for cat, is_dev in cat_dev.items()}
+        for e in events:
+            e.pid = host_map[e.pid] if e.ph in _FLOW_PH else by_cat[e.cat][e.pid]
+    for e in metas:
+        e.pid = (dev_map if (e.pid, e.tid) in dev_tids else host_map)[e.pid]
+    head, shown = process_metadata(rank, slots, set(map(_PID, events)) if pid_map is None else
+                                   {pid_map[p] for p in set(map(_PID, events))}, options.keep_empty_processes)
+
+    if any(type(t) is not int or not 0 <= t <= _U32 for t in set(map(_TID, events)) | set(map(_TID, metas))
+           if t is not UNSET):
+        for group in (metas, events):
+            for e in group:
+                t = e.tid
+                if t is not UNSET and (type(t) is not int or not 0 <= t <= _U32):
+                    e.tid = map_tid(t)
+    shift = base - base_out
+    for group in (metas, events):
+        if shift:
+            for e in group:
+                out = to_ns(e.ts) + shift
+                if out < 0:
+                    return None  # the general path says which event and why
+                e.ts = out / 1000 if out < _EXACT_NS else Raw(b"%d.%03d" % divmod(out, 1000))
+        elif group and min(map(_TS, group)) < 0:
+            return None
+    ids = (set(map(_ID, events)) | set(map(_ID, metas))) - {UNSET}
+    id_map = IdMap(rank, ids) if ids else None
+    for e in metas:
+        if e.id is not UNSET:
+            e.id = id_map[e.id]  # type: ignore[index]
+
+    threads = []
+    named: set[tuple[int, Any]] = set()
+    for e in metas:
+        if e.name in _PROCESS_M or e.pid not in shown:
+            continue
+        if e.name == "thread_name":
+            if (e.pid, e.tid) in named:
+                continue
+            named.add((e.pid, e.tid))
+        threads.append(e)
+    ranked = data.find(b'"rank"', data.find(b'"traceEvents"')) >= 0
+    if not _rewrite_events(events, rank, pid_map, id_map, ranked):
+        return None
+    body = threads + events
+    return orjson.dumps(head), _encoder.encode(body), n_in, len(head) + len(body)
+
+
+def _rewrite_events(events: list[_Event], rank: int, pid_map: dict[Any, int] | None, id_map: IdMap | None,
+                    ranked: bool) -> bool:
+    """One pass over the non-metadata events: pids, ids, global instants and ``args.rank``.
+
+    ``pid_map`` is None when the pids were mapped already. ``args`` get ``"rank": rank``
+    spliced into their raw text; ``ranked`` says that ``"rank"`` occurs in the events'
+    text, so an args object may hold it already. Returns False when the general path must run.
+    """
+    only = Raw(b'{"rank":%d}' % rank)
+    first = b'{"rank":%d,' % rank
+    high = id_map.high if id_map is not None else 0
+    dense = id_map.dense if id_map is not None else None
+    for e in events:
+        if pid_map is not None:
+            e.pid = pid_map[e.pid]
+        i = e.id
+        if i is not UNSET:
+            e.id = high | (i if dense is None else dense[i])
+        if e.s == "g" and (e.ph == "i" or e.ph == "I"):
+            e.s = "p"
+        a = e.args
+        if a is UNSET:
+            e.args = only
+            continue
+        text = bytes(a)
+        if text[0] != 123:  # not an object: null gets the rank alone, other values stay as they are
+            if text == b"null":
+                e.args = only
+        elif b'"' not in text:  # {} (a key would need a quote)
+            e.args = only
+        elif ranked and b'"rank"' in text:  # a rank already (or the word in a value): set it exactly
+            try:
+                args = orjson.loads(text)
+            except orjson.JSONDecodeError:
+                return False
+            args["rank"] = rank
+            e.args = Raw(orjson.dumps(args))
+        else:
+            e.args = Raw(first + text[1:])
+    return True
