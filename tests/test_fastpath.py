@@ -78,6 +78,8 @@ EV = {"ph": "X", "cat": "cpu_op", "name": "a", "pid": 7, "tid": 7, "ts": 11.0, "
 @pytest.mark.parametrize("data", [
     pytest.param(doc_with(dict(EV, args={"rank": 9, "x": 1})), id="args-with-rank"),
     pytest.param(doc_with(dict(EV, args={"name": "rank"})), id="rank-as-a-value"),
+    pytest.param(doc_with(dict(EV, args={"x": 1, "RANK": 7})).replace(b'"RANK"', b'"r\\u0061nk"'),
+                 id="escaped-rank-key"),
     pytest.param(doc_with(dict(EV, args={})), id="empty-args"),
     pytest.param(doc_with(dict(EV, args=None)), id="null-args"),
     pytest.param(doc_with(dict(EV, args=[1, 2])), id="list-args"),
