@@ -80,7 +80,7 @@ def handles(options: MergeOptions, window_abs_ns: tuple[int, int] | None) -> boo
 
 
 def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: MergeOptions,
-                 who: str) -> tuple[bytes, bytes, int, int] | None:
+                 who: str) -> tuple[bytes, bytearray, int, int] | None:
     """Rewrite one rank's trace text as ``RankEvents.rewrite`` would, or None to use the general path.
 
     Parameters
@@ -98,7 +98,8 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
     -------
     tuple or None
         ``(head, body, events_in, events_out)``: the process metadata events and
-        the other events, each as JSON array text; None when the input needs the
+        the other events, each as JSON array text (``body`` in a bytearray, which the
+        caller may change in place); None when the input needs the
         general path (a decoding or validation failure, an odd field, a time
         that needs the general path's checks or formatting).
 
@@ -215,7 +216,9 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
     if not _rewrite_events(events, rank, pid_map, id_map, ranked):
         return None
     body = threads + events
-    return orjson.dumps(head), _encoder.encode(body), n_in, len(head) + len(body)
+    text = bytearray()
+    _encoder.encode_into(body, text)
+    return orjson.dumps(head), text, n_in, len(head) + len(body)
 
 
 def _rewrite_events(events: list[_Event], rank: int, pid_map: dict[Any, int] | None, id_map: IdMap | None,

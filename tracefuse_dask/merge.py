@@ -277,13 +277,22 @@ def _rewrite_rank(task: RankTask, storage_options: Mapping[str, Any] | None) -> 
         head_json, body_json = orjson.dumps(head), orjson.dumps(body)
         n_out = len(head) + len(body)
         del head, body
-    # Every partition carries its own leading separator, so partitions join as plain bytes.
-    data = _SEP + body_json[1:-1] if len(body_json) > 2 else b""
+    data = _partition(body_json)
     del body_json
     if task.compress and data:
         data = gzip_member(data)
     return RankResult(task.rank, task.path, n_in, n_out, nbytes, len(data), "", head_json[1:-1],
                       [note] if note else []), data
+
+
+def _partition(events: bytes | bytearray) -> bytes | bytearray:
+    """A JSON array's events as a partition: after a separator, so that partitions join as plain bytes."""
+    if len(events) <= 2:
+        return b""
+    part = events if isinstance(events, bytearray) else bytearray(events)
+    part[:1] = _SEP  # "[" (a bytearray shifts its bytes in place: no copy of the events)
+    part[-1:] = b"\n"  # "]"
+    return part
 
 
 @contextlib.contextmanager
@@ -763,8 +772,8 @@ def _run(c: Client, files: list[InputFile], skipped_names: list[str], out: str, 
         raise MergeError("every rank failed; see the reasons above, fix or re-export the traces")
     results: list[RankResult] = [res for _, res in done]
     log.info("rewrote %d ranks in %d tasks in %.2f s", len(results), len(runs), time.perf_counter() - t0)
-    for res in results:
-        warnings.extend(w for w in res.warnings if w not in warnings)
+    seen = set(warnings)
+    warnings.extend(dict.fromkeys(w for res in results for w in res.warnings if w not in seen))
     if sizes:
         (ws,) = sizes
         missing = sorted(set(range(ws)) - {r.rank for r in results} - {s["rank"] for s in skipped})
@@ -791,7 +800,7 @@ def _run(c: Client, files: list[InputFile], skipped_names: list[str], out: str, 
     }
     if align == "collectives":
         meta["clock_offsets_ns"] = {str(r): v for r, v in sorted(offsets.items())}
-    parts = _split_parts(out, results, [{tasks[k].rank for k in g} for g in split_groups])
+    parts = _split_parts(out, results, [tasks[g[-1]].rank for g in split_groups])
     t0 = time.perf_counter()
     futures.clear()
     if fmt == "perfetto-archive":
@@ -833,12 +842,17 @@ def _split_ranges(n: int, split: int) -> list[range]:
     return [range(a, b) for a, b in zip(bounds, bounds[1:])]
 
 
-def _split_parts(out: str, results: list[RankResult], groups: list[set[int]]) -> list[tuple[str, list[RankResult]]]:
-    """The output name and results of each part: one part, or the rank ``groups`` of ``--split``."""
-    if len(groups) == 1:
+def _split_parts(out: str, results: list[RankResult], lasts: list[int]) -> list[tuple[str, list[RankResult]]]:
+    """The output name and results of each part: one part, or those of ``--split`` that end at the ranks ``lasts``."""
+    if len(lasts) == 1:
         return [(out, results)]
     width = len(str(results[-1].rank))
-    parts = [[r for r in results if r.rank in g] for g in groups]
+    parts: list[list[RankResult]] = [[] for _ in lasts]
+    k = 0
+    for r in results:  # both in rank order
+        while r.rank > lasts[k]:
+            k += 1
+        parts[k].append(r)
     return [(split_name(out, p[0].rank, p[-1].rank, width), p) for p in parts if p]
 
 
