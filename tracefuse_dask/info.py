@@ -6,18 +6,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .io import DEFAULT_RANK_REGEX, check_document, expand_inputs, parse_json, paused_gc
-from .merge import connect
+from .merge import batches, connect
 from .model import InputFile
 from .rewrite import is_device_event, to_ns
 
 __all__ = ["describe_traces", "format_table"]
 
 _U32 = 1 << 32
-
-
-def _describe_rank(f: InputFile, storage_options: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    with paused_gc():
-        return _describe(f, storage_options)
 
 
 def _describe(f: InputFile, storage_options: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -89,6 +84,12 @@ def _describe(f: InputFile, storage_options: Mapping[str, Any] | None) -> dict[s
     }
 
 
+def _describe_ranks(files: list[InputFile], storage_options: Mapping[str, Any] | None) -> list[dict[str, Any] | None]:
+    """Task: describe several small files (or one big one)."""
+    with paused_gc():
+        return [_describe(f, storage_options) for f in files]
+
+
 def describe_traces(
     urlpath: str | Iterable[str] | Mapping[int, str],
     *,
@@ -112,7 +113,9 @@ def describe_traces(
     so = dict(storage_options or {})
     with connect(client, scheduler=scheduler, scheduler_file=scheduler_file, workers=workers,
                  timeout=timeout) as c:
-        described = c.gather(c.map(_describe_rank, files, storage_options=so, pure=False))
+        groups = [[files[i] for i in b] for b in batches([f.size for f in files])]
+        described = [d for group in c.gather(c.map(_describe_ranks, groups, storage_options=so, pure=False))
+                     for d in group]
     skipped += [f"{f.path} (not a per-rank trace)" for f, d in zip(files, described) if d is None]
     per_rank = [d for d in described if d is not None]
     per_rank.sort(key=lambda r: (r["rank"] is None, r["rank"] if r["rank"] is not None else 0, r["path"]))
