@@ -74,6 +74,7 @@ __all__ = ["connect", "merge_traces", "build_options"]
 log = logging.getLogger("tracefuse_dask")
 
 _BIG_OUTPUT = 1_500_000_000
+_RANK_META = ("distributedInfo", "deviceProperties", "host_name")  # per rank in the output's metadata
 BATCH_BYTES = 32 * 2**20  # ranks smaller than this share tasks up to this many input bytes
 BATCH_RANKS = 1024
 _SEP = b",\n"
@@ -686,10 +687,27 @@ def _read_headers(files: list[InputFile], storage_options: Mapping[str, Any] | N
     outcomes: list[tuple[RankHeader | None, BaseException | None]] = []
     for f in files:
         try:
-            outcomes.append((_read_header_rank(f, storage_options, earliest, repair), None))
+            outcomes.append((_slim(_read_header_rank(f, storage_options, earliest, repair)), None))
         except _SKIPPABLE as e:
             outcomes.append((None, e))
     return outcomes
+
+
+def _slim(h: RankHeader) -> RankHeader:
+    """Keep of the header only what the client reads; what the output's metadata holds goes as JSON text.
+
+    A job of 10,000 ranks has 10,000 headers of GPU properties and process groups: as
+    text they take a fraction of the client's memory that they take as objects.
+    """
+    try:
+        h.meta = orjson.dumps({k: h.header.get(k) for k in _RANK_META})
+    except TypeError as e:
+        raise TraceFormatError(f"{h.path}: a header value cannot be written as JSON ({e}); fix the header or "
+                               "drop this file") from None
+    info = h.header.get("distributedInfo")
+    h.header = {"distributedInfo": {k: info[k] for k in ("rank", "world_size") if k in info}} \
+        if isinstance(info, dict) else {}
+    return h
 
 
 def _run(c: Client, files: list[InputFile], skipped_names: list[str], out: str, tmp_dir: str,
@@ -786,13 +804,9 @@ def _run(c: Client, files: list[InputFile], skipped_names: list[str], out: str, 
         "base_time_ns": base_out,
         "options": {**options.describe(), "align": align},
         "ranks": {
-            str(res.rank): {
-                "source": sources[res.path],
-                "baseTimeNanoseconds": by_rank[res.rank].base,
-                "distributedInfo": by_rank[res.rank].header.get("distributedInfo"),
-                "deviceProperties": by_rank[res.rank].header.get("deviceProperties"),
-                "host_name": by_rank[res.rank].header.get("host_name"),
-            }
+            str(res.rank): orjson.Fragment(
+                orjson.dumps({"source": sources[res.path], "baseTimeNanoseconds": by_rank[res.rank].base})[:-1]
+                + b"," + by_rank[res.rank].meta[1:])
             for res in results
         },
         "skipped": [{"rank": sk["rank"], "source": sources[sk["path"]],

@@ -143,6 +143,7 @@ class RankHeader:
     earliest_kept_ns: int | None = None  # absolute, over kept events (only when asked)
     repair_note: str | None = None
     relative_times: bool = False  # repaired without a base, but its ts look relative to one
+    meta: bytes = b"{}"  # its distributedInfo, deviceProperties and host_name, as JSON
 
 
 @dataclass(frozen=True)
