@@ -23,9 +23,9 @@ from .io import (
     TMP_SUFFIX,
     TRACE_NAME,
     check_document,
+    decode_json,
     expand_inputs,
     options_for,
-    parse_json,
     paused_gc,
     rank_from_name,
     read_bytes,
@@ -33,11 +33,11 @@ from .io import (
     storage_errors,
 )
 from .merge import connect
-from .model import InputFile, RankSet, parse_steps
+from .model import InputFile, parse_steps, rank_subset
 from .collective_trace import CALL_COLUMNS as CT_COLUMNS
 from .collective_trace import looks_like_collective_trace, parse_collective_trace, summarize
 from .collectives import clock_offsets, instance_metrics, match_collectives, op_summary, straggler
-from .rank_analysis import TABLES, RankTables, analyze_rank, rows_for
+from .rank_analysis import TABLES, RankTables, analyze_events, analyze_rank, decode_trace, rows_for
 from .rewrite import PID_BASE, SLOTS_PER_RANK
 
 __all__ = ["Analysis", "analyze", "rank_stats"]
@@ -110,15 +110,24 @@ def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps
     if f.listed and not TRACE_NAME.search(f.path):
         return {"ignored": f"{f.path}: neither a trace nor a collective_trace log or CSV"}
     with paused_gc():
-        doc, _, _ = parse_json(f.path, storage_options, rank=f.rank_hint)
+        data, _ = read_bytes(f.path, storage_options)
+        trace = decode_trace(data)
+        if trace is not None and not _is_merged(trace.metadata):
+            header = {"distributedInfo": trace.distributedInfo, "host_name": trace.host_name}
+            rank, world_size, note = resolve_rank(f, header, rank_regex)
+            ranks = [analyze_events(trace.traceEvents, rank, f.path, steps, base=_base(trace.baseTimeNanoseconds),
+                                    header=header)] if subset is None or rank in subset else []
+            return {"ranks": ranks, "world_size": world_size, "notes": [note] if note else []}
+        del trace
+        doc, _, _ = decode_json(data, f.path, rank=f.rank_hint)
+        del data
         if f.listed and isinstance(doc, dict) and "traceEvents" not in doc:
             return {"ignored": f"{f.path}: a JSON file without traceEvents, not a trace"}
         check_document(doc, f.path)
         meta = doc.get("metadata")
         notes: list[str] = []
-        base = doc.get("baseTimeNanoseconds")
-        base = base if type(base) is int and base >= 0 else 0
-        if isinstance(meta, dict) and "tracefuse" in meta:
+        base = _base(doc.get("baseTimeNanoseconds"))
+        if _is_merged(meta):
             parts = _split_merged(doc["traceEvents"])
             world_size = None
             notes.append(f"{f.path}: a merged trace; analysed per rank ({len(parts)} ranks)")
@@ -133,6 +142,15 @@ def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps
         ranks = [analyze_rank(events, rank, f.path, steps, base=base, header=headers.get(rank))
                  for rank, events in sorted(parts.items()) if subset is None or rank in subset]
         return {"ranks": ranks, "world_size": world_size, "notes": notes}
+
+
+def _is_merged(metadata: Any) -> bool:
+    return isinstance(metadata, dict) and "tracefuse" in metadata
+
+
+def _base(value: Any) -> int:
+    """A file's ``baseTimeNanoseconds``, 0 when it has none."""
+    return value if type(value) is int and value >= 0 else 0
 
 
 def _collective_trace_calls(f: InputFile, storage_options: Mapping[str, Any] | None,
@@ -234,7 +252,7 @@ def analyze(
     if format not in ("parquet", "csv"):
         raise MergeError(f"format={format!r}; use 'parquet' or 'csv'")
     try:
-        subset = RankSet.parse(ranks) if isinstance(ranks, str) else (set(ranks) if ranks is not None else None)
+        subset = rank_subset(ranks)
         step_range = parse_steps(steps) if isinstance(steps, str) else steps
     except ValueError as e:
         raise MergeError(str(e)) from None
@@ -242,9 +260,7 @@ def analyze(
     if out_dir is not None:
         _check_out(out_dir, so, force)
     files, skipped_names = expand_inputs(urlpath, storage_options=storage_options, rank_regex=rank_regex,
-                                         names=_NAMES)
-    if subset is not None:
-        files = [f for f in files if f.hint_source not in ("key", "name") or f.rank_hint in subset]
+                                         names=_NAMES, subset=subset)
     with connect(client, scheduler=scheduler, scheduler_file=scheduler_file, workers=workers,
                  timeout=timeout) as c:
         futures = c.map(_analyze_file, files, storage_options=so, steps=step_range, subset=subset,

@@ -14,7 +14,8 @@ import numpy as np
 import orjson
 import pandas as pd
 
-__all__ = ["CALL_COLUMNS", "canonical_op", "clock_offsets", "match_collectives", "rank_collectives", "straggler"]
+__all__ = ["CALL_COLUMNS", "canonical_op", "clock_offsets", "is_call_name", "match_collectives", "rank_collectives",
+           "straggler"]
 
 _CALL_PREFIXES = ("c10d::", "record_param_comms", "nccl:", "rccl:", "gloo:")
 _COMM_KERNEL = re.compile(r"nccl|rccl", re.IGNORECASE)
@@ -48,9 +49,14 @@ def _dims_product(dims: Any) -> int | None:
     return None
 
 
-def rank_collectives(events: list[dict[str, Any]], order: list[int], parent: dict[int, int],
-                     start: dict[int, int], end: dict[int, int], gpu_launch: list[tuple[int, int, int, int, str]],
-                     steps: list[tuple[int, int, int]], base: int,
+def is_call_name(name: str) -> bool:
+    """True for the names of the events that make up a collective call."""
+    return name.startswith(_CALL_PREFIXES)
+
+
+def rank_collectives(names: list[str], tids: list[Any], args: list[Any], order: list[int], stop: list[int],
+                     members: list[int], start: list[int], end: list[int],
+                     gpu_launch: list[tuple[int, int, int, int, str]], steps: list[tuple[int, int, int]], base: int,
                      pg_config: Mapping[str, list[int]]) -> pd.DataFrame:
     """One rank's collective calls, one row each, times in absolute ns.
 
@@ -61,37 +67,38 @@ def rank_collectives(events: list[dict[str, Any]], order: list[int], parent: dic
 
     Parameters
     ----------
+    names, tids, args, start, end
+        Per event: its name, tid, ``args`` (the struct of ``rank_analysis``) and relative
+        start and end (ns).
+    order, stop
+        The call tree: the host event at each position (each thread's parents before
+        their children), and where each position's subtree ends (exclusive).
+    members
+        The positions, ascending, of the events whose name ``is_call_name``.
     gpu_launch
-        ``(launching host event, gpu start, gpu end, stream, name)`` per GPU event.
+        ``(position of the launching host event, gpu start, gpu end, stream, name)`` per GPU event.
     steps
         ``(step, start, end)`` of each ``ProfilerStep#N`` (relative ns).
     pg_config
         ``distributedInfo.pg_config`` as ``{pg_name: global ranks}``.
     """
-    is_call = {i for i in order if events[i].get("name", "").startswith(_CALL_PREFIXES)}
-    root: dict[int, int] = {}
-    for i in order:  # parents come first, so a root is known before its chain
-        p = parent.get(i)
-        r = root.get(p) if p is not None else None
-        if i in is_call:
-            root[i] = r if r is not None else i
-        elif r is not None:
-            root[i] = r
-    has_c10d = any(events[i]["name"].startswith("c10d::") for i in is_call)
-    calls: dict[int, dict[str, Any]] = {}
-    for i in order:
-        r = root.get(i)
-        if r is None or i not in is_call:
-            continue
+    root = [-1] * len(order)  # the outermost member holding each position
+    reach = 0
+    for k in members:
+        if k >= reach:
+            reach = stop[k]
+            root[k:reach] = [k] * (reach - k)
+    has_c10d = any(names[order[k]].startswith("c10d::") for k in members)
+    calls: dict[int, dict[str, Any]] = {}  # by the root's event
+    for k in members:
+        r = order[root[k]]
         if r not in calls:
-            if has_c10d and events[r]["name"].startswith("gloo:"):
+            if has_c10d and names[r].startswith("gloo:"):
                 continue
-            calls[r] = {"name": events[r]["name"], "tid": events[r].get("tid"), "cpu_start_ns": start[r] + base,
-                        "cpu_end_ns": end[r] + base}
-        if r in calls:
-            _gather(calls[r], events[i])
-    for j, s, e, stream, name in gpu_launch:
-        r = root.get(j)
+            calls[r] = {"name": names[r], "tid": tids[r], "cpu_start_ns": start[r] + base, "cpu_end_ns": end[r] + base}
+        _gather(calls[r], names[order[k]], args[order[k]])
+    for k, s, e, stream, name in gpu_launch:
+        r = order[root[k]] if root[k] >= 0 else -1
         if r in calls and _COMM_KERNEL.search(name):
             c = calls[r]
             c["gpu_start_ns"] = min(c.get("gpu_start_ns", s + base), s + base)
@@ -125,32 +132,30 @@ def rank_collectives(events: list[dict[str, Any]], order: list[int], parent: dic
     return df
 
 
-def _gather(call: dict[str, Any], ev: dict[str, Any]) -> None:
+def _gather(call: dict[str, Any], name: str, args: Any) -> None:
     """Take a chain member's args into its call; the first value seen wins."""
-    args = ev.get("args") if type(ev.get("args")) is dict else {}
-    name = ev["name"]
     if name.startswith(("c10d::", "nccl:", "rccl:", "gloo:")):
         call.setdefault("op_name", name)
     found = {
-        "collective": args.get("Collective name"),
-        "pg_name": args.get("Process Group Name"),
-        "pg_desc": args.get("Process Group Description"),
-        "group_ranks": args.get("Process Group Ranks"),
-        "group_size": args.get("Group size"),
-        "dtype": args.get("dtype"),
-        "in_nelems": args.get("In msg nelems"),
-        "out_nelems": args.get("Out msg nelems"),
-        "seq": args.get("Seq"),
-        "comms_id": args.get("Comms Id"),
+        "collective": args.collective,
+        "pg_name": args.pg_name,
+        "pg_desc": args.pg_desc,
+        "group_ranks": args.group_ranks,
+        "group_size": args.group_size,
+        "dtype": args.dtype,
+        "in_nelems": args.in_nelems,
+        "out_nelems": args.out_nelems,
+        "seq": args.seq,
+        "comms_id": args.comms_id,
     }
     for key, value in found.items():
         if value is not None and value != "" and key not in call:
             call[key] = str(value) if key in ("pg_name", "comms_id", "group_ranks") else value
-    dims = args.get("Input Dims")
+    dims = orjson.loads(memoryview(args.input_dims)) if args.input_dims else None  # raw JSON text, or UNSET
     if dims is not None and "input_dims" not in call and _dims_product(dims):
         call["input_dims"] = orjson.dumps(dims).decode()
         n = _dims_product(dims)
-        types = args.get("Input type")
+        types = orjson.loads(memoryview(args.input_types)) if args.input_types else None
         dtype = next((t for t in types if t and t not in ("Scalar", "TensorList")), None) if isinstance(
             types, list) else None
         call.setdefault("in_nelems", n)

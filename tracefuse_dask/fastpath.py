@@ -41,10 +41,11 @@ from .rewrite import (
     to_ns,
 )
 
-__all__ = ["handles", "rewrite_fast"]
+__all__ = ["Duration", "Micros", "handles", "rewrite_fast"]
 
-_Time = Annotated[int, Meta(gt=-_MAX_US, lt=_MAX_US)] | Annotated[float, Meta(gt=-_MAX_US, lt=_MAX_US)]
-_Dur = Annotated[int, Meta(ge=0, lt=_MAX_US)] | Annotated[float, Meta(ge=0, lt=_MAX_US)]
+# The times the general path accepts: µs within ±2**63 ns, durations not negative.
+Micros = Annotated[int, Meta(gt=-_MAX_US, lt=_MAX_US)] | Annotated[float, Meta(gt=-_MAX_US, lt=_MAX_US)]
+Duration = Annotated[int, Meta(ge=0, lt=_MAX_US)] | Annotated[float, Meta(ge=0, lt=_MAX_US)]
 
 
 class _Event(Struct, kw_only=True, gc=False, forbid_unknown_fields=True, omit_defaults=True):
@@ -55,8 +56,8 @@ class _Event(Struct, kw_only=True, gc=False, forbid_unknown_fields=True, omit_de
     name: str | UnsetType = UNSET
     pid: int | str
     tid: int | str | UnsetType = UNSET
-    ts: _Time
-    dur: _Dur | UnsetType = UNSET
+    ts: Micros
+    dur: Duration | UnsetType = UNSET
     id: int | str | UnsetType = UNSET
     bp: str | UnsetType = UNSET
     s: str | UnsetType = UNSET

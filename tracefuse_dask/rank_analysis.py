@@ -3,6 +3,11 @@
 One rank's events go in; small tables come out. The numbers follow
 HolisticTraceAnalysis's definitions where it has them (temporal breakdown,
 kernel breakdown, idle time breakdown), so that the two agree.
+
+A trace's text decodes straight into msgspec structs (``decode_trace``) whose
+types check what ``RankEvents`` checks and whose ``args`` hold only the keys
+read here. Columns come out in C-level passes, rules run once per distinct
+name, cat or pid, and subtree totals are prefix sums over the call tree's order.
 """
 from __future__ import annotations
 
@@ -10,23 +15,33 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
+import msgspec
 import numpy as np
 import orjson
 import pandas as pd
+from msgspec import UNSET, Raw, Struct, UnsetType
 
-from .collectives import rank_collectives
+from .collectives import is_call_name, rank_collectives
+from .fastpath import Duration, Micros
 from .model import MergeOptions
-from .rewrite import RankEvents, map_tid
+from .rewrite import RankEvents, is_device_event, map_tid, to_ns
 
-__all__ = ["RankTables", "analyze_rank", "kernel_category", "kernel_type", "union_length"]
+__all__ = ["RankTables", "Trace", "analyze_events", "analyze_rank", "decode_trace", "kernel_category", "kernel_type",
+           "union_length"]
 
 _STEP = re.compile(r"ProfilerStep#(\d+)$")
 # GPU activity: kernels, memcpy, memset, and the waits of a stream (cuda_sync "Stream Sync"/"Stream Wait
 # Event", which carry the stream they block), as HTA counts them; "Event/Context Sync" carry no stream.
 _GPU_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset", "cuda_sync": "sync"}
 _OP_CATS = frozenset({"cpu_op", "user_annotation"})
+_FLOW_OR_M = frozenset({"s", "t", "f", "M"})
+_ARG_KEYS = {"collective": "Collective name", "pg_name": "Process Group Name",
+             "pg_desc": "Process Group Description", "group_ranks": "Process Group Ranks", "group_size": "Group size",
+             "in_nelems": "In msg nelems", "out_nelems": "Out msg nelems", "seq": "Seq", "comms_id": "Comms Id",
+             "input_dims": "Input Dims", "input_types": "Input type"}
 _CATEGORY_RULES = [  # first match wins; names are lower-cased
     ("communication", re.compile(r"nccl|rccl|gloo|all_?reduce|all_?gather|reduce_?scatter|alltoall|broadcast")),
     ("memory", re.compile(r"^memcpy|^memset|memcpy|memset")),
@@ -111,26 +126,130 @@ class RankTables:
     pg_config: dict[str, list[int]] = field(default_factory=dict)
 
 
+class _Args(Struct, gc=False, rename=_ARG_KEYS):
+    """The ``args`` keys the analysis reads; the decoder skips the others unread.
+
+    ``Input Dims`` and ``Input type`` stay JSON text: few of them are read.
+    """
+
+    correlation: Any = None
+    stream: Any = None
+    collective: Any = None
+    pg_name: Any = None
+    pg_desc: Any = None
+    group_ranks: Any = None
+    group_size: Any = None
+    dtype: Any = None
+    in_nelems: Any = None
+    out_nelems: Any = None
+    seq: Any = None
+    comms_id: Any = None
+    input_dims: Raw | UnsetType = UNSET
+    input_types: Raw | UnsetType = UNSET
+
+
+_NO_ARGS = _Args()
+
+
+class _Event(Struct, kw_only=True, gc=False):
+    """One event, typed as ``RankEvents`` checks it (which skips ``python_function`` events, and lets ``M`` lack ts)."""
+
+    ph: str
+    cat: str = ""
+    name: str = ""
+    pid: int | str
+    tid: int | str | None = None
+    ts: Micros
+    dur: Duration = 0
+    id: int | str | UnsetType = UNSET
+    args: _Args | list | str | int | float | bool | None = None
+
+
+class Trace(Struct, gc=False):
+    """A trace file as ``decode_trace`` gives it: its events and the top-level keys the analysis reads."""
+
+    traceEvents: list[_Event]
+    distributedInfo: Any = None
+    host_name: Any = None
+    baseTimeNanoseconds: Any = None
+    metadata: Any = None
+
+
+_trace_decoder = msgspec.json.Decoder(Trace)
+_events_decoder = msgspec.json.Decoder(list[_Event])
+_CAT, _NAME, _PID, _TID, _TS, _DUR, _ARGS = map(attrgetter, ("cat", "name", "pid", "tid", "ts", "dur", "args"))
+
+
+def decode_trace(data: bytes) -> Trace | None:
+    """A trace's text as structs, or None when it needs the general path (``orjson`` and ``RankEvents``).
+
+    None for whatever the types reject: bad JSON, a bad event (the general path
+    then says what is wrong), and a few things the general path accepts (an odd
+    ``python_function`` event, which it skips unread, or an ``M`` event without ``ts``).
+    One difference the other way: an int id wider than 64 bits, which orjson reads
+    as a float that ``RankEvents`` rejects, is taken as it is.
+
+    Parameters
+    ----------
+    data
+        The whole file, uncompressed.
+
+    Returns
+    -------
+    Trace or None
+    """
+    if not data.isascii():
+        try:
+            data.decode()  # the decoder does not check the text of the values it skips
+        except UnicodeDecodeError:
+            return None
+    try:
+        return _trace_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def _json_text(raw: Raw | UnsetType, cache: dict[bytes, str]) -> str:
+    """A raw ``args`` value as compact JSON text ("" when absent or null), rendered once per distinct text."""
+    if raw is UNSET:
+        return ""
+    key = bytes(raw)
+    text = cache.get(key)
+    if text is None:
+        value = orjson.loads(key)
+        text = cache[key] = "" if value is None else orjson.dumps(value).decode()
+    return text
+
+
 @dataclass
 class _Gpu:
     """A rank's GPU activity (kernels, memcpy, memset) as arrays, in input order."""
 
-    idx: np.ndarray
     start: np.ndarray
     end: np.ndarray
     stream: list[Any]
-    name: list[str]
-    kind: list[str]
+    name: np.ndarray
+    kind: np.ndarray
     ktype: np.ndarray  # HTA kernel type per event
-    launch: np.ndarray  # index of the launching runtime event, or -1
+    launch: np.ndarray  # index of the launching host event, or -1
+
+
+@dataclass
+class _Tree:
+    """The host events nested per thread, in tree order: each thread's events by (ts, -dur), parents first."""
+
+    order: np.ndarray  # the event at each position
+    parent: list[int]  # the position of each position's innermost enclosing event, -1 for a root
+    stop: np.ndarray  # the end (exclusive) of each position's subtree, which runs from the position itself
+    pos: np.ndarray  # the position of each event, -1 for events not in the tree
 
 
 def _breakdown(g: _Gpu, mask: np.ndarray | None = None) -> dict[str, float]:
     """HTA's temporal breakdown, plus the per-category unions and the exposed communication (µs)."""
     if mask is not None:
-        start, end, ktype = g.start[mask], g.end[mask], g.ktype[mask]
+        start, end, ktype, kinds = g.start[mask], g.end[mask], g.ktype[mask], g.kind[mask]
     else:
-        start, end, ktype = g.start, g.end, g.ktype
+        start, end, ktype, kinds = g.start, g.end, g.ktype, g.kind
     nan = float("nan")
     if len(start) == 0:
         return {k: nan for k in ("gpu_span_us", "idle_us", "computation_us", "non_compute_us",
@@ -144,7 +263,6 @@ def _breakdown(g: _Gpu, mask: np.ndarray | None = None) -> dict[str, float]:
     communication = union_length(start[comm], end[comm])
     both = union_length(start[comp | comm], end[comp | comm])
     overlap = computation + communication - both
-    kinds = np.array(g.kind if mask is None else [k for k, m in zip(g.kind, mask) if m])
     memcpy = kinds == "memcpy"
     memset = kinds == "memset"
     us = 1e3
@@ -164,36 +282,41 @@ def _breakdown(g: _Gpu, mask: np.ndarray | None = None) -> dict[str, float]:
     }
 
 
-def _call_tree(events: list[dict[str, Any]], host: list[int], start: dict[int, int],
-               end: dict[int, int]) -> tuple[list[int], dict[int, int]]:
-    """Nest host events per (pid, tid) by (ts, -dur): ``(order, parent)``.
+def _call_tree(pids: np.ndarray, tids: np.ndarray, host: np.ndarray, start: np.ndarray, end: np.ndarray) -> _Tree:
+    """Nest host events per (pid, tid) by (ts, -dur).
 
-    ``order`` lists every host event with each thread's parents before their
-    children; ``parent`` maps an event to its innermost enclosing event (absent
-    for roots). Equal timestamps nest the longer event outside; a zero-length
-    event at another's start is its child.
+    The innermost enclosing event is the parent. Equal timestamps nest the
+    longer event outside; a zero-length event at another's start is its child.
+    A subtree is the run of positions until its root is left: the stack pops it.
     """
-    threads: dict[tuple[Any, Any], list[int]] = defaultdict(list)
-    for i in host:
-        threads[(events[i]["pid"], events[i].get("tid"))].append(i)
-    order: list[int] = []
-    parent: dict[int, int] = {}
-    for members in threads.values():
-        members.sort(key=lambda i: (start[i], -end[i], i))
+    pid_code = _codes(pids[host])
+    thread = pid_code * (int(pid_code.max(initial=0)) + 1) + _codes(tids[host])
+    by = np.lexsort((host, -end[host], start[host], thread))
+    order, thread = host[by], thread[by]
+    m = len(order)
+    ends = end[order].tolist()
+    parent = [-1] * m
+    stop = [m] * m
+    cuts = [0, *(np.flatnonzero(thread[1:] != thread[:-1]) + 1).tolist(), m]
+    for a, b in zip(cuts, cuts[1:]):  # one thread each
         stack: list[int] = []
-        for i in members:
-            e = end[i]
-            while stack and e > end[stack[-1]]:
-                stack.pop()
+        for k in range(a, b):
+            e = ends[k]
+            while stack and e > ends[stack[-1]]:
+                stop[stack.pop()] = k
             if stack:
-                parent[i] = stack[-1]
-            stack.append(i)
-        order.extend(members)
-    return order, parent
+                parent[k] = stack[-1]
+            stack.append(k)
+        for k in stack:
+            stop[k] = b
+    pos = np.full(len(end), -1, dtype=np.int64)
+    pos[order] = np.arange(m)
+    return _Tree(order, parent, np.array(stop, dtype=np.int64), pos)
 
 
-def _shape_text(value: Any) -> str:
-    return "" if value is None else orjson.dumps(value).decode()
+def _codes(values: np.ndarray) -> np.ndarray:
+    """Equal values get equal integer codes (None included)."""
+    return pd.factorize(values, use_na_sentinel=False)[0]
 
 
 def _top(counter: Counter[str], n: int = 3) -> str:
@@ -204,10 +327,13 @@ def analyze_rank(events: list[Any], rank: int, path: str, steps: tuple[int, int]
                  header: Mapping[str, Any] | None = None) -> RankTables:
     """Analyse one rank's events (``traceEvents``, as parsed).
 
+    The events are validated as ``merge`` validates them, then analysed as
+    ``analyze_events`` does.
+
     Parameters
     ----------
     events
-        The rank's events; validated as ``merge`` validates them.
+        The rank's events.
     rank
         The rank, for messages.
     path
@@ -223,111 +349,176 @@ def analyze_rank(events: list[Any], rank: int, path: str, steps: tuple[int, int]
     Returns
     -------
     RankTables
+
+    Raises
+    ------
+    TraceFormatError
+        When an event is malformed.
     """
-    who = f"{path} (rank {rank})"
-    sel = RankEvents(events, 0, MergeOptions(steps=steps), who, link_flows=False)
-    keep, dev = sel.keep, sel.dev
-    xs = [i for i, ev in enumerate(events) if keep[i] and ev["ph"] == "X"]
-    starts = _ns(np.array([events[i]["ts"] for i in xs], dtype=np.float64))
-    ends = starts + _ns(np.array([events[i].get("dur", 0) for i in xs], dtype=np.float64))
-    start: dict[int, int] = dict(zip(xs, starts.tolist()))
-    end: dict[int, int] = dict(zip(xs, ends.tolist()))
-    host = [i for i in xs if not dev[i]]
-    gpu = [i for i in xs if dev[i] and events[i].get("cat", "").lower() in _GPU_CATS and _stream(events[i]) != -1]
-    order, parent = _call_tree(events, host, start, end)
-    launch_of = _launches(events, host, gpu, keep)
-    g = _gpu_arrays(events, gpu, start, end, launch_of)
-    step_spans = sorted((int(m.group(1)), start[i], end[i]) for i in host
-                        if (m := _STEP.match(events[i].get("name", ""))))
+    sel = RankEvents(events, 0, MergeOptions(), f"{path} (rank {rank})", link_flows=False)
+    used = [ev for ev, keep in zip(events, sel.keep) if keep and ev.get("ts") is not None]
+    return analyze_events(_events_decoder.decode(orjson.dumps(used)), rank, path, steps, base=base, header=header)
+
+
+def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int, int] | None = None, *,
+                   base: int = 0, header: Mapping[str, Any] | None = None) -> RankTables:
+    """Analyse one rank's events as ``decode_trace`` gives them: already validated, with ``args`` as structs.
+
+    Parameters
+    ----------
+    events
+        ``Trace.traceEvents``; ``python_function`` events are skipped.
+    rank, path, steps, base, header
+        As for ``analyze_rank``.
+
+    Returns
+    -------
+    RankTables
+    """
+    xs = [e for e in events if e.ph == "X" and e.cat != "python_function"]
+    if steps is not None:
+        xs = _in_steps(events, xs, steps)
+    n = len(xs)
+    durs = np.array(list(map(_DUR, xs)), dtype=object)  # as parsed: ops sum them as Python does
+    start = _ns(np.fromiter(map(_TS, xs), np.float64, n))
+    end = start + _ns(durs.astype(np.float64))
+    name_code, names = pd.factorize(np.array(list(map(_NAME, xs)), dtype=object))
+    cat_code, cats = pd.factorize(np.array(list(map(_CAT, xs)), dtype=object))
+    args = [a if type(a) is _Args else _NO_ARGS for a in map(_ARGS, xs)]
+    pids = np.array(list(map(_PID, xs)), dtype=object)
+    tids = np.array(list(map(_TID, xs)), dtype=object)
+    dev = _device(cat_code, cats, pids)
+    host = np.flatnonzero(~dev)
+    tree = _call_tree(pids, tids, host, start, end)
+    g = _gpu_arrays(events, xs, dev, host, cat_code, cats, name_code, names, args, tids, start, end)
+    step_of = np.array([int(m.group(1)) if (m := _STEP.match(nm)) else -1 for nm in names], dtype=np.int64)
+    step_spans = sorted((int(step_of[name_code[i]]), int(start[i]), int(end[i]))
+                        for i in host[step_of[name_code[host]] >= 0])
     tables: dict[str, pd.DataFrame] = {}
     numbers = _breakdown(g)
     tables["breakdown"] = pd.DataFrame([numbers])
     tables["breakdown_by_step"] = _by_step(g, step_spans, start)
     tables["kernels"], tables["kernel_categories"] = _kernel_tables(g)
-    tables["ops"], tables["kernel_launchers"] = _op_tables(events, order, parent, g)
+    is_op = np.array([c in _OP_CATS for c in cats], dtype=bool)[cat_code] & (step_of[name_code] < 0)
+    tables["ops"], tables["kernel_launchers"] = _op_tables(tree, is_op, cats[cat_code] == "cpu_op", name_code, names,
+                                                           durs, args, g)
     tables["idle"] = _idle_table(g, start)
     header = header or {}
     info = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
     pgs = {str(pg["pg_name"]): list(pg["ranks"]) for pg in info.get("pg_config") or []
            if isinstance(pg, dict) and "pg_name" in pg and isinstance(pg.get("ranks"), list)}
-    gpu_launch = [(int(j), int(a), int(b), s, n) for j, a, b, s, n in zip(g.launch, g.start, g.end, g.stream, g.name)
-                  if j >= 0]
-    tables["collectives"] = rank_collectives(events, order, parent, start, end, gpu_launch, step_spans, base, pgs)
-    host = header.get("host_name")
+    gpu_launch = [(j, a, b, s, nm) for j, a, b, s, nm in zip(tree.pos[g.launch].tolist(), g.start.tolist(),
+                                                               g.end.tolist(), g.stream, g.name) if j >= 0]
+    members = np.flatnonzero(np.array([is_call_name(nm) for nm in names], dtype=bool)[name_code[tree.order]])
+    tables["collectives"] = rank_collectives(names[name_code].tolist(), tids.tolist(), args, tree.order.tolist(),
+                                             tree.stop.tolist(), members.tolist(), start.tolist(), end.tolist(),
+                                             gpu_launch, step_spans, base, pgs)
+    host_name = header.get("host_name")
     return RankTables(rank, path, tables, numbers, [s for s, _, _ in step_spans],
-                      host=host if isinstance(host, str) else None, pg_config=pgs)
+                      host=host_name if isinstance(host_name, str) else None, pg_config=pgs)
 
 
-def _launches(events: list[dict[str, Any]], host: list[int], gpu: list[int], keep: list[bool]) -> dict[int, int]:
-    """GPU event -> the host event that launched it: by ``args.correlation``, else by the ac2g flow."""
-    by_corr: dict[Any, int] = {}
-    for i in host:
-        args = events[i].get("args")
-        if type(args) is dict:
-            c = args.get("correlation")
-            if type(c) is int or type(c) is str:
-                by_corr.setdefault(c, i)
-    out: dict[int, int] = {}
-    missing: list[int] = []
-    for i in gpu:
-        args = events[i].get("args")
-        c = args.get("correlation") if type(args) is dict else None
-        j = by_corr.get(c) if type(c) is int or type(c) is str else None
-        if j is None:
-            missing.append(i)
-        else:
-            out[i] = j
-    if missing:
-        out.update(_flow_launches(events, host, missing, keep))
+def _device(cat_code: np.ndarray, cats: np.ndarray, pids: np.ndarray) -> np.ndarray:
+    """Which X events are on a GPU's timeline (``_on_gpu``), decided once per distinct ``cat`` and pid."""
+    pid_code, distinct = pd.factorize(pids)
+    on_gpu = np.array([type(p) is int and p >= 0 for p in distinct], dtype=bool)
+    return np.array([is_device_event({"cat": c}) for c in cats], dtype=bool)[cat_code] & on_gpu[pid_code]
+
+
+def _in_steps(events: list[_Event], xs: list[_Event], steps: tuple[int, int]) -> list[_Event]:
+    """The events of ``xs`` in the steps: a host event by its start, GPU work by its launch's (``RankEvents``)."""
+    lo, hi = steps
+    spans: list[tuple[int, int]] = []
+    launches: dict[Any, int] = {}
+    for e in events:
+        if e.cat == "python_function" or (e.ph not in _FLOW_OR_M and _on_gpu(e)):
+            continue
+        if e.ph == "X" and (m := _STEP.match(e.name)) and lo <= int(m.group(1)) <= hi:
+            s = to_ns(e.ts)
+            spans.append((s, s + to_ns(e.dur)))
+        c = e.args.correlation if type(e.args) is _Args else None
+        if type(c) is int or type(c) is str:
+            launches.setdefault(c, to_ns(e.ts))
+    out = []
+    for e in xs:
+        t = to_ns(e.ts)
+        c = e.args.correlation if type(e.args) is _Args and _on_gpu(e) else None
+        if type(c) is int or type(c) is str:
+            t = launches.get(c, t)
+        if any(s <= t < end for s, end in spans):
+            out.append(e)
     return out
 
 
-def _flow_launches(events: list[dict[str, Any]], host: list[int], gpu: list[int], keep: list[bool]) -> dict[int, int]:
-    """Link GPU events to launches through ac2g flows: the start binds to the launch, the end to the kernel."""
-    at = {(events[i]["pid"], events[i].get("tid"), events[i]["ts"]): i for i in host}
-    at_gpu = {(events[i]["pid"], events[i].get("tid"), events[i]["ts"]): i for i in gpu}
-    starts: dict[Any, int] = {}
-    ends: dict[Any, int] = {}
-    for i, ev in enumerate(events):
-        if keep[i] and ev["ph"] in ("s", "f") and ev.get("cat") == "ac2g":
-            key = (ev["pid"], ev.get("tid"), ev["ts"])
-            if ev["ph"] == "s" and key in at:
-                starts[ev.get("id")] = at[key]
-            elif ev["ph"] == "f" and key in at_gpu:
-                ends[ev.get("id")] = at_gpu[key]
-    return {k: starts[fid] for fid, k in ends.items() if fid in starts}
+def _on_gpu(e: _Event) -> bool:
+    """As ``RankEvents`` decides for an event that is not metadata or a flow: a device ``cat``, a pid int >= 0."""
+    return type(e.pid) is int and e.pid >= 0 and is_device_event({"cat": e.cat})
 
 
-def _stream(ev: dict[str, Any]) -> int:
-    """The GPU stream of a device event: ``args.stream``, else its tid (-1 when ``args.stream`` says none)."""
-    args = ev.get("args")
-    s = args.get("stream") if type(args) is dict else None
-    return s if type(s) is int else map_tid(ev.get("tid"))
-
-
-def _gpu_arrays(events: list[dict[str, Any]], gpu: list[int], start: dict[int, int], end: dict[int, int],
-                launch_of: dict[int, int]) -> _Gpu:
-    names = [events[i].get("name", "") for i in gpu]
-    kinds = [_GPU_CATS[events[i]["cat"].lower()] for i in gpu]
-    streams = [_stream(events[i]) for i in gpu]
+def _gpu_arrays(events: list[_Event], xs: list[_Event], dev: np.ndarray, host: np.ndarray, cat_code: np.ndarray,
+                cats: np.ndarray, name_code: np.ndarray, names: np.ndarray, args: list[_Args], tids: np.ndarray,
+                start: np.ndarray, end: np.ndarray) -> _Gpu:
+    """The GPU events (a stream, not -1: ``args.stream``, else the tid) and the host events that launched them."""
+    kinds = np.array([_GPU_CATS.get(c.lower()) for c in cats], dtype=object)
+    gpu: list[int] = []
+    streams: list[Any] = []
+    for i in np.flatnonzero(dev & (kinds != None)[cat_code]).tolist():  # noqa: E711 (elementwise)
+        s = args[i].stream
+        s = s if type(s) is int else map_tid(tids[i])
+        if s != -1:
+            gpu.append(i)
+            streams.append(s)
+    code = name_code[gpu]
     return _Gpu(
-        idx=np.array(gpu, dtype=np.int64),
-        start=np.array([start[i] for i in gpu], dtype=np.int64),
-        end=np.array([end[i] for i in gpu], dtype=np.int64),
+        start=start[gpu],
+        end=end[gpu],
         stream=streams,
-        name=names,
-        kind=kinds,
-        ktype=np.array([kernel_type(n) for n in names], dtype=object),
-        launch=np.array([launch_of.get(i, -1) for i in gpu], dtype=np.int64),
+        name=names[code],
+        kind=kinds[cat_code[gpu]],
+        ktype=np.array([kernel_type(nm) for nm in names], dtype=object)[code],
+        launch=np.array(_launches(events, xs, host.tolist(), gpu, args), dtype=np.int64),
     )
 
 
-def _by_step(g: _Gpu, spans: list[tuple[int, int, int]], start: dict[int, int]) -> pd.DataFrame:
+def _launches(events: list[_Event], xs: list[_Event], host: list[int], gpu: list[int], args: list[_Args]) -> list[int]:
+    """Per GPU event, the host event that launched it (-1: none): by ``args.correlation``, else by the ac2g flow."""
+    by_corr = {c: i for i in reversed(host) if type(c := args[i].correlation) is int or type(c) is str}
+    out = []
+    missing: list[int] = []
+    for k, i in enumerate(gpu):
+        c = args[i].correlation
+        j = by_corr.get(c, -1) if type(c) is int or type(c) is str else -1
+        if j < 0:
+            missing.append(k)
+        out.append(j)
+    if missing:
+        flows = _flow_launches(events, xs, host, [gpu[k] for k in missing])
+        for k in missing:
+            out[k] = flows.get(gpu[k], -1)
+    return out
+
+
+def _flow_launches(events: list[_Event], xs: list[_Event], host: list[int], gpu: list[int]) -> dict[int, int]:
+    """Link GPU events to launches through ac2g flows: the start binds to the launch, the end to the kernel."""
+    at = {(xs[i].pid, xs[i].tid, xs[i].ts): i for i in host}
+    at_gpu = {(xs[i].pid, xs[i].tid, xs[i].ts): i for i in gpu}
+    starts: dict[Any, int] = {}
+    ends: dict[Any, int] = {}
+    for ev in events:
+        if ev.ph in ("s", "f") and ev.cat == "ac2g":
+            key = (ev.pid, ev.tid, ev.ts)
+            if ev.ph == "s" and key in at:
+                starts[ev.id] = at[key]
+            elif ev.ph == "f" and key in at_gpu:
+                ends[ev.id] = at_gpu[key]
+    return {k: starts[fid] for fid, k in ends.items() if fid in starts}
+
+
+def _by_step(g: _Gpu, spans: list[tuple[int, int, int]], start: np.ndarray) -> pd.DataFrame:
     """The breakdown per ``ProfilerStep#N``; GPU work belongs to the step whose CPU span holds its launch."""
     rows = []
     if spans:
-        launched = np.array([start[int(j)] if j >= 0 else int(s) for j, s in zip(g.launch, g.start)],
-                            dtype=np.int64)
+        launched = np.where(g.launch >= 0, start[g.launch], g.start)
         for step, s, e in spans:
             row = {"step": step, "step_us": (e - s) / 1e3}
             row.update(_breakdown(g, (launched >= s) & (launched < e)))
@@ -339,8 +530,7 @@ def _kernel_tables(g: _Gpu) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per kernel name and per category, over HTA's kernel breakdown set: every GPU event but type OTHER."""
     use = g.ktype != "OTHER"
     dur = (g.end[use] - g.start[use]) / 1e3
-    df = pd.DataFrame({"name": [n for n, u in zip(g.name, use) if u], "kind": [k for k, u in zip(g.kind, use) if u],
-                       "dur": dur})
+    df = pd.DataFrame({"name": g.name[use], "kind": g.kind[use], "dur": dur})
     if df.empty:
         kernels = pd.DataFrame(columns=["name", "category", "count", "total_us", "mean_us", "min_us", "max_us",
                                         "pct"])
@@ -357,67 +547,71 @@ def _kernel_tables(g: _Gpu) -> tuple[pd.DataFrame, pd.DataFrame]:
     return kernels, cats.sort_values(["total_us", "category"], ascending=[False, True], ignore_index=True)
 
 
-def _op_tables(events: list[dict[str, Any]], order: list[int], parent: dict[int, int],
-               g: _Gpu) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _op_tables(tree: _Tree, is_op: np.ndarray, is_cpu_op: np.ndarray, name_code: np.ndarray, names: np.ndarray,
+               durs: np.ndarray, args: list[_Args], g: _Gpu) -> tuple[pd.DataFrame, pd.DataFrame]:
     """TreePerf-like tables: GPU time per op name over its subtree, and the leaf ops that launch kernels."""
-    gpu_ns: dict[int, int] = defaultdict(int)
-    n_kernels: dict[int, int] = defaultdict(int)
-    durs = g.end - g.start
-    for j, d in zip(g.launch.tolist(), durs.tolist()):
-        if j >= 0:
-            gpu_ns[j] += d
-            n_kernels[j] += 1
-    for i in reversed(order):  # children before parents: each node adds its total to its parent once, O(N)
-        p = parent.get(i)
-        if p is not None and i in gpu_ns:
-            gpu_ns[p] += gpu_ns[i]
-            n_kernels[p] += n_kernels[i]
-    is_op = {i for i in order if events[i].get("cat") in _OP_CATS and not _STEP.match(events[i].get("name", ""))}
-    # Which kernels each op name launched, through the tree: one walk up from each launch, O(kernels x depth).
-    op_kernels: dict[str, Counter[str]] = defaultdict(Counter)
-    launcher_kernels: dict[int, Counter[str]] = defaultdict(Counter)
-    launcher_count: Counter[int] = Counter()
-    for j, name, d in zip(g.launch.tolist(), g.name, durs.tolist()):
-        if j < 0:
-            continue
-        seen: set[str] = set()
-        p: int | None = j
-        leaf = None
-        while p is not None:
-            if p in is_op:
-                op = events[p]["name"]
-                if leaf is None and events[p].get("cat") == "cpu_op":
-                    leaf = p
-                if op not in seen:
-                    seen.add(op)
-                    op_kernels[op][name] += d
-            p = parent.get(p)
-        if leaf is not None:
-            launcher_kernels[leaf][name] += d
-            launcher_count[leaf] += 1
-    total_gpu = int(durs.sum())
-    rows: dict[str, list[float]] = {}
-    for i in is_op:
-        ev = events[i]
-        r = rows.setdefault(ev["name"], [0, 0, 0, 0])
-        r[0] += 1
-        r[1] += ev.get("dur", 0)
-        r[2] += gpu_ns.get(i, 0)
-        r[3] += n_kernels.get(i, 0)
+    order, parent = tree.order, tree.parent
+    m = len(order)
+    launched = g.launch >= 0
+    at = tree.pos[g.launch[launched]]  # the launches' positions
+    kernel_ns = (g.end - g.start)[launched]
+    # Subtree totals from prefix sums over the tree order, where every subtree is a run of positions.
+    gpu_ns = np.zeros(m + 1, dtype=np.int64)
+    np.add.at(gpu_ns, at + 1, kernel_ns)
+    gpu_ns = np.cumsum(gpu_ns)
+    n_kernels = np.cumsum(np.bincount(at + 1, minlength=m + 1))
+    sub_ns = gpu_ns[tree.stop] - gpu_ns[:m]
+    sub_kernels = n_kernels[tree.stop] - n_kernels[:m]
+    # Each position's op names up to its root (interned: few distinct sets) and its innermost cpu_op, parents first.
+    op_at, cpu_op_at, code_at = is_op[order].tolist(), is_cpu_op[order].tolist(), name_code[order].tolist()
+    path = [0] * m
+    leaf = [-1] * m
+    paths: list[frozenset[int]] = [frozenset()]
+    path_ids: dict[tuple[int, int], int] = {}
+    for k in range(m):
+        p = parent[k]
+        up, lf = (path[p], leaf[p]) if p >= 0 else (0, -1)
+        if op_at[k]:
+            key = (up, code_at[k])
+            up = path_ids.get(key, -1)
+            if up < 0:
+                up = path_ids[key] = len(paths)
+                paths.append(paths[key[0]] | {key[1]})
+            if cpu_op_at[k]:
+                lf = k
+        path[k], leaf[k] = up, lf
+    # Which kernels each op name launched: kernels summed per (op names on the path, kernel), then spread.
+    by_path: dict[tuple[int, str], int] = {}
+    by_leaf: dict[int, list[tuple[str, int]]] = defaultdict(list)
+    for k, name, d in zip(at.tolist(), g.name[launched], kernel_ns.tolist()):
+        key = (path[k], name)
+        by_path[key] = by_path.get(key, 0) + d
+        if leaf[k] >= 0:
+            by_leaf[leaf[k]].append((name, d))
+    op_kernels: dict[int, Counter[str]] = defaultdict(Counter)
+    for (k, name), d in by_path.items():
+        for op in paths[k]:
+            op_kernels[op][name] += d
+    total_gpu = int((g.end - g.start).sum())
     ops = pd.DataFrame(
-        [(name, int(c), cpu, gns / 1e3, 100.0 * gns / total_gpu if total_gpu else 0.0, int(k),
-          _top(op_kernels.get(name, Counter()))) for name, (c, cpu, gns, k) in rows.items()],
+        [(names[code], c, cpu, gns / 1e3, 100.0 * gns / total_gpu if total_gpu else 0.0, k,
+          _top(op_kernels.get(code, Counter()))) for code, c, cpu, gns, k in _per_op(
+            np.sort(order[is_op[order]]), name_code, durs, sub_ns, sub_kernels, tree.pos)],
         columns=["name", "count", "cpu_time_us", "gpu_time_us", "gpu_pct", "kernel_count", "top_kernels"])
     ops = ops.sort_values(["gpu_time_us", "cpu_time_us", "name"], ascending=[False, False, True], ignore_index=True)
     groups: dict[tuple[str, str, str], list[Any]] = {}
-    for i, kernels in launcher_kernels.items():
-        args = events[i].get("args") if type(events[i].get("args")) is dict else {}
-        key = (events[i]["name"], _shape_text(args.get("Input Dims")), _shape_text(args.get("Input type")))
-        r = groups.setdefault(key, [0, 0, 0, Counter()])
+    shapes: dict[bytes, str] = {}
+    for k, kernels in by_leaf.items():
+        a = args[order[k]]
+        key = (names[code_at[k]], _json_text(a.input_dims, shapes), _json_text(a.input_types, shapes))
+        r = groups.get(key)
+        if r is None:
+            r = groups[key] = [0, 0, 0, Counter()]
         r[0] += 1
-        r[1] += sum(kernels.values())
-        r[2] += launcher_count[i]
-        r[3].update(kernels)
+        r[2] += len(kernels)
+        for name, d in kernels:
+            r[1] += d
+            r[3][name] += d
     launchers = pd.DataFrame(
         [(*key, c, gns / 1e3, k, _top(kc)) for key, (c, gns, k, kc) in groups.items()],
         columns=["name", "input_dims", "input_types", "count", "gpu_time_us", "kernel_count", "top_kernels"])
@@ -426,7 +620,21 @@ def _op_tables(events: list[dict[str, Any]], order: list[int], parent: dict[int,
     return ops, launchers
 
 
-def _idle_table(g: _Gpu, start: dict[int, int]) -> pd.DataFrame:
+def _per_op(ops: np.ndarray, name_code: np.ndarray, durs: np.ndarray, sub_ns: np.ndarray, sub_kernels: np.ndarray,
+            pos: np.ndarray) -> Iterable[tuple[int, int, Any, int, int]]:
+    """Per op name: (name code, count, CPU time as Python sums it in input order, GPU ns, kernels)."""
+    if not len(ops):
+        return []
+    by = np.argsort(name_code[ops], kind="stable")
+    ops, codes = ops[by], name_code[ops[by]]
+    first = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+    at = pos[ops]
+    return zip(codes[first].tolist(), np.diff(np.r_[first, len(ops)]).tolist(),
+               np.add.reduceat(durs[ops], first).tolist(), np.add.reduceat(sub_ns[at], first).tolist(),
+               np.add.reduceat(sub_kernels[at], first).tolist())
+
+
+def _idle_table(g: _Gpu, start: np.ndarray) -> pd.DataFrame:
     """HTA's idle time breakdown per stream, over kernels, memcpy and memset.
 
     Each gap before a GPU event on its stream is host wait when the event's
@@ -436,7 +644,7 @@ def _idle_table(g: _Gpu, start: dict[int, int]) -> pd.DataFrame:
     """
     rows = []
     has_launch = g.launch >= 0
-    launch_ts = np.array([start[int(j)] if j >= 0 else 0 for j in g.launch], dtype=np.int64)
+    launch_ts = np.where(has_launch, start[g.launch], 0)
     streams: dict[int, list[int]] = defaultdict(list)
     for k, (s, kind) in enumerate(zip(g.stream, g.kind)):
         if kind != "sync":
@@ -458,11 +666,10 @@ def _idle_table(g: _Gpu, start: dict[int, int]) -> pd.DataFrame:
 
 def rows_for(ranks: Iterable[RankTables], table: str) -> pd.DataFrame:
     """One cross-rank table: each rank's rows with a leading ``rank`` column."""
-    frames = []
-    for rt in ranks:
-        df = rt.tables[table]
-        frames.append(df.assign(rank=rt.rank)[["rank", *df.columns]] if len(df) else df)
-    non_empty = [f for f in frames if len(f)]
+    ranks = list(ranks)
+    non_empty = [rt for rt in ranks if len(rt.tables[table])]
     if not non_empty:
-        return pd.DataFrame(columns=["rank", *(frames[0].columns if frames else [])])
-    return pd.concat(non_empty, ignore_index=True)
+        return pd.DataFrame(columns=["rank", *(ranks[0].tables[table].columns if ranks else [])])
+    out = pd.concat([rt.tables[table] for rt in non_empty], ignore_index=True)
+    out.insert(0, "rank", np.repeat([rt.rank for rt in non_empty], [len(rt.tables[table]) for rt in non_empty]))
+    return out
