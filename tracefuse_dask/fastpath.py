@@ -212,9 +212,7 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
                 continue
             named.add((e.pid, e.tid))
         threads.append(e)
-    start = max(data.find(b'"traceEvents"'), 0)
-    ranked = data.find(b'"rank"', start) >= 0 or data.find(b"\\u", start) >= 0  # "rank" may be escaped
-    if not _rewrite_events(events, rank, pid_map, id_map, ranked):
+    if not _rewrite_events(events, rank, pid_map, id_map):
         return None
     body = threads + events
     text = bytearray()
@@ -222,14 +220,12 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
     return orjson.dumps(head), text, n_in, len(head) + len(body)
 
 
-def _rewrite_events(events: list[_Event], rank: int, pid_map: dict[Any, int] | None, id_map: IdMap | None,
-                    ranked: bool) -> bool:
+def _rewrite_events(events: list[_Event], rank: int, pid_map: dict[Any, int] | None, id_map: IdMap | None) -> bool:
     """One pass over the non-metadata events: pids, ids, global instants and ``args.rank``.
 
     ``pid_map`` is None when the pids were mapped already. ``args`` get ``"rank": rank``
-    spliced into their raw text; ``ranked`` says that ``"rank"`` (or an escape that may spell
-    it) occurs in the events' text, so an args object may hold it already. Returns False
-    when the general path must run.
+    spliced into their raw text, unless they may hold a rank already (``"rank"``, or an
+    escape that may spell it): those are parsed. Returns False when the general path must run.
     """
     only = Raw(b'{"rank":%d}' % rank)
     first = b'{"rank":%d,' % rank
@@ -253,7 +249,7 @@ def _rewrite_events(events: list[_Event], rank: int, pid_map: dict[Any, int] | N
                 e.args = only
         elif b'"' not in text:  # {} (a key would need a quote)
             e.args = only
-        elif ranked and (b'"rank"' in text or b"\\u" in text):  # may hold a rank already: set it exactly
+        elif b'"rank"' in text or b"\\" in text:  # may hold a rank already: set it exactly
             try:
                 args = orjson.loads(text)
             except orjson.JSONDecodeError:

@@ -75,7 +75,7 @@ log = logging.getLogger("tracefuse_dask")
 
 _BIG_OUTPUT = 1_500_000_000
 _RANK_META = ("distributedInfo", "deviceProperties", "host_name")  # per rank in the output's metadata
-BATCH_BYTES = 32 * 2**20  # ranks smaller than this share tasks up to this many input bytes
+BATCH_BYTES = 4 * 2**20  # small ranks share tasks of about this many input bytes; bigger ones have their own
 BATCH_RANKS = 1024
 _SEP = b",\n"
 _FOOT = b"\n]}\n"
