@@ -996,7 +996,11 @@ def make_linked_ranks(pool: Any, root: str, counts: list[int], rank_mb: float) -
 
 
 def main_scale(args: argparse.Namespace) -> int:
-    """Per-rank overhead of many small ranks, and the memory of merges from 8 to many ranks of 20 MB."""
+    """The memory of merges from 8 to many ranks of 20 MB, then the per-rank overhead of many small ranks.
+
+    The memory rows come first: a process keeps the memory it once used, so the client's peak of the
+    many-ranks row would hide theirs.
+    """
     import distributed
 
     from tracefuse_dask import merge_traces
@@ -1030,18 +1034,6 @@ def main_scale(args: argparse.Namespace) -> int:
                 os.remove(out)
                 return seconds, mem, res
 
-            emit("| dataset | ranks | MB | s | MB/s | per-rank overhead ms | peak RSS MiB | client peak RSS MiB | "
-                 "events in → out |")
-            emit("|---|---|---|---|---|---|---|---|---|")
-            big_s, mem, res = merge(large, "large")
-            emit(f"| 8 large ranks, same bytes | 8 | {large_bytes / MB:,.0f} | {big_s:.2f} | "
-                 f"{large_bytes / MB / big_s:.1f} | – | {mem.peak / 2**20:,.0f} | {mem.self_peak / 2**20:,.0f} | "
-                 f"{res.events_in:,} → {res.events_out:,} |")
-            s, mem, res = merge(small, "small")
-            over = (s - big_s * small_bytes / large_bytes) / args.small_ranks * 1000
-            emit(f"| {args.small_ranks:,} × {args.small_kb:g} kB | {args.small_ranks:,} | {small_bytes / MB:,.0f} | "
-                 f"{s:.2f} | {small_bytes / MB / s:.1f} | {over:.2f} | {mem.peak / 2**20:,.0f} | "
-                 f"{mem.self_peak / 2**20:,.0f} | {res.events_in:,} → {res.events_out:,} |")
             bound = (args.workers * 4 * args.rank_mb * MB + 0.5e9) / 2**20
             emit("")
             emit(f"Memory bound of the performance issue: workers × 4 × {args.rank_mb:g} MB + 0.5 GB = "
@@ -1055,6 +1047,19 @@ def main_scale(args: argparse.Namespace) -> int:
                 emit(f"| {n} × {args.rank_mb:g} MB | {s:.2f} | {size / MB / s:.1f} | {mem.peak / 2**20:,.0f} | "
                      f"{(mem.peak - mem.baseline) / 2**20:,.0f} | {mem.self_peak / 2**20:,.0f} | "
                      f"{'yes' if ok else 'NO'} |")
+            emit("")
+            emit("| dataset | ranks | MB | s | MB/s | per-rank overhead ms | peak RSS MiB | client peak RSS MiB | "
+                 "events in → out |")
+            emit("|---|---|---|---|---|---|---|---|---|")
+            big_s, mem, res = merge(large, "large")
+            emit(f"| 8 large ranks, same bytes | 8 | {large_bytes / MB:,.0f} | {big_s:.2f} | "
+                 f"{large_bytes / MB / big_s:.1f} | – | {mem.peak / 2**20:,.0f} | {mem.self_peak / 2**20:,.0f} | "
+                 f"{res.events_in:,} → {res.events_out:,} |")
+            s, mem, res = merge(small, "small")
+            over = (s - big_s * small_bytes / large_bytes) / args.small_ranks * 1000
+            emit(f"| {args.small_ranks:,} × {args.small_kb:g} kB | {args.small_ranks:,} | {small_bytes / MB:,.0f} | "
+                 f"{s:.2f} | {small_bytes / MB / s:.1f} | {over:.2f} | {mem.peak / 2**20:,.0f} | "
+                 f"{mem.self_peak / 2**20:,.0f} | {res.events_in:,} → {res.events_out:,} |")
     finally:
         _cleanup(root, args.keep)
     if args.out:
