@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import datetime
 import gc
 import gzip
@@ -1068,6 +1069,59 @@ def main_scale(args: argparse.Namespace) -> int:
     return 0
 
 
+def main_scaling(args: argparse.Namespace) -> int:
+    """One worker against two, side by side: the merge on a 1- and a 2-worker cluster, the GC-off floor
+    on a 1- and a 2-process pool, alternating, best of ``--repeat`` (at least 3) each."""
+    import distributed
+
+    from tracefuse_dask import merge_traces
+
+    ctx = multiprocessing.get_context("spawn")
+    repeat = max(args.repeat, 3)
+    n = int(args.ranks.split(",")[0])
+    print(environment() + f"{n} ranks × {args.rank_mb:g} MB; every cluster and pool is started before any row; "
+          f"the rows alternate, best of {repeat}.\n", flush=True)
+    root = tempfile.mkdtemp(prefix="tracefuse-scaling-", dir=args.tmp_dir)
+    lines: list[str] = []
+    try:
+        with ctx.Pool(2) as pool:
+            folder, paths, size = make_dataset(pool, root, n, args.rank_mb)
+        with contextlib.ExitStack() as stack:
+            clients, pools = {}, {}
+            for w in (1, 2):
+                cluster = stack.enter_context(distributed.LocalCluster(
+                    n_workers=w, threads_per_worker=1, processes=True, dashboard_address=":0",
+                    silence_logs=logging.ERROR))
+                clients[w] = stack.enter_context(distributed.Client(cluster))
+                clients[w].run(_warm)
+                pools[w] = stack.enter_context(ctx.Pool(w))
+                pools[w].map(_warm, range(2 * w), chunksize=1)
+            best: dict[tuple[str, int], float] = {}
+            for _ in range(repeat):
+                for w in (1, 2):
+                    for ext in ("json", "json.gz"):
+                        out = os.path.join(root, f"m{w}.{ext}")
+                        t = time.perf_counter()
+                        merge_traces(folder, out, client=clients[w], force=True)
+                        best[(ext, w)] = min(best.get((ext, w), math.inf), time.perf_counter() - t)
+                    jobs = [(p, os.path.join(root, f"floor_{w}_{r}.json"), True) for r, p in enumerate(paths)]
+                    t = time.perf_counter()
+                    pools[w].map(_floor_task, jobs, chunksize=1)
+                    best[("floor", w)] = min(best.get(("floor", w), math.inf), time.perf_counter() - t)
+        lines += ["| row | 1 worker s | 2 workers s | speed-up |", "|---|---|---|---|"]
+        for key, label in (("floor", "orjson floor (GC off), pool of 1 and 2 processes"),
+                           ("json", "tracefuse merge → .json"), ("json.gz", "tracefuse merge → .json.gz")):
+            one, two = best[(key, 1)], best[(key, 2)]
+            lines.append(f"| {label} | {one:.2f} | {two:.2f} | {one / two:.2f}× |")
+        print("\n".join(lines), flush=True)
+    finally:
+        _cleanup(root, args.keep)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    return 0
+
+
 def _cleanup(root: str, keep: bool) -> None:
     """Keep the datasets and outputs (and say where) or remove them."""
     if keep:
@@ -1128,6 +1182,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--small-kb", type=float, default=50, help="scale case: kB per small rank (default 50)")
     ap.add_argument("--memory-ranks", default="8,64,512",
                     help="scale case: rank counts of the memory rows, hard links to 8 distinct ranks (default 8,64,512)")
+    ap.add_argument("--scaling", action="store_true",
+                    help="run only the scaling benchmark: one worker against two, side by side (first --ranks count)")
     args = ap.parse_args(argv)
     args.s3 = args.s3 or args.s3_only
     rank_counts = [] if args.s3_only else [int(x) for x in args.ranks.split(",") if x.strip()]
@@ -1139,6 +1195,8 @@ def main(argv: list[str] | None = None) -> int:
         return main_analyze(args)
     if args.scale:
         return main_scale(args)
+    if args.scaling:
+        return main_scaling(args)
 
     import distributed
 
