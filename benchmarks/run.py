@@ -1063,9 +1063,7 @@ def main_scale(args: argparse.Namespace) -> int:
                  f"{mem.self_peak / 2**20:,.0f} | {res.events_in:,} → {res.events_out:,} |")
     finally:
         _cleanup(root, args.keep)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+    _write_report(args.out, lines)
     return 0
 
 
@@ -1116,10 +1114,14 @@ def main_scaling(args: argparse.Namespace) -> int:
         print("\n".join(lines), flush=True)
     finally:
         _cleanup(root, args.keep)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+    _write_report(args.out, lines)
     return 0
+
+
+def _write_report(path: str | None, lines: list[str]) -> None:
+    if path:
+        with open(path, "w") as f:
+            f.write("\n".join(lines) + "\n")
 
 
 def _cleanup(root: str, keep: bool) -> None:
