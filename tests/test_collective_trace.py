@@ -1,6 +1,7 @@
 """collective_trace input: detection by content, every line kind, the CSV export, summaries and hints."""
 from __future__ import annotations
 
+import gzip
 import shutil
 from pathlib import Path
 
@@ -92,3 +93,17 @@ def test_analyze_takes_collective_trace_logs(client, tmp_path, capsys):
     assert "collective_trace: 84 calls in 4 files; rank 2 probably arrives last" in capsys.readouterr().err
     assert "rank 2 probably arrives last" in (out / "report.html").read_text()
     assert len(pd.read_parquet(out / "collective_trace_summary.parquet")) == len(a.collective_trace_summary)
+    for p in CSVS:  # the same run's CSV exports beside the logs do not count the calls twice
+        shutil.copy(p, tmp_path / p.name)
+    both = analyze(str(tmp_path), client=client)
+    assert len(both.collective_trace_calls) == 84 and set(both.collective_trace_calls["kind"]) != {"csv"}
+    assert sum("the CSV's calls were left out" in w for w in both.summary["warnings"]) == 4
+
+
+def test_gzipped_logs_and_exports_are_recognised(client, tmp_path):
+    for p in [LOGS[0], CSVS[1]]:
+        (tmp_path / (p.name + ".gz")).write_bytes(gzip.compress(p.read_bytes(), mtime=0))
+    a = analyze(str(tmp_path), client=client)
+    calls = a.collective_trace_calls
+    assert len(calls[calls["rank"] == 0]) == len(parse(LOGS[0]))
+    assert len(calls[calls["rank"] == 1]) == len(parse(CSVS[1], rank=1))

@@ -7,6 +7,7 @@ import logging
 import re
 import sys
 import time
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -105,6 +106,9 @@ def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps
     with storage_errors(f.path, storage_options), fsspec.open(f.path, "rb", **options_for(
             f.path, storage_options)) as fh:
         head = fh.read(8192)
+    if head[:2] == b"\x1f\x8b":
+        with contextlib.suppress(zlib.error):
+            head = zlib.decompressobj(31).decompress(head)  # the start of the content
     if looks_like_collective_trace(head):
         return {"ct_calls": _collective_trace_calls(f, storage_options, rank_regex)}
     if f.listed and not TRACE_NAME.search(f.path):
@@ -142,6 +146,17 @@ def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps
         ranks = [analyze_rank(events, rank, f.path, steps, base=base, header=headers.get(rank))
                  for rank, events in sorted(parts.items()) if subset is None or rank in subset]
         return {"ranks": ranks, "world_size": world_size, "notes": notes}
+
+
+def _one_source_per_rank(calls: pd.DataFrame, warnings: list[str]) -> pd.DataFrame:
+    """Drop a rank's CSV calls when its log is there too: the same calls, which would count twice."""
+    csv = calls["kind"] == "csv"
+    logged = set(calls.loc[~csv, "rank"].dropna())
+    twice = csv & calls["rank"].isin(logged)
+    for rank, paths in calls[twice].groupby("rank")["path"]:
+        warnings.append(f"rank {rank}: both a collective_trace log and a CSV export ({', '.join(sorted(set(paths)))}); "
+                        "the CSV's calls were left out, as the log holds the same calls with their groups")
+    return calls[~twice].reset_index(drop=True)
 
 
 def _is_merged(metadata: Any) -> bool:
@@ -321,7 +336,8 @@ def _reduce(files: list[InputFile], results: list[dict[str, Any]], skipped_names
     instances, waits = instance_metrics(matched, offsets)
     stragglers, verdict = straggler(instances, waits, matched)
     gpu = bool("kernel_count" in tables["breakdown"] and (tables["breakdown"]["kernel_count"] > 0).any())
-    ct = pd.concat(ct_calls, ignore_index=True) if ct_calls else pd.DataFrame(columns=CT_COLUMNS)
+    ct = _one_source_per_rank(pd.concat(ct_calls, ignore_index=True), warnings) if ct_calls \
+        else pd.DataFrame(columns=CT_COLUMNS)
     ct_summary, ct_hints, ct_verdict = summarize(ct)
     summary = {
         "tool": "tracefuse_dask",
