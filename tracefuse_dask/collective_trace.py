@@ -27,6 +27,10 @@ CALL_COLUMNS = ["rank", "kind", "op", "group", "group_size", "async_op", "bytes"
 _CSV_HEADER = "function,timestamp,duration,tensor_shape,tensor_dtype,tensor_size"
 _TAG = re.compile(r"\[(TRACE|BARRIER|BATCH|COALESCE)\] global rank \d+")
 _MB = 1024 * 1024
+_ITEMSIZE = {"float64": 8, "double": 8, "float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2,
+             "int64": 8, "long": 8, "int32": 4, "int": 4, "int16": 2, "short": 2, "int8": 1, "uint8": 1, "bool": 1,
+             "complex64": 8, "complex128": 16, "float8_e4m3fn": 1, "float8_e5m2": 1, "uint16": 2, "uint32": 4,
+             "uint64": 8}
 _LINES = {
     "TRACE": re.compile(
         r"\[TRACE\] global rank (?P<rank>\d+) in GROUP_\S+ - (?P<op>\S+) - async:(?P<async>\d),\s*"
@@ -103,8 +107,8 @@ def _log_rows(text: str, path: str) -> list[dict[str, Any]]:
                "timestamp": np.nan, "path": path}
         if kind == "TRACE":
             row.update(op=canonical_op(g["op"]), group=g["ranks"], group_size=int(g["size"]),
-                       bytes=round(float(g["mb"]) * _MB) or None, shape=g["shape"].strip(),
-                       dtype=g["dtype"], call_count=int(g["count"]))
+                       bytes=_exact_bytes(g["shape"], g["dtype"]) or round(float(g["mb"]) * _MB) or None,
+                       shape=g["shape"].strip(), dtype=g["dtype"], call_count=int(g["count"]))
         elif kind == "COALESCE":
             row.update(op=f"coalesced {canonical_op(g['op'])}", group=g["ranks"], group_size=int(g["size"]),
                        bytes=int(g["bytes"]), call_count=int(g["count"]))
@@ -113,6 +117,17 @@ def _log_rows(text: str, path: str) -> list[dict[str, Any]]:
                        shape=f"send [{g['send_shapes']}] recv [{g['recv_shapes']}]")
         rows.append(row)
     return rows
+
+
+def _exact_bytes(shape: str, dtype: str) -> int | None:
+    """A tensor's bytes from its shape and dtype (the log's size is MB rounded to 0.01), or None if unknown."""
+    size = _ITEMSIZE.get(dtype.removeprefix("torch."))
+    dims = re.fullmatch(r"\s*\(\s*((?:\d+\s*,\s*)*\d*)\s*\)\s*", shape)
+    if size is None or dims is None:
+        return None
+    for d in filter(None, (x.strip() for x in dims.group(1).split(","))):
+        size *= int(d)
+    return size
 
 
 def _csv_rows(text: str, path: str, rank: int | None) -> list[dict[str, Any]]:
