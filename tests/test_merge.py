@@ -55,6 +55,10 @@ def test_merge_shared_traces_on_local_cluster(name, client, tmp_path):
     assert not list(tmp_path.glob("*.tracefuse-tmp"))
     meta = merged["metadata"]["tracefuse"]
     assert sorted(meta["ranks"]) == sorted(str(r) for r in inputs)
+    for r, doc in inputs.items():  # each rank's header, as its file has it
+        assert {k: meta["ranks"][str(r)][k] for k in ("baseTimeNanoseconds", "distributedInfo", "deviceProperties",
+                                                       "host_name")} == {
+            k: doc.get(k) for k in ("baseTimeNanoseconds", "distributedInfo", "deviceProperties", "host_name")}
     bases = [d.get("baseTimeNanoseconds") for d in inputs.values()]
     assert merged["baseTimeNanoseconds"] == (min(bases) if None not in bases else 0)
 

@@ -48,6 +48,7 @@ _REDUCED = ("rank_stats", "collective_instances", "collective_waits", "collectiv
             "collective_trace_calls", "collective_trace_summary", "collective_trace_hints")
 _CT_RANK = r"[-_.](?P<rank>\d+)(?:\.(?:csv|log|txt))?$"  # collective_trace names its logs <file>-<rank>
 # what a folder or glob lists for analysis: traces, and collective_trace logs and CSV exports
+_MERGED_HEAD = b'"metadata":{"tracefuse":'
 _NAMES = re.compile(r"\.json(\.gz)?$|\.gz$|\.csv$|\.log(-\d+)?$|\.txt$", re.IGNORECASE)
 _MAD_LIMIT = 3.0
 _MIN_REL_DEVIATION = 0.10
@@ -115,7 +116,8 @@ def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps
         return {"ignored": f"{f.path}: neither a trace nor a collective_trace log or CSV"}
     with paused_gc():
         data, _ = read_bytes(f.path, storage_options)
-        trace = decode_trace(data)
+        # A merged trace is split per rank on the orjson path; ours say so in their first bytes.
+        trace = None if data.find(_MERGED_HEAD, 0, 256) >= 0 else decode_trace(data)
         if trace is not None and not _is_merged(trace.metadata):
             header = {"distributedInfo": trace.distributedInfo, "host_name": trace.host_name}
             rank, world_size, note = resolve_rank(f, header, rank_regex)

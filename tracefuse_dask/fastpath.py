@@ -39,9 +39,10 @@ from .rewrite import (
     pid_maps,
     process_metadata,
     to_ns,
+    us_text,
 )
 
-__all__ = ["Duration", "Micros", "handles", "rewrite_fast"]
+__all__ = ["Duration", "Micros", "decode_or_none", "handles", "rewrite_fast"]
 
 # The times the general path accepts: µs within ±2**63 ns, durations not negative.
 Micros = Annotated[int, Meta(gt=-_MAX_US, lt=_MAX_US)] | Annotated[float, Meta(gt=-_MAX_US, lt=_MAX_US)]
@@ -72,6 +73,19 @@ _decoder = msgspec.json.Decoder(_Trace)
 _encoder = msgspec.json.Encoder()
 _PH_PID_TID_CAT = attrgetter("ph", "pid", "tid", "cat")
 _PID, _TID, _TS, _ID = attrgetter("pid"), attrgetter("tid"), attrgetter("ts"), attrgetter("id")
+
+
+def decode_or_none(decoder: msgspec.json.Decoder, data: bytes) -> Any:
+    """``decoder.decode(data)``, or None when the text is not valid UTF-8 JSON of the decoder's type."""
+    if not data.isascii():
+        try:
+            data.decode()  # the decoder does not check the text of what it skips or keeps raw
+        except UnicodeDecodeError:
+            return None
+    try:
+        return decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
 
 
 def handles(options: MergeOptions, window_abs_ns: tuple[int, int] | None) -> bool:
@@ -111,15 +125,11 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
     """
     if not 0 <= rank <= MAX_RANK:
         raise MergeError(f"{who}: rank {rank} is outside 0..{MAX_RANK}, the range the pid layout holds")
-    if not data.isascii():
-        try:
-            data.decode()  # raw args are not checked by the decoder
-        except UnicodeDecodeError:
-            return None
-    try:
-        events = _decoder.decode(data).traceEvents
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    trace = decode_or_none(_decoder, data)
+    if trace is None:
         return None
+    events = trace.traceEvents
+    del trace
     n_in = len(events)
     if not options.include_pyfunc:
         events = [e for e in events if e.cat != "python_function"]
@@ -193,7 +203,7 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
                 out = to_ns(e.ts) + shift
                 if out < 0:
                     return None  # the general path says which event and why
-                e.ts = out / 1000 if out < _EXACT_NS else Raw(b"%d.%03d" % divmod(out, 1000))
+                e.ts = out / 1000 if out < _EXACT_NS else Raw(us_text(out))
         elif group and min(map(_TS, group)) < 0:
             return None
     ids = (set(map(_ID, events)) | set(map(_ID, metas))) - {UNSET}

@@ -235,7 +235,7 @@ def _rewrite_batch(tasks: list[RankTask], part_path: str, storage_options: Mappi
         for task in tasks:
             try:
                 with paused_gc():
-                    result, data = _rewrite_rank(task, storage_options)
+                    result, data = _rewrite_rank(task, part_path, storage_options)
             except _SKIPPABLE as e:
                 if not skip:
                     raise
@@ -245,7 +245,6 @@ def _rewrite_batch(tasks: list[RankTask], part_path: str, storage_options: Mappi
                 if fo is None:
                     fo = fsspec.open(part_path, "wb", **options_for(part_path, storage_options)).open()
                 fo.write(data)
-            result.part_path = part_path
             outcomes.append((result, None))
     finally:
         if fo is not None:
@@ -254,8 +253,10 @@ def _rewrite_batch(tasks: list[RankTask], part_path: str, storage_options: Mappi
     return outcomes
 
 
-def _rewrite_rank(task: RankTask, storage_options: Mapping[str, Any] | None) -> tuple[RankResult, bytes]:
-    """One rank's partition: its kept events, rewritten, as bytes that join by plain concatenation."""
+def _rewrite_rank(task: RankTask, part_path: str,
+                  storage_options: Mapping[str, Any] | None) -> tuple[RankResult, bytes | bytearray]:
+    """One rank's partition (for the file ``part_path``): its kept events, rewritten, as bytes that join by
+    plain concatenation."""
     who = f"{task.path} (rank {task.rank})"
     data, cut_gzip = read_bytes(task.path, storage_options, repair=task.repair)
     nbytes = len(data)
@@ -282,7 +283,7 @@ def _rewrite_rank(task: RankTask, storage_options: Mapping[str, Any] | None) -> 
     del body_json
     if task.compress and data:
         data = gzip_member(data)
-    return RankResult(task.rank, task.path, n_in, n_out, nbytes, len(data), "", head_json[1:-1],
+    return RankResult(task.rank, task.path, n_in, n_out, nbytes, len(data), part_path, head_json[1:-1],
                       [note] if note else []), data
 
 
@@ -639,7 +640,7 @@ def _outcomes(c: Client, futures: list[Any], show_progress: bool = False) -> lis
 
 
 def _flat(outcomes: list[tuple[Any, BaseException | None]]) -> list[tuple[Any, BaseException | None]]:
-    """Per-item outcomes from those of batch tasks; a failed batch fails each of its items."""
+    """Per-item outcomes from those of batch tasks; a batch task that failed as a whole raises its error."""
     flat: list[tuple[Any, BaseException | None]] = []
     for result, exc in outcomes:
         if exc is not None:

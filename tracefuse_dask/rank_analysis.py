@@ -25,7 +25,7 @@ import pandas as pd
 from msgspec import UNSET, Raw, Struct, UnsetType
 
 from .collectives import is_call_name, rank_collectives
-from .fastpath import Duration, Micros
+from .fastpath import Duration, Micros, decode_or_none
 from .model import MergeOptions
 from .rewrite import RankEvents, is_device_event, map_tid, to_ns
 
@@ -198,15 +198,7 @@ def decode_trace(data: bytes) -> Trace | None:
     -------
     Trace or None
     """
-    if not data.isascii():
-        try:
-            data.decode()  # the decoder does not check the text of the values it skips
-        except UnicodeDecodeError:
-            return None
-    try:
-        return _trace_decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
+    return decode_or_none(_trace_decoder, data)
 
 
 def _json_text(raw: Raw | UnsetType, cache: dict[bytes, str]) -> str:

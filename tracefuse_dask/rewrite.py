@@ -28,6 +28,7 @@ __all__ = [
     "is_gpu_label",
     "out_pid",
     "to_ns",
+    "us_text",
     "map_tid",
     "order_slots",
     "pid_maps",
@@ -71,10 +72,14 @@ def to_ns(value: Any) -> int:
     raise TypeError(f"expected a number, got {t.__name__}")
 
 
-def fmt_us(ns: int) -> orjson.Fragment:
+def us_text(ns: int) -> bytes:
     """Nanoseconds as µs text with exactly three decimals, Kineto's ``fmtTs``."""
-    q, r = divmod(ns, 1000)
-    return orjson.Fragment(f"{q}.{r:03d}")
+    return b"%d.%03d" % divmod(ns, 1000)
+
+
+def fmt_us(ns: int) -> orjson.Fragment:
+    """``us_text`` as a value orjson writes as it is."""
+    return orjson.Fragment(us_text(ns))
 
 
 def out_pid(rank: int, slot: int) -> int:
