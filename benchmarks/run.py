@@ -1192,6 +1192,8 @@ def main(argv: list[str] | None = None) -> int:
     s3_sizes = [args.s3_rank_mb] if args.s3 else []
     if args.s3 and args.s3_scale_mb and args.s3_scale_mb != args.s3_rank_mb:
         s3_sizes.append(args.s3_scale_mb)
+    if args.tmp_dir:
+        os.makedirs(args.tmp_dir, exist_ok=True)
 
     if args.analyze:
         return main_analyze(args)

@@ -1,7 +1,9 @@
 """Object storage: merges from and to real S3 (SeaweedFS) and GCS (fake-gcs-server) servers on 127.0.0.1."""
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
 import threading
 import time
@@ -21,7 +23,7 @@ from tracefuse_dask import (
 )
 from tracefuse_dask.cli import main
 from tracefuse_dask.io import options_for, redact
-from tracefuse_dask.storage import MIN_PART, plan_groups
+from tracefuse_dask.storage import MIN_PART, plan_groups, write_group
 from tracefuse_dask.synth import make_rank_trace, write_example
 
 MB = 2**20
@@ -41,6 +43,31 @@ def test_plan_groups(sizes, groups):
     got = plan_groups(pieces)
     assert got == groups
     assert all(sum(sizes[i] for i in g) >= MIN_PART for g in got[:-1])
+
+
+@pytest.mark.parametrize("kernel_copy", [None, errno.EXDEV, errno.ENOSPC], ids=["kernel", "no-kernel-copy", "disk-full"])
+def test_write_group_joins_local_files(tmp_path, monkeypatch, kernel_copy):
+    """Local partitions are copied by the kernel; where it cannot, through a buffer; a real error stops it."""
+    import fsspec
+
+    parts = []
+    for i, n in enumerate([3, 0, 5 * MB + 7]):
+        p = tmp_path / f"part-{i}"
+        p.write_bytes(bytes(range(256)) * (n // 256) + b"x" * (n % 256))
+        parts.append((str(p), n))
+    pieces = [b"HEAD", parts[0], parts[1], b"MID", parts[2], b"FOOT"]
+    want = b"HEAD" + Path(parts[0][0]).read_bytes() + b"MID" + Path(parts[2][0]).read_bytes() + b"FOOT"
+    if kernel_copy is not None:
+        def refuse(*args):
+            raise OSError(kernel_copy, os.strerror(kernel_copy))
+        monkeypatch.setattr(os, "copy_file_range", refuse)
+    dest = str(tmp_path / "out")
+    if kernel_copy == errno.ENOSPC:
+        with pytest.raises(OSError, match="No space"):
+            write_group(fsspec.filesystem("file"), pieces, dest)
+        return
+    assert write_group(fsspec.filesystem("file"), pieces, dest) == len(want)
+    assert Path(dest).read_bytes() == want
 
 
 @pytest.mark.parametrize(
