@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import dataclasses
 import datetime
 import gc
 import gzip
@@ -178,18 +179,31 @@ def in_child(ctx: Any, fn: Callable[..., Any], *args: Any) -> Any:
     return value
 
 
-def measure(fn: Callable[[], Any], repeat: int = 1) -> tuple[float, TreeRSS, Any]:
-    """Best time of ``repeat`` runs, and the memory of the run with the highest peak."""
-    best, worst_mem, result = math.inf, None, None
+def measure(fns: list[Callable[[], Any]], repeat: int = 1,
+            before: Callable[[], None] = lambda: None) -> list[tuple[float, TreeRSS, Any]]:
+    """Each function's best time of ``repeat`` rounds, and the memory of its run with the highest peak.
+
+    The rounds run every function once in turn, so that a machine that speeds up or
+    slows down during the run does not favour one row over another. Before each run,
+    untimed, ``before`` runs (it removes earlier outputs, so that every run writes new
+    files) and the page cache is written back (``os.sync``), so that no run pays for an
+    earlier one's writes.
+    """
+    best = [math.inf] * len(fns)
+    mems: list[TreeRSS | None] = [None] * len(fns)
+    results: list[Any] = [None] * len(fns)
     for _ in range(repeat):
-        with TreeRSS() as mem:
-            t = time.perf_counter()
-            result = fn()
-            best = min(best, time.perf_counter() - t)
-        if worst_mem is None or mem.peak - mem.baseline > worst_mem.peak - worst_mem.baseline:
-            worst_mem = mem
-    assert worst_mem is not None
-    return best, worst_mem, result
+        for i, fn in enumerate(fns):
+            before()
+            os.sync()
+            with TreeRSS() as mem:
+                t = time.perf_counter()
+                results[i] = fn()
+                best[i] = min(best[i], time.perf_counter() - t)
+            worst = mems[i]
+            if worst is None or mem.peak - mem.baseline > worst.peak - worst.baseline:
+                mems[i] = mem
+    return [(b, m, r) for b, m, r in zip(best, mems, results) if m is not None]
 
 
 def _warm(_: int = 0) -> None:
@@ -226,15 +240,34 @@ class Table:
             repeat: int = 1, out_bytes: Callable[[Any], int] = lambda r: 0,
             note: Callable[[Any], str] = lambda r: "", floor: str | None = None) -> None:
         """Measure ``fn`` and add its row (as ``floors[floor]`` too); a failure becomes a FAILED row."""
+        self.rows(dataset, size, floors, [Row(label, fn, out_bytes, note, floor)], repeat)
+
+    def rows(self, dataset: str, size: int, floors: dict[str, float], rows: list[Row], repeat: int = 1,
+             before: Callable[[], None] = lambda: None) -> None:
+        """Measure ``rows`` side by side (``measure``) and add them; a failure fails them all."""
         try:
-            seconds, mem, result = measure(fn, repeat)
+            measured = measure([r.fn for r in rows], repeat, before)
         except Exception as e:
             traceback.print_exc()
-            self.emit(fmt_row(label, dataset, size, None, None, floors, None, f"FAILED: {type(e).__name__}: {e}"))
+            for r in rows:
+                self.emit(fmt_row(r.label, dataset, size, None, None, floors, None, f"FAILED: {type(e).__name__}: {e}"))
             return
-        if floor:
-            floors[floor] = seconds
-        self.emit(fmt_row(label, dataset, size, seconds, mem, floors, out_bytes(result), note(result)))
+        for r, (seconds, _, _) in zip(rows, measured):
+            if r.floor:
+                floors[r.floor] = seconds
+        for r, (seconds, mem, result) in zip(rows, measured):
+            self.emit(fmt_row(r.label, dataset, size, seconds, mem, floors, r.out_bytes(result), r.note(result)))
+
+
+@dataclasses.dataclass
+class Row:
+    """One row of ``Table.rows``: what to run, and how to read its output size and note from its result."""
+
+    label: str
+    fn: Callable[[], Any]
+    out_bytes: Callable[[Any], int] = lambda r: 0
+    note: Callable[[Any], str] = lambda r: ""
+    floor: str | None = None  # the key its time is kept under, to compare the other rows with
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -705,7 +738,7 @@ def run_s3(args: argparse.Namespace, ctx: Any, client: Any, root: str,
                         return r
 
                     try:
-                        seconds, mem, r = measure(once, args.repeat)
+                        seconds, mem, r = measure([once], args.repeat)[0]
                     except Exception as e:
                         traceback.print_exc()
                         table.emit(f"| {label} | {name} |" + " – |" * (len(S3_COLUMNS) - 3)
@@ -866,7 +899,7 @@ def analyze_row(args: argparse.Namespace, client: Any, name: str, folder: str, h
 
     none = ["–"] * 3
     try:
-        seconds, mem, analysis = measure(lambda: analyze(folder, client=client), args.repeat)
+        seconds, mem, analysis = measure([lambda: analyze(folder, client=client)], args.repeat)[0]
     except Exception as e:
         traceback.print_exc()
         return cells("–", none, none, "–", "–", f"FAILED: tracefuse: {type(e).__name__}: {e}"), False
@@ -1031,7 +1064,7 @@ def main_scale(args: argparse.Namespace) -> int:
 
             def merge(folder: str, name: str) -> tuple[float, TreeRSS, Any]:
                 out = os.path.join(root, f"{name}.json.gz")
-                seconds, mem, res = measure(lambda: merge_traces(folder, out, client=client, force=True), args.repeat)
+                seconds, mem, res = measure([lambda: merge_traces(folder, out, client=client, force=True)], args.repeat)[0]
                 os.remove(out)
                 return seconds, mem, res
 
@@ -1124,6 +1157,12 @@ def _write_report(path: str | None, lines: list[str]) -> None:
             f.write("\n".join(lines) + "\n")
 
 
+def _empty(folder: str) -> None:
+    """Remove everything in ``folder``."""
+    for entry in os.scandir(folder):
+        shutil.rmtree(entry.path) if entry.is_dir() else os.remove(entry.path)
+
+
 def _cleanup(root: str, keep: bool) -> None:
     """Keep the datasets and outputs (and say where) or remove them."""
     if keep:
@@ -1154,7 +1193,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="also write the Markdown report to this file")
     ap.add_argument("--no-naive", action="store_true", help="skip the naive TraceLens-style merge")
     ap.add_argument("--include-pyfunc", action="store_true", help="merge with include_pyfunc=True")
-    ap.add_argument("--repeat", type=int, default=1, help="best of N runs per row (default 1; naive runs once)")
+    ap.add_argument("--repeat", type=int, default=1, help="best of N rounds per row; the rows of a dataset run in turn in each round (default 1; naive runs once)")
     ap.add_argument("--tmp-dir", help="where to put the datasets and outputs (default: the system temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the datasets and outputs")
     ap.add_argument("--s3", action="store_true", help="also run the S3 case on a local SeaweedFS (weed mini)")
@@ -1211,6 +1250,8 @@ def main(argv: list[str] | None = None) -> int:
               f"Every row uses {args.workers} worker processes. MB/s = uncompressed input MB / s. "
               f"RSS = summed over the process tree (benchmark + Dask nannies/workers + pool workers), "
               f"sampled every 25 ms; Δ = peak above the idle tree just before the row. "
+              f"s = best of {args.repeat} rounds; in each round the rows of a dataset run in turn, each "
+              f"writing new files, after the page cache was written back (`sync`). "
               f"tracefuse drops python_function events unless --include-pyfunc "
               f"({'on' if args.include_pyfunc else 'off'} here).\n")
     print(header, flush=True)
@@ -1242,20 +1283,20 @@ def main(argv: list[str] | None = None) -> int:
                 name, out_dir = f"{n}×{args.rank_mb:g} MB", os.path.join(root, f"out_{n}")
                 os.makedirs(out_dir)
                 floors: dict[str, float] = {}
+                rows = []
                 for key, gc_off in (("gc_on", False), ("gc_off", True)):
                     jobs = [(p, os.path.join(out_dir, f"floor_{key}_{r}.json"), gc_off) for r, p in enumerate(paths)]
-                    table.row(f"orjson floor (GC {key[3:]})", name, size, floors,
-                              lambda jobs=jobs: pool.map(_floor_task, jobs, chunksize=1), args.repeat, sum, floor=key)
+                    rows.append(Row(f"orjson floor (GC {key[3:]})", lambda jobs=jobs: pool.map(_floor_task, jobs, chunksize=1),
+                                    sum, floor=key))
                 for ext in ("json", "json.gz"):
                     out = os.path.join(out_dir, f"merged.{ext}")
-                    table.row(f"tracefuse merge → .{ext}", name, size, floors,
-                              lambda out=out: merge_traces(folder, out, client=client, force=True,
-                                                           include_pyfunc=args.include_pyfunc),
-                              args.repeat, lambda r: r.bytes_out,
-                              lambda r: f"{r.events_in:,} → {r.events_out:,} events")
+                    rows.append(Row(f"tracefuse merge → .{ext}",
+                                    lambda out=out: merge_traces(folder, out, client=client, force=True,
+                                                                 include_pyfunc=args.include_pyfunc),
+                                    lambda r: r.bytes_out, lambda r: f"{r.events_in:,} → {r.events_out:,} events"))
                 if importlib.util.find_spec("hta") is not None:
-                    table.row("HTA TraceAnalysis (parse only)", name, size, floors,
-                              lambda: in_child(ctx, _hta_parse, folder), args.repeat)
+                    rows.append(Row("HTA TraceAnalysis (parse only)", lambda: in_child(ctx, _hta_parse, folder)))
+                table.rows(name, size, floors, rows, args.repeat, before=lambda out_dir=out_dir: _empty(out_dir))
                 if size == smallest and not args.no_naive:
                     out = os.path.join(out_dir, "naive.json.gz")
                     table.row("naive TraceLens-style (1 process)", name, size, floors,

@@ -72,7 +72,7 @@ class _Trace(Struct, gc=False):
 _decoder = msgspec.json.Decoder(_Trace)
 _encoder = msgspec.json.Encoder()
 _PH_PID_TID_CAT = attrgetter("ph", "pid", "tid", "cat")
-_PID, _TID, _TS, _ID = attrgetter("pid"), attrgetter("tid"), attrgetter("ts"), attrgetter("id")
+_TID, _TS, _ID = attrgetter("tid"), attrgetter("ts"), attrgetter("id")
 
 
 def decode_or_none(decoder: msgspec.json.Decoder, data: bytes) -> Any:
@@ -131,20 +131,25 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
     events = trace.traceEvents
     del trace
     n_in = len(events)
-    if not options.include_pyfunc:
-        events = [e for e in events if e.cat != "python_function"]
     metas = [e for e in events if e.ph == "M"]
-    if metas:
+    if not options.include_pyfunc:
+        events = [e for e in events if e.cat != "python_function" and e.ph != "M"]
+        metas = [e for e in metas if e.cat != "python_function"]
+    elif metas:
         events = [e for e in events if e.ph != "M"]
-    flows = [e for e in events if e.ph in _FLOW_PH]
 
+    # Every distinct (ph, pid, tid, cat) of the events: what the pid layout, the tid check and the
+    # process metadata need, in one pass over the events.
+    keys = set(map(_PH_PID_TID_CAT, events))
     host: set[int] = set()
     device: set[int] = set()
     other: set[Any] = set()
     dev_tids: set[tuple[Any, Any]] = set()
     cat_dev: dict[Any, bool] = {}
-    for ph, pid, tid, cat in set(map(_PH_PID_TID_CAT, events)):
+    flow_pids = set()
+    for ph, pid, tid, cat in keys:
         if ph in _FLOW_PH:
+            flow_pids.add(pid)
             continue
         is_dev = cat_dev.get(cat)
         if is_dev is None:
@@ -169,7 +174,7 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
     for pid, is_gpu in labelled.items():
         if pid not in host and pid not in device:
             (device if is_gpu else host).add(pid)
-    for pid in set(map(_PID, flows)):  # a pid that carries only flow events still needs a process
+    for pid in flow_pids:  # a pid that carries only flow events still needs a process
         if type(pid) is str or pid < 0:
             other.add(pid)
         elif pid not in host and pid not in device:
@@ -186,10 +191,11 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
             e.pid = host_map[e.pid] if e.ph in _FLOW_PH else by_cat[e.cat][e.pid]
     for e in metas:
         e.pid = (dev_map if (e.pid, e.tid) in dev_tids else host_map)[e.pid]
-    head, shown = process_metadata(rank, slots, set(map(_PID, events)) if pid_map is None else
-                                   {pid_map[p] for p in set(map(_PID, events))}, options.keep_empty_processes)
+    used = ({pid_map[pid] for _, pid, _, _ in keys} if pid_map is not None else
+            {host_map[pid] if ph in _FLOW_PH else by_cat[cat][pid] for ph, pid, _, cat in keys})
+    head, shown = process_metadata(rank, slots, used, options.keep_empty_processes)
 
-    if any(type(t) is not int or not 0 <= t <= _U32 for t in set(map(_TID, events)) | set(map(_TID, metas))
+    if any(type(t) is not int or not 0 <= t <= _U32 for t in {k[2] for k in keys} | set(map(_TID, metas))
            if t is not UNSET):
         for group in (metas, events):
             for e in group:
