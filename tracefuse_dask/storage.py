@@ -9,8 +9,9 @@ the output's storage:
   multipart upload copies the parts server side (``UploadPartCopy``), in
   levels of at most 10,000 parts. The object appears only when complete.
 - GCS: ``compose``, at most 32 sources per call, as a tree.
-- Anything else (local disk, memory): one task streams the pieces into a
-  temporary file that is then renamed into place.
+- Anything else (local disk, memory): one task copies the pieces into a
+  temporary file that is then renamed into place; between local files the
+  kernel does the copy (``copy_file_range``).
 """
 from __future__ import annotations
 
