@@ -1102,7 +1102,7 @@ def main_scale(args: argparse.Namespace) -> int:
 
 def main_scaling(args: argparse.Namespace) -> int:
     """One worker against two, side by side: the merge on a 1- and a 2-worker cluster, the GC-off floor
-    on a 1- and a 2-process pool, alternating, best of ``--repeat`` (at least 3) each."""
+    on a 1- and a 2-process pool, in turn (``measure``), best of ``--repeat`` (at least 3) rounds each."""
     import distributed
 
     from tracefuse_dask import merge_traces
@@ -1111,7 +1111,7 @@ def main_scaling(args: argparse.Namespace) -> int:
     repeat = max(args.repeat, 3)
     n = int(args.ranks.split(",")[0])
     print(environment() + f"{n} ranks × {args.rank_mb:g} MB; every cluster and pool is started before any row; "
-          f"the rows alternate, best of {repeat}.\n", flush=True)
+          f"the rows run in turn, each writing new files after a `sync`, best of {repeat} rounds.\n", flush=True)
     root = tempfile.mkdtemp(prefix="tracefuse-scaling-", dir=args.tmp_dir)
     lines: list[str] = []
     try:
@@ -1127,18 +1127,18 @@ def main_scaling(args: argparse.Namespace) -> int:
                 clients[w].run(_warm)
                 pools[w] = stack.enter_context(ctx.Pool(w))
                 pools[w].map(_warm, range(2 * w), chunksize=1)
-            best: dict[tuple[str, int], float] = {}
-            for _ in range(repeat):
-                for w in (1, 2):
-                    for ext in ("json", "json.gz"):
-                        out = os.path.join(root, f"m{w}.{ext}")
-                        t = time.perf_counter()
-                        merge_traces(folder, out, client=clients[w], force=True)
-                        best[(ext, w)] = min(best.get((ext, w), math.inf), time.perf_counter() - t)
-                    jobs = [(p, os.path.join(root, f"floor_{w}_{r}.json"), True) for r, p in enumerate(paths)]
-                    t = time.perf_counter()
-                    pools[w].map(_floor_task, jobs, chunksize=1)
-                    best[("floor", w)] = min(best.get(("floor", w), math.inf), time.perf_counter() - t)
+            out_dir = os.path.join(root, "out")
+            os.makedirs(out_dir)
+            keys, fns = [], []
+            for w in (1, 2):
+                for ext in ("json", "json.gz"):
+                    out = os.path.join(out_dir, f"m{w}.{ext}")
+                    keys.append((ext, w))
+                    fns.append(lambda out=out, c=clients[w]: merge_traces(folder, out, client=c, force=True))
+                jobs = [(p, os.path.join(out_dir, f"floor_{w}_{r}.json"), True) for r, p in enumerate(paths)]
+                keys.append(("floor", w))
+                fns.append(lambda jobs=jobs, pool=pools[w]: pool.map(_floor_task, jobs, chunksize=1))
+            best = {k: m[0] for k, m in zip(keys, measure(fns, repeat, before=lambda: _empty(out_dir)))}
         lines += ["| row | 1 worker s | 2 workers s | speed-up |", "|---|---|---|---|"]
         for key, label in (("floor", "orjson floor (GC off), pool of 1 and 2 processes"),
                            ("json", "tracefuse merge → .json"), ("json.gz", "tracefuse merge → .json.gz")):
