@@ -146,7 +146,7 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
     other: set[Any] = set()
     dev_tids: set[tuple[Any, Any]] = set()
     cat_dev: dict[Any, bool] = {}
-    flow_pids = set()
+    flow_pids: set[Any] = set()
     for ph, pid, tid, cat in keys:
         if ph in _FLOW_PH:
             flow_pids.add(pid)

@@ -102,7 +102,7 @@ def _append(src: Any, dst: Any, size: int) -> None:
     """
     try:
         fds = src.fileno(), dst.fileno()
-    except OSError:  # io.UnsupportedOperation: not an OS file
+    except (AttributeError, OSError):  # io.UnsupportedOperation, or no fileno at all: not an OS file
         fds = None
     if fds is not None and hasattr(os, "copy_file_range"):
         dst.flush()
