@@ -180,8 +180,9 @@ def in_child(ctx: Any, fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def measure(fns: list[Callable[[], Any]], repeat: int = 1,
-            before: Callable[[], None] = lambda: None) -> list[tuple[float, TreeRSS, Any]]:
-    """Each function's best time of ``repeat`` rounds, and the memory of its run with the highest peak.
+            before: Callable[[], None] = lambda: None) -> list[tuple[float, TreeRSS, Any] | Exception]:
+    """Each function's best time of ``repeat`` rounds, and the memory of its run with the highest peak;
+    or the exception of its first failure (it is not run again).
 
     The rounds run every function once in turn, so that a machine that speeds up or
     slows down during the run does not favour one row over another. Before each run,
@@ -192,18 +193,40 @@ def measure(fns: list[Callable[[], Any]], repeat: int = 1,
     best = [math.inf] * len(fns)
     mems: list[TreeRSS | None] = [None] * len(fns)
     results: list[Any] = [None] * len(fns)
+    errors: list[Exception | None] = [None] * len(fns)
     for _ in range(repeat):
         for i, fn in enumerate(fns):
+            if errors[i] is not None:
+                continue
             before()
             os.sync()
-            with TreeRSS() as mem:
-                t = time.perf_counter()
-                results[i] = fn()
-                best[i] = min(best[i], time.perf_counter() - t)
+            try:
+                with TreeRSS() as mem:
+                    t = time.perf_counter()
+                    results[i] = fn()
+                    best[i] = min(best[i], time.perf_counter() - t)
+            except Exception as e:
+                errors[i] = e
+                continue
             worst = mems[i]
             if worst is None or mem.peak - mem.baseline > worst.peak - worst.baseline:
                 mems[i] = mem
-    return [(b, m, r) for b, m, r in zip(best, mems, results) if m is not None]
+    return [e if e is not None else (b, m, r) for b, m, r, e in zip(best, mems, results, errors)]
+
+
+def measure_one(fn: Callable[[], Any], repeat: int = 1) -> tuple[float, TreeRSS, Any]:
+    """``measure`` of one function; its failure is raised."""
+    got = measure([fn], repeat)[0]
+    if isinstance(got, Exception):
+        raise got
+    return got
+
+
+def _at_least_one(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not at least 1")
+    return n
 
 
 def _warm(_: int = 0) -> None:
@@ -244,19 +267,19 @@ class Table:
 
     def rows(self, dataset: str, size: int, floors: dict[str, float], rows: list[Row], repeat: int = 1,
              before: Callable[[], None] = lambda: None) -> None:
-        """Measure ``rows`` side by side (``measure``) and add them; a failure fails them all."""
-        try:
-            measured = measure([r.fn for r in rows], repeat, before)
-        except Exception as e:
-            traceback.print_exc()
-            for r in rows:
-                self.emit(fmt_row(r.label, dataset, size, None, None, floors, None, f"FAILED: {type(e).__name__}: {e}"))
-            return
-        for r, (seconds, _, _) in zip(rows, measured):
-            if r.floor:
-                floors[r.floor] = seconds
-        for r, (seconds, mem, result) in zip(rows, measured):
-            self.emit(fmt_row(r.label, dataset, size, seconds, mem, floors, r.out_bytes(result), r.note(result)))
+        """Measure ``rows`` side by side (``measure``) and add them; a failed row becomes a FAILED row."""
+        measured = measure([r.fn for r in rows], repeat, before)
+        for r, got in zip(rows, measured):
+            if r.floor and not isinstance(got, Exception):
+                floors[r.floor] = got[0]
+        for r, got in zip(rows, measured):
+            if isinstance(got, Exception):
+                traceback.print_exception(got)
+                self.emit(fmt_row(r.label, dataset, size, None, None, floors, None,
+                                  f"FAILED: {type(got).__name__}: {got}"))
+            else:
+                seconds, mem, result = got
+                self.emit(fmt_row(r.label, dataset, size, seconds, mem, floors, r.out_bytes(result), r.note(result)))
 
 
 @dataclasses.dataclass
@@ -738,7 +761,7 @@ def run_s3(args: argparse.Namespace, ctx: Any, client: Any, root: str,
                         return r
 
                     try:
-                        seconds, mem, r = measure([once], args.repeat)[0]
+                        seconds, mem, r = measure_one(once, args.repeat)
                     except Exception as e:
                         traceback.print_exc()
                         table.emit(f"| {label} | {name} |" + " – |" * (len(S3_COLUMNS) - 3)
@@ -899,7 +922,7 @@ def analyze_row(args: argparse.Namespace, client: Any, name: str, folder: str, h
 
     none = ["–"] * 3
     try:
-        seconds, mem, analysis = measure([lambda: analyze(folder, client=client)], args.repeat)[0]
+        seconds, mem, analysis = measure_one(lambda: analyze(folder, client=client), args.repeat)
     except Exception as e:
         traceback.print_exc()
         return cells("–", none, none, "–", "–", f"FAILED: tracefuse: {type(e).__name__}: {e}"), False
@@ -1064,7 +1087,7 @@ def main_scale(args: argparse.Namespace) -> int:
 
             def merge(folder: str, name: str) -> tuple[float, TreeRSS, Any]:
                 out = os.path.join(root, f"{name}.json.gz")
-                seconds, mem, res = measure([lambda: merge_traces(folder, out, client=client, force=True)], args.repeat)[0]
+                seconds, mem, res = measure_one(lambda: merge_traces(folder, out, client=client, force=True), args.repeat)
                 os.remove(out)
                 return seconds, mem, res
 
@@ -1138,7 +1161,11 @@ def main_scaling(args: argparse.Namespace) -> int:
                 jobs = [(p, os.path.join(out_dir, f"floor_{w}_{r}.json"), True) for r, p in enumerate(paths)]
                 keys.append(("floor", w))
                 fns.append(lambda jobs=jobs, pool=pools[w]: pool.map(_floor_task, jobs, chunksize=1))
-            best = {k: m[0] for k, m in zip(keys, measure(fns, repeat, before=lambda: _empty(out_dir)))}
+            measured = measure(fns, repeat, before=lambda: _empty(out_dir))
+            for got in measured:
+                if isinstance(got, Exception):
+                    raise got
+            best = {k: got[0] for k, got in zip(keys, measured)}  # type: ignore[index]
         lines += ["| row | 1 worker s | 2 workers s | speed-up |", "|---|---|---|---|"]
         for key, label in (("floor", "orjson floor (GC off), pool of 1 and 2 processes"),
                            ("json", "tracefuse merge → .json"), ("json.gz", "tracefuse merge → .json.gz")):
@@ -1193,7 +1220,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="also write the Markdown report to this file")
     ap.add_argument("--no-naive", action="store_true", help="skip the naive TraceLens-style merge")
     ap.add_argument("--include-pyfunc", action="store_true", help="merge with include_pyfunc=True")
-    ap.add_argument("--repeat", type=int, default=1, help="best of N rounds per row; the rows of a dataset run in turn in each round (default 1; naive runs once)")
+    ap.add_argument("--repeat", type=_at_least_one, default=1, help="best of N rounds per row; the rows of a dataset run in turn in each round (default 1; naive runs once)")
     ap.add_argument("--tmp-dir", help="where to put the datasets and outputs (default: the system temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the datasets and outputs")
     ap.add_argument("--s3", action="store_true", help="also run the S3 case on a local SeaweedFS (weed mini)")

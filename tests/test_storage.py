@@ -45,9 +45,11 @@ def test_plan_groups(sizes, groups):
     assert all(sum(sizes[i] for i in g) >= MIN_PART for g in got[:-1])
 
 
-@pytest.mark.parametrize("kernel_copy", [None, errno.EXDEV, errno.ENOSPC], ids=["kernel", "no-kernel-copy", "disk-full"])
+@pytest.mark.parametrize("kernel_copy", [None, errno.EXDEV, "partial", errno.ENOSPC],
+                         ids=["kernel", "no-kernel-copy", "refused-midway", "disk-full"])
 def test_write_group_joins_local_files(tmp_path, monkeypatch, kernel_copy):
-    """Local partitions are copied by the kernel; where it cannot, through a buffer; a real error stops it."""
+    """Local partitions are copied by the kernel; where it cannot (from the start or midway), through a
+    buffer; a real error stops it."""
     import fsspec
 
     parts = []
@@ -57,7 +59,16 @@ def test_write_group_joins_local_files(tmp_path, monkeypatch, kernel_copy):
         parts.append((str(p), n))
     pieces = [b"HEAD", parts[0], parts[1], b"MID", parts[2], b"FOOT"]
     want = b"HEAD" + Path(parts[0][0]).read_bytes() + b"MID" + Path(parts[2][0]).read_bytes() + b"FOOT"
-    if kernel_copy is not None:
+    if kernel_copy == "partial":
+        real, copied = os.copy_file_range, []
+
+        def refuse(src, dst, count):  # 1000 bytes a call; past 2000 in all, it refuses (in the big part)
+            if sum(copied) >= 2000:
+                raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+            copied.append(real(src, dst, min(count, 1000)))
+            return copied[-1]
+        monkeypatch.setattr(os, "copy_file_range", refuse)
+    elif kernel_copy is not None:
         def refuse(*args):
             raise OSError(kernel_copy, os.strerror(kernel_copy))
         monkeypatch.setattr(os, "copy_file_range", refuse)
