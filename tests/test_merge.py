@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import gzip
+import tarfile
 from pathlib import Path
 
+import orjson
 import pytest
 
 from conftest import BASE, REAL_SETS, make_trace, shared, write_trace
@@ -101,6 +103,46 @@ def test_batching_does_not_change_the_output(client, tmp_path, monkeypatch, out)
     monkeypatch.setattr(merge, "BATCH_BYTES", 1)  # every rank its own task
     merge_traces(str(folder), str(tmp_path / f"alone-{out}"), client=client)
     assert (tmp_path / f"batched-{out}").read_bytes() == (tmp_path / f"alone-{out}").read_bytes()
+
+
+def test_big_rank_metadata_reaches_every_output_but_not_the_client(client, tmp_path):
+    """Process groups of a big job (here 200,000 ranks in the default group) go from Phase A's files into the
+    merged header, each split part and each archive member; Phase A hands the client only where they lie."""
+    world = 200_000
+    ev = {"ph": "X", "cat": "cpu_op", "name": "op", "pid": 100, "tid": 100, "ts": 5.0, "dur": 1.0}
+    docs = {}
+    for r in range(3):
+        info = {"backend": "nccl", "rank": r, "world_size": world, "pg_count": 2,
+                "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": world, "ranks": list(range(world))},
+                              {"pg_name": "1", "pg_desc": "tp", "pg_size": 2, "ranks": [r, r + 1]}]}
+        docs[r] = make_trace(r, [ev], distributedInfo=info, host_name=f"node{r}",
+                             deviceProperties=[{"id": 0, "name": "GPU"}])
+        write_trace(tmp_path / "in" / f"rank{r}.json", docs[r])
+    files = [merge.InputFile(str(tmp_path / "in" / f"rank{r}.json")) for r in range(3)]
+    outcomes = merge._read_headers(files, str(tmp_path / "meta.json"), None, None, False)
+    for r, (h, err) in enumerate(outcomes):
+        assert err is None and h.header == {"distributedInfo": {"rank": r, "world_size": world}}
+        path, offset, length = h.meta
+        text = Path(path).read_bytes()[offset:offset + length]
+        assert orjson.loads(text) == {k: docs[r].get(k) for k in ("distributedInfo", "deviceProperties", "host_name")}
+
+    def ranks_meta(doc):
+        return {int(r): {k: m[k] for k in ("distributedInfo", "deviceProperties", "host_name")}
+                for r, m in doc["metadata"]["tracefuse"]["ranks"].items()}
+
+    want = {r: {k: docs[r].get(k) for k in ("distributedInfo", "deviceProperties", "host_name")} for r in range(3)}
+    for out in ("m.json", "m.json.gz"):
+        merge_traces(str(tmp_path / "in"), str(tmp_path / out), client=client)
+        assert ranks_meta(load_exact(tmp_path / out)) == want
+    merge_traces(str(tmp_path / "in"), str(tmp_path / "s.json"), client=client, split=2)
+    parts = sorted(tmp_path.glob("s.ranks-*.json"))
+    assert [sorted(ranks_meta(load_exact(p))) for p in parts] == [[0], [1, 2]]
+    assert {r: m for p in parts for r, m in ranks_meta(load_exact(p)).items()} == want
+    merge_traces(str(tmp_path / "in"), str(tmp_path / "a.tar"), client=client, format="perfetto-archive")
+    with tarfile.open(tmp_path / "a.tar") as tar:
+        for r in range(3):
+            member = orjson.loads(tar.extractfile(f"rank-{r:05d}.json").read())
+            assert ranks_meta(member) == {r: want[r]}
 
 
 def test_gzip_members_single_and_per_rank_hold_the_same_json(client, tmp_path):

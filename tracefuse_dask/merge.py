@@ -1,11 +1,13 @@
 """The Dask side of the merge: per-rank tasks, one small reduce, and the final concatenation.
 
-Phase A reads each rank's header in a task and returns a ``RankHeader``. The
-client reduces those into a plan (ranks, base times), which is the only
+Phase A reads each rank's header in a task and returns a ``RankHeader``; the
+metadata a rank carries into the output goes to a file next to the output. The
+client reduces the headers into a plan (ranks, base times), which is the only
 cross-rank state. Phase B rewrites each rank in a task that writes its own
-partition next to the output and returns counts. A last task streams the
-header and the partitions, in rank order, into the output and renames it into
-place. The client never holds trace bytes.
+partition next to the output and returns counts. Tasks write the output's
+header from Phase A's files; then the header and the partitions are joined, in
+rank order, into the output, which is renamed into place. The client never
+holds trace bytes, nor the ranks' metadata.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import fsspec
 import orjson
 from dask.base import tokenize
 from distributed import Client, LocalCluster, progress, wait
+from isal import igzip
 
 from ._version import __version__
 from .errors import (
@@ -45,6 +48,7 @@ from .io import (
     check_document,
     decode_json,
     expand_inputs,
+    GZIP_LEVEL,
     gzip_member,
     parse_json,
     paused_gc,
@@ -682,40 +686,81 @@ def batches(sizes: list[int | None], limit: int = BATCH_BYTES) -> list[range]:
     return out
 
 
-def _read_headers(files: list[InputFile], storage_options: Mapping[str, Any] | None, earliest: MergeOptions | None,
-                  repair: bool) -> list[tuple[RankHeader | None, BaseException | None]]:
-    """Phase A task: the headers of several files, or why a file could not be read."""
+def _read_headers(files: list[InputFile], meta_path: str, storage_options: Mapping[str, Any] | None,
+                  earliest: MergeOptions | None, repair: bool) -> list[tuple[RankHeader | None, BaseException | None]]:
+    """Phase A task: the headers of several files, or why a file could not be read.
+
+    The metadata each rank carries into the output (``_RANK_META``) goes to the file
+    ``meta_path``, not to the client: a job of 10,000 ranks has 10,000 copies of its
+    process groups, which can take gigabytes. A header holds where its text lies.
+    """
     outcomes: list[tuple[RankHeader | None, BaseException | None]] = []
+    texts: list[bytes] = []
+    offset = 0
     for f in files:
         try:
-            outcomes.append((_slim(_read_header_rank(f, storage_options, earliest, repair)), None))
+            h, text = _slim(_read_header_rank(f, storage_options, earliest, repair))
         except _SKIPPABLE as e:
             outcomes.append((None, e))
+            continue
+        h.meta = (meta_path, offset, len(text))
+        texts.append(text)
+        offset += len(text)
+        outcomes.append((h, None))
+    if texts:
+        with _writing(meta_path), storage_errors(meta_path, storage_options):
+            with fsspec.open(meta_path, "wb", **options_for(meta_path, storage_options)) as fo:
+                fo.write(b"".join(texts))
     return outcomes
 
 
-def _rank_meta(source: str, h: RankHeader) -> orjson.Fragment:
-    """A rank's entry in the output's metadata, as JSON text; it takes over the header's, which it frees."""
-    text = b"".join([orjson.dumps({"source": source, "baseTimeNanoseconds": h.base})[:-1], b",", h.meta[1:]])
-    h.meta = b""
-    return orjson.Fragment(text)
-
-
-def _slim(h: RankHeader) -> RankHeader:
-    """Keep of the header only what the client reads; what the output's metadata holds goes as JSON text.
-
-    A job of 10,000 ranks has 10,000 headers of GPU properties and process groups: as
-    text they take a fraction of the client's memory that they take as objects.
-    """
+def _slim(h: RankHeader) -> tuple[RankHeader, bytes]:
+    """Keep of the header only what the client reads, and return what the output's metadata holds as JSON text."""
     try:
-        h.meta = orjson.dumps({k: h.header.get(k) for k in _RANK_META})
+        text = orjson.dumps({k: h.header.get(k) for k in _RANK_META})
     except TypeError as e:
         raise TraceFormatError(f"{h.path}: a header value cannot be written as JSON ({e}); fix the header or "
                                "drop this file") from None
     info = h.header.get("distributedInfo")
     h.header = {"distributedInfo": {k: info[k] for k in ("rank", "world_size") if k in info}} \
         if isinstance(info, dict) else {}
-    return h
+    return h, text
+
+
+def _write_heads(jobs: list[tuple[str, bytes, list[tuple[int, str, int | None, tuple[str, int, int]]], bytes, bool]],
+                 storage_options: Mapping[str, Any] | None) -> list[int]:
+    """Task: write merged traces' headers, each to its own file; returns their sizes.
+
+    A job is ``(dest, pre, ranks, post, compress)``: the header is ``pre``, then the
+    ``"rank": {...}`` entries of the output's metadata, their text read from the files
+    of Phase A in the order of ``ranks`` (which follows those files, so each is read
+    once, front to back), then ``post``; one gzip member with ``compress``.
+    """
+    sizes = []
+    for dest, pre, ranks, post, compress in jobs:
+        with _writing(dest), storage_errors(dest, storage_options):
+            with fsspec.open(dest, "wb", **options_for(dest, storage_options)) as raw:
+                out = (igzip.IGzipFile(filename="", fileobj=raw, mode="wb", compresslevel=GZIP_LEVEL, mtime=0)
+                       if compress else raw)
+                out.write(pre)
+                src_path, src = None, None
+                for i, (rank, source, base, (path, offset, length)) in enumerate(ranks):
+                    if path != src_path:
+                        if src is not None:
+                            src.close()
+                        src_path, src = path, fsspec.open(path, "rb", **options_for(path, storage_options)).open()
+                    src.seek(offset)
+                    text = src.read(length)
+                    out.write(b"".join([b"," if i else b"", b'"%d":' % rank,
+                                        orjson.dumps({"source": source, "baseTimeNanoseconds": base})[:-1],
+                                        b",", text[1:]]))
+                if src is not None:
+                    src.close()
+                out.write(post)
+                if out is not raw:
+                    out.close()  # the gzip trailer; raw stays open
+                sizes.append(raw.tell())
+    return sizes
 
 
 def _run(c: Client, files: list[InputFile], skipped_names: list[str], out: str, tmp_dir: str,
@@ -730,8 +775,9 @@ def _run(c: Client, files: list[InputFile], skipped_names: list[str], out: str, 
         earliest = MergeOptions(options.include_pyfunc, options.keep, options.steps, None, options.filter_fn)
     t0 = time.perf_counter()
     groups = [[files[i] for i in b] for b in batches([f.size for f in files], BATCH_BYTES)]
-    keys = [f"tracefuse-header-{tokenize(g, so, earliest, repair)}" for g in groups]
-    futures[:] = c.map(_read_headers, groups, storage_options=so, earliest=earliest, repair=repair, key=keys)
+    metas = [f"{tmp_dir}/meta-{k:08d}.json" for k in range(len(groups))]
+    keys = [f"tracefuse-header-{tokenize(g, so, earliest, repair, m)}" for g, m in zip(groups, metas)]
+    futures[:] = c.map(_read_headers, groups, metas, storage_options=so, earliest=earliest, repair=repair, key=keys)
     read = _settle(_flat(_outcomes(c, futures)), [f.path for f in files], [f.rank_hint for f in files], on_error,
                    skipped)
     log.info("read %d headers in %.2f s", len(read), time.perf_counter() - t0)
@@ -807,14 +853,12 @@ def _run(c: Client, files: list[InputFile], skipped_names: list[str], out: str, 
             warnings.append(f"{len(missing)} of {ws} ranks missing: {_ranges(missing)}")
     sources = relative_sources([f.path for f in files])
     by_rank = dict(chosen)
+    entries = {res.rank: (res.rank, sources[res.path], by_rank[res.rank].base, by_rank[res.rank].meta)
+               for res in results}
     meta = {
         "version": __version__,
         "base_time_ns": base_out,
         "options": {**options.describe(), "align": align},
-        "ranks": {
-            str(res.rank): _rank_meta(sources[res.path], by_rank[res.rank])
-            for res in results
-        },
         "skipped": [{"rank": sk["rank"], "source": sources[sk["path"]],
                      "reason": sk["reason"].replace(sk["path"], sources[sk["path"]])} for sk in skipped],
     }
@@ -824,9 +868,11 @@ def _run(c: Client, files: list[InputFile], skipped_names: list[str], out: str, 
     t0 = time.perf_counter()
     futures.clear()
     if fmt == "perfetto-archive":
-        bytes_out = _assemble(c, out, tmp_dir, _archive_pieces(results, meta, base_out), gzip_out, so, futures)
+        jobs = [_head_job(f"{tmp_dir}/head-{r.rank:08d}.json", base_out, meta, [r], entries, False) for r in results]
+        heads: list[Piece] = [(job[0], size) for job, size in zip(jobs, _heads(c, jobs, so, futures))]
+        bytes_out = _assemble(c, out, tmp_dir, _archive_pieces(results, meta, heads), gzip_out, so, futures)
     else:
-        bytes_out = _assemble_parts(c, parts, meta, base_out, tmp_dir, gzip_out,
+        bytes_out = _assemble_parts(c, parts, meta, entries, base_out, tmp_dir, gzip_out,
                                     gzip_out and gzip_members == "single", so, force, futures)
     log.info("wrote %s (%d bytes) in %.2f s", ", ".join(o for o, _ in parts), bytes_out, time.perf_counter() - t0)
     return MergeSummary(
@@ -889,9 +935,9 @@ def _pieces(results: list[RankResult]) -> list[Piece]:
     return pieces
 
 
-def _assemble_parts(c: Client, parts: list[tuple[str, list[RankResult]]], meta: dict[str, Any], base_out: int,
-                    tmp_dir: str, gzip_out: bool, single_member: bool, so: dict[str, Any], force: bool,
-                    futures: list[Any]) -> int:
+def _assemble_parts(c: Client, parts: list[tuple[str, list[RankResult]]], meta: dict[str, Any],
+                    entries: dict[int, Any], base_out: int, tmp_dir: str, gzip_out: bool, single_member: bool,
+                    so: dict[str, Any], force: bool, futures: list[Any]) -> int:
     """Write each part's header and partitions; with several parts, none is left behind when one fails."""
     if len(parts) > 1:
         for o, _ in parts:
@@ -899,17 +945,22 @@ def _assemble_parts(c: Client, parts: list[tuple[str, list[RankResult]]], meta: 
                 fs, path = fsspec.core.url_to_fs(o, **options_for(o, so))
                 if fs.exists(path) and not force:
                     raise OutputExistsError(f"{o}: the output exists; pass --force (force=True) to replace it")
+    compress = gzip_out and not single_member
+    ext = ".json.gz" if compress else ".json"
+    jobs = []
+    for k, (o, group) in enumerate(parts):
+        part_meta = dict(meta)
+        if len(parts) > 1:
+            part_meta["split"] = {"part": k + 1, "of": len(parts), "first_rank": group[0].rank,
+                                  "last_rank": group[-1].rank, "files": [p.rsplit("/", 1)[-1] for p, _ in parts]}
+        jobs.append(_head_job(f"{tmp_dir}/head-{k:06d}{ext}", base_out, part_meta, group, entries, compress))
+    heads = _heads(c, jobs, so, futures)
     written: list[str] = []
     total = 0
     try:
         for k, (o, group) in enumerate(parts):
-            part_meta = {**meta, "ranks": {str(r.rank): meta["ranks"][str(r.rank)] for r in group}}
-            if len(parts) > 1:
-                part_meta["split"] = {"part": k + 1, "of": len(parts), "first_rank": group[0].rank,
-                                      "last_rank": group[-1].rank, "files": [p.rsplit("/", 1)[-1] for p, _ in parts]}
-            wrap = gzip_member if gzip_out and not single_member else (lambda b: b)
-            pieces: list[Piece] = ([wrap(_json_head(base_out, part_meta, [r.head for r in group]))]
-                                   + _pieces(group) + [wrap(_FOOT)])
+            pieces: list[Piece] = ([(jobs[k][0], heads[k])] + _pieces(group)
+                                   + [gzip_member(_FOOT) if compress else _FOOT])
             part_tmp = tmp_dir if len(parts) == 1 else f"{tmp_dir}/split-{k:06d}"
             if len(parts) > 1:
                 with storage_errors(part_tmp, so):
@@ -929,11 +980,30 @@ def _assemble_parts(c: Client, parts: list[tuple[str, list[RankResult]]], meta: 
     return total
 
 
-def _json_head(base_out: int, meta: dict[str, Any], heads: list[bytes]) -> bytes:
-    """A merged trace's header up to its first events: the ranks' process metadata."""
-    return b"".join([b'{"schemaVersion":1,"displayTimeUnit":"ms","baseTimeNanoseconds":', str(base_out).encode(),
-                     b',"metadata":{"tracefuse":', orjson.dumps(meta), b'},"traceEvents":[\n',
-                     _SEP.join(h for h in heads if h)])  # one copy: with 10,000 ranks this is tens of MB
+def _head_job(dest: str, base_out: int, meta: dict[str, Any], results: list[RankResult], entries: dict[int, Any],
+              compress: bool) -> tuple[str, bytes, list[Any], bytes, bool]:
+    """A ``_write_heads`` job: the header of a merged trace of ``results``, up to its first events."""
+    pre = b"".join([b'{"schemaVersion":1,"displayTimeUnit":"ms","baseTimeNanoseconds":', str(base_out).encode(),
+                    b',"metadata":{"tracefuse":', orjson.dumps(meta)[:-1], b',"ranks":{'])
+    post = b"".join([b'}}},"traceEvents":[\n', _SEP.join(r.head for r in results if r.head)])
+    ranks = sorted((entries[r.rank] for r in results), key=lambda e: e[3])  # in the order of Phase A's files
+    return dest, pre, ranks, post, compress
+
+
+def _heads(c: Client, jobs: list[tuple[str, bytes, list[Any], bytes, bool]], so: dict[str, Any],
+           futures: list[Any]) -> list[int]:
+    """Write the headers of ``jobs`` in tasks of at most ``BATCH_RANKS`` ranks each; their sizes, in order."""
+    chunks: list[list[Any]] = []
+    n = BATCH_RANKS
+    for job in jobs:
+        if n + len(job[2]) > BATCH_RANKS:
+            chunks.append([])
+            n = 0
+        chunks[-1].append(job)
+        n += len(job[2])
+    got = c.map(_write_heads, chunks, storage_options=so, key=[f"tracefuse-head-{tokenize(ch, so)}" for ch in chunks])
+    futures.extend(got)
+    return [size for fut in got for size in fut.result()]
 
 
 def archive_member(rank: int) -> str:
@@ -963,7 +1033,7 @@ def _perfetto_manifest(results: list[RankResult], meta: dict[str, Any]) -> bytes
                         option=orjson.OPT_INDENT_2) + b"\n"
 
 
-def _archive_pieces(results: list[RankResult], meta: dict[str, Any], base_out: int) -> list[Piece]:
+def _archive_pieces(results: list[RankResult], meta: dict[str, Any], heads: list[Piece]) -> list[Piece]:
     """The bytes of a TAR of ``perfetto_manifest.json`` and one complete JSON trace per rank, as pieces.
 
     Members come in a fixed order (the manifest, then ranks ascending) with fixed headers
@@ -971,10 +1041,9 @@ def _archive_pieces(results: list[RankResult], meta: dict[str, Any], base_out: i
     takes its base-256 sizes (members over 8 GiB) but not pax headers.
     """
     members: list[tuple[str, list[Piece]]] = [(PERFETTO_MANIFEST, [_perfetto_manifest(results, meta)])]
-    for r in results:
-        rank_meta = {**meta, "ranks": {str(r.rank): meta["ranks"][str(r.rank)]}}
+    for r, head in zip(results, heads):
         body: list[Piece] = [(r.part_path, r.part_bytes)] if r.part_bytes else []
-        members.append((archive_member(r.rank), [_json_head(base_out, rank_meta, [r.head]), *body, _FOOT]))
+        members.append((archive_member(r.rank), [head, *body, _FOOT]))
     pieces: list[Piece] = []
     pending = b""
     offset = 0
@@ -1040,9 +1109,16 @@ def _fill_earliest(c: Client, headers: list[RankHeader], so: dict[str, Any], opt
     todo = [h for h in headers if h.earliest_ns is None]
     files = [InputFile(h.path) for h in todo]
     keys = [f"tracefuse-earliest-{tokenize(f, so, opts, repair)}" for f in files]
-    futures[:] = c.map(_read_header_rank, files, storage_options=so, earliest=opts, repair=repair, key=keys)
+    futures[:] = c.map(_earliest, files, storage_options=so, earliest=opts, repair=repair, key=keys)
     for h, got in zip(todo, c.gather(futures)):
-        h.earliest_ns, h.earliest_kept_ns = got.earliest_ns, got.earliest_kept_ns
+        h.earliest_ns, h.earliest_kept_ns = got
+
+
+def _earliest(f: InputFile, storage_options: Mapping[str, Any] | None, earliest: MergeOptions,
+              repair: bool) -> tuple[int | None, int | None]:
+    """Task: a rank's earliest event, over all events and over those kept (nothing else of its header)."""
+    h = _read_header_rank(f, storage_options, earliest, repair)
+    return h.earliest_ns, h.earliest_kept_ns
 
 
 def _ranges(values: list[int]) -> str:

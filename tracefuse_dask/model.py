@@ -143,7 +143,9 @@ class RankHeader:
     earliest_kept_ns: int | None = None  # absolute, over kept events (only when asked)
     repair_note: str | None = None
     relative_times: bool = False  # repaired without a base, but its ts look relative to one
-    meta: bytes = b"{}"  # its distributedInfo, deviceProperties and host_name, as JSON
+    # where its distributedInfo, deviceProperties and host_name lie as JSON text: (file, offset, length)
+    # in a file of Phase A, so that the client never holds them
+    meta: tuple[str, int, int] | None = None
 
 
 @dataclass(frozen=True)
