@@ -1006,10 +1006,13 @@ def main_analyze(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------------------
 # The scale case: many small ranks (per-rank overhead) and flat memory as the rank count grows.
 
-def _write_copies(args: tuple[bytes, int, int, int, str]) -> int:
-    """Write ranks ``first..last-1`` as copies of one template trace, each with its own rank."""
-    template, first, last, world_size, folder = args
+def _write_copies(args: tuple[bytes, int, int, int, str, bool]) -> int:
+    """Write ranks ``first..last-1`` as copies of one template trace, each with its own rank; with
+    ``full_groups`` the default process group lists all ``world_size`` ranks, as a real job's does."""
+    template, first, last, world_size, folder, full_groups = args
     doc = orjson.loads(template)
+    if full_groups:
+        doc["distributedInfo"]["pg_config"][0].update(pg_size=world_size, ranks=list(range(world_size)))
     for r in range(first, last):
         doc["distributedInfo"].update(rank=r, world_size=world_size)
         with open(os.path.join(folder, f"rank{r}.pt.trace.json"), "wb") as f:
@@ -1017,12 +1020,12 @@ def _write_copies(args: tuple[bytes, int, int, int, str]) -> int:
     return (last - first) * len(orjson.dumps(doc))
 
 
-def make_small_ranks(pool: Any, root: str, ranks: int, rank_kb: float) -> tuple[str, int]:
-    folder = os.path.join(root, f"in_{ranks}x{rank_kb:g}kB")
+def make_small_ranks(pool: Any, root: str, ranks: int, rank_kb: float, full_groups: bool = False) -> tuple[str, int]:
+    folder = os.path.join(root, f"in_{ranks}x{rank_kb:g}kB{'_groups' if full_groups else ''}")
     os.makedirs(folder)
     template = orjson.dumps(make_rank_trace(0, 8, target_bytes=int(rank_kb * 1000), seed=0))
     step = 500
-    jobs = [(template, a, min(a + step, ranks), ranks, folder) for a in range(0, ranks, step)]
+    jobs = [(template, a, min(a + step, ranks), ranks, folder, full_groups) for a in range(0, ranks, step)]
     return folder, sum(pool.map(_write_copies, jobs, chunksize=1))
 
 
@@ -1077,6 +1080,7 @@ def main_scale(args: argparse.Namespace) -> int:
         with ctx.Pool(args.workers) as pool:
             t = time.perf_counter()
             small, small_bytes = make_small_ranks(pool, root, args.small_ranks, args.small_kb)
+            grouped, grouped_bytes = make_small_ranks(pool, root, args.small_ranks, args.small_kb, full_groups=True)
             large, _, large_bytes = make_dataset(pool, root, 8, small_bytes / 8 / MB)
             linked = make_linked_ranks(pool, root, [int(x) for x in args.memory_ranks.split(",")], args.rank_mb)
             print(f"generated the datasets in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
@@ -1117,6 +1121,10 @@ def main_scale(args: argparse.Namespace) -> int:
             emit(f"| {args.small_ranks:,} × {args.small_kb:g} kB | {args.small_ranks:,} | {small_bytes / MB:,.0f} | "
                  f"{s:.2f} | {small_bytes / MB / s:.1f} | {over:.2f} | {mem.peak / 2**20:,.0f} | "
                  f"{mem.self_peak / 2**20:,.0f} | {res.events_in:,} → {res.events_out:,} |")
+            s, mem, res = merge(grouped, "grouped")
+            emit(f"| the same, each rank's default process group listing all {args.small_ranks:,} ranks | "
+                 f"{args.small_ranks:,} | {grouped_bytes / MB:,.0f} | {s:.2f} | {grouped_bytes / MB / s:.1f} | – | "
+                 f"{mem.peak / 2**20:,.0f} | {mem.self_peak / 2**20:,.0f} | {res.events_in:,} → {res.events_out:,} |")
     finally:
         _cleanup(root, args.keep)
     _write_report(args.out, lines)

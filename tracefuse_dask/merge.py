@@ -1001,7 +1001,9 @@ def _heads(c: Client, jobs: list[tuple[str, bytes, list[Any], bytes, bool]], so:
             n = 0
         chunks[-1].append(job)
         n += len(job[2])
-    got = c.map(_write_heads, chunks, storage_options=so, key=[f"tracefuse-head-{tokenize(ch, so)}" for ch in chunks])
+    keys = [f"tracefuse-head-{tokenize(ch, so)}" for ch in chunks]
+    # Scattered, not put in the graph: with 10,000 ranks the process metadata events are tens of MB.
+    got = c.map(_write_heads, c.scatter(chunks), storage_options=so, key=keys)
     futures.extend(got)
     return [size for fut in got for size in fut.result()]
 
