@@ -117,3 +117,19 @@ def test_archive_to_s3_matches_the_local_one(merged, client, s3, bucket_name):
     fs.invalidate_cache()
     assert fs.find(bucket_name) == [f"{bucket_name}/m.tar"]
     assert not fs.call_s3("list_multipart_uploads", Bucket=bucket_name).get("Uploads")
+
+
+def test_archive_pieces_are_files_and_tar_bytes_with_no_empty_piece():
+    """Each member's header and partition stay whole file pieces (copied server side on S3/GCS), and no empty
+    bytes piece sits between them (it would pair each partition with it into a copy through a worker)."""
+    from tracefuse_dask.merge import _archive_pieces
+    from tracefuse_dask.model import RankResult
+
+    results = [RankResult(r, f"in/rank{r}.json", 1, 1, 1, 10_000 + r, f"tmp/part-{r}.json") for r in range(3)]
+    heads = [(f"tmp/head-{r}.json", 700 + r) for r in range(3)]
+    pieces = _archive_pieces(results, {"version": "0", "base_time_ns": 0}, heads)
+    assert b"" not in pieces
+    assert [p for p in pieces if not isinstance(p, bytes)] == [
+        x for r in range(3) for x in (heads[r], (f"tmp/part-{r}.json", 10_000 + r))]
+    total = sum(len(p) if isinstance(p, bytes) else p[1] for p in pieces)
+    assert total % tarfile.RECORDSIZE == 0

@@ -695,22 +695,20 @@ def _read_headers(files: list[InputFile], meta_path: str, storage_options: Mappi
     process groups, which can take gigabytes. A header holds where its text lies.
     """
     outcomes: list[tuple[RankHeader | None, BaseException | None]] = []
-    texts: list[bytes] = []
-    offset = 0
-    for f in files:
-        try:
-            h, text = _slim(_read_header_rank(f, storage_options, earliest, repair))
-        except _SKIPPABLE as e:
-            outcomes.append((None, e))
-            continue
-        h.meta = (meta_path, offset, len(text))
-        texts.append(text)
-        offset += len(text)
-        outcomes.append((h, None))
-    if texts:
-        with _writing(meta_path), storage_errors(meta_path, storage_options):
-            with fsspec.open(meta_path, "wb", **options_for(meta_path, storage_options)) as fo:
-                fo.write(b"".join(texts))
+    with contextlib.ExitStack() as stack:
+        fo = None
+        for f in files:
+            try:
+                h, text = _slim(_read_header_rank(f, storage_options, earliest, repair))
+            except _SKIPPABLE as e:
+                outcomes.append((None, e))
+                continue
+            with _writing(meta_path), storage_errors(meta_path, storage_options):
+                if fo is None:
+                    fo = stack.enter_context(fsspec.open(meta_path, "wb", **options_for(meta_path, storage_options)))
+                h.meta = (meta_path, fo.tell(), len(text))
+                fo.write(text)
+            outcomes.append((h, None))
     return outcomes
 
 
@@ -733,33 +731,36 @@ def _write_heads(jobs: list[tuple[str, bytes, list[tuple[int, str, int | None, t
 
     A job is ``(dest, pre, ranks, post, compress)``: the header is ``pre``, then the
     ``"rank": {...}`` entries of the output's metadata, their text read from the files
-    of Phase A in the order of ``ranks`` (which follows those files, so each is read
-    once, front to back), then ``post``; one gzip member with ``compress``.
+    of Phase A in the order of ``ranks``, then ``post``; one gzip member with ``compress``.
+    Jobs come in the order of those files, so each is opened once and read front to back.
     """
     sizes = []
-    for dest, pre, ranks, post, compress in jobs:
-        with _writing(dest), storage_errors(dest, storage_options):
-            with fsspec.open(dest, "wb", **options_for(dest, storage_options)) as raw:
+    src_path, src = None, None
+    try:
+        for dest, pre, ranks, post, compress in jobs:
+            with _writing(dest), storage_errors(dest, storage_options), \
+                    fsspec.open(dest, "wb", **options_for(dest, storage_options)) as raw:
                 out = (igzip.IGzipFile(filename="", fileobj=raw, mode="wb", compresslevel=GZIP_LEVEL, mtime=0)
                        if compress else raw)
                 out.write(pre)
-                src_path, src = None, None
                 for i, (rank, source, base, (path, offset, length)) in enumerate(ranks):
-                    if path != src_path:
-                        if src is not None:
-                            src.close()
-                        src_path, src = path, fsspec.open(path, "rb", **options_for(path, storage_options)).open()
-                    src.seek(offset)
-                    text = src.read(length)
+                    with storage_errors(path, storage_options):
+                        if path != src_path:
+                            if src is not None:
+                                src.close()
+                            src_path, src = path, fsspec.open(path, "rb", **options_for(path, storage_options)).open()
+                        src.seek(offset)
+                        text = src.read(length)
                     out.write(b"".join([b"," if i else b"", b'"%d":' % rank,
                                         orjson.dumps({"source": source, "baseTimeNanoseconds": base})[:-1],
                                         b",", text[1:]]))
-                if src is not None:
-                    src.close()
                 out.write(post)
                 if out is not raw:
                     out.close()  # the gzip trailer; raw stays open
                 sizes.append(raw.tell())
+    finally:
+        if src is not None:
+            src.close()
     return sizes
 
 
@@ -992,10 +993,14 @@ def _head_job(dest: str, base_out: int, meta: dict[str, Any], results: list[Rank
 
 def _heads(c: Client, jobs: list[tuple[str, bytes, list[Any], bytes, bool]], so: dict[str, Any],
            futures: list[Any]) -> list[int]:
-    """Write the headers of ``jobs`` in tasks of at most ``BATCH_RANKS`` ranks each; their sizes, in order."""
+    """Write the headers of ``jobs`` in tasks of at most ``BATCH_RANKS`` ranks each; their sizes, in order.
+
+    The tasks take the jobs in the order of Phase A's files, which each task then reads front to back.
+    """
+    order = sorted(range(len(jobs)), key=lambda i: jobs[i][2][0][3] if jobs[i][2] else ("", 0, 0))
     chunks: list[list[Any]] = []
     n = BATCH_RANKS
-    for job in jobs:
+    for job in (jobs[i] for i in order):
         if n + len(job[2]) > BATCH_RANKS:
             chunks.append([])
             n = 0
@@ -1005,7 +1010,10 @@ def _heads(c: Client, jobs: list[tuple[str, bytes, list[Any], bytes, bool]], so:
     # Scattered, not put in the graph: with 10,000 ranks the process metadata events are tens of MB.
     got = c.map(_write_heads, c.scatter(chunks), storage_options=so, key=keys)
     futures.extend(got)
-    return [size for fut in got for size in fut.result()]
+    sizes = [0] * len(jobs)
+    for i, size in zip(order, (size for fut in got for size in fut.result())):
+        sizes[i] = size
+    return sizes
 
 
 def archive_member(rank: int) -> str:
@@ -1058,7 +1066,9 @@ def _archive_pieces(results: list[RankResult], meta: dict[str, Any], heads: list
             if isinstance(p, bytes):
                 pending += p
             else:
-                pieces += [pending, p]
+                if pending:
+                    pieces.append(pending)
+                pieces.append(p)
                 pending = b""
         pad = -info.size % tarfile.BLOCKSIZE
         pending += bytes(pad)
