@@ -19,7 +19,7 @@ import pytest
 
 from conftest import SHARED
 from tracefuse_dask import analyze
-from tracefuse_dask.io import load_trace
+from tracefuse_dask.io import parse_json
 
 EXPECTED = json.loads((Path(__file__).parent / "data" / "hta_expected.json").read_text())
 JOBS = sorted(job for job, j in EXPECTED["jobs"].items() if j["kind"] == "gpu")
@@ -35,7 +35,7 @@ def close(ours, theirs, rel=0.01, abs_=0.0):
 def cpu_ops_with_a_stream(paths) -> set[str]:
     names = set()
     for p in paths:
-        doc, _, _ = load_trace(str(p))
+        doc, _, _ = parse_json(str(p))
         names |= {ev["name"] for ev in doc["traceEvents"]
                   if ev.get("cat") == "cpu_op" and isinstance(ev.get("args"), dict) and "stream" in ev["args"]}
     return names

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from conftest import shared
 from perfetto_rules import assert_inputs_kept, assert_perfetto_rules, ns
 from tracefuse_dask.errors import TraceFuseError
-from tracefuse_dask.io import load_trace
+from tracefuse_dask.io import check_document, parse_json
 from tracefuse_dask.model import MergeOptions
 from tracefuse_dask.rewrite import RankEvents
 
@@ -178,7 +178,8 @@ def mutate(data: Any, buf: bytes) -> tuple[bytes, bool]:
 def load_and_rewrite(path: str, opts: MergeOptions, repair: bool = False) -> None:
     """Load and rewrite as a rank task does; only TraceFuseError may escape, and it is swallowed."""
     try:
-        doc, _, _ = load_trace(path, repair=repair)
+        doc, _, _ = parse_json(path, repair=repair)
+        check_document(doc, path)
         base = doc.get("baseTimeNanoseconds")
         base = base if type(base) is int and base >= 0 else 0
         rewrite(RankEvents(doc["traceEvents"], base, opts, "f (rank 0)"), 0, base)

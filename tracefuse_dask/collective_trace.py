@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .collectives import canonical_op
+from .collectives import ITEMSIZE, canonical_op
 from .errors import TraceFormatError
 
 __all__ = ["CALL_COLUMNS", "looks_like_collective_trace", "parse_collective_trace", "summarize"]
@@ -27,10 +27,6 @@ CALL_COLUMNS = ["rank", "kind", "op", "group", "group_size", "async_op", "bytes"
 _CSV_HEADER = "function,timestamp,duration,tensor_shape,tensor_dtype,tensor_size"
 _TAG = re.compile(r"\[(TRACE|BARRIER|BATCH|COALESCE)\] global rank \d+")
 _MB = 1024 * 1024
-_ITEMSIZE = {"float64": 8, "double": 8, "float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2,
-             "int64": 8, "long": 8, "int32": 4, "int": 4, "int16": 2, "short": 2, "int8": 1, "uint8": 1, "bool": 1,
-             "complex64": 8, "complex128": 16, "float8_e4m3fn": 1, "float8_e5m2": 1, "uint16": 2, "uint32": 4,
-             "uint64": 8}
 _LINES = {
     "TRACE": re.compile(
         r"\[TRACE\] global rank (?P<rank>\d+) in GROUP_\S+ - (?P<op>\S+) - async:(?P<async>\d),\s*"
@@ -121,7 +117,7 @@ def _log_rows(text: str, path: str) -> list[dict[str, Any]]:
 
 def _exact_bytes(shape: str, dtype: str) -> int | None:
     """A tensor's bytes from its shape and dtype (the log's size is MB rounded to 0.01), or None if unknown."""
-    size = _ITEMSIZE.get(dtype.removeprefix("torch."))
+    size = ITEMSIZE.get(dtype.removeprefix("torch."))
     dims = re.fullmatch(r"\s*\(\s*((?:\d+\s*,\s*)*\d*)\s*\)\s*", shape)
     if size is None or dims is None:
         return None

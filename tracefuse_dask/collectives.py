@@ -20,10 +20,12 @@ __all__ = ["CALL_COLUMNS", "canonical_op", "clock_offsets", "is_call_name", "mat
 _CALL_PREFIXES = ("c10d::", "record_param_comms", "nccl:", "rccl:", "gloo:")
 _COMM_KERNEL = re.compile(r"nccl|rccl", re.IGNORECASE)
 _OP_SUFFIX = re.compile(r"(base|single|intotensor|tensor|coalesced)$")
-_ITEMSIZE = {"float": 4, "float32": 4, "bfloat16": 2, "half": 2, "float16": 2, "double": 8, "float64": 8,
-             "int": 4, "int32": 4, "long": 8, "int64": 8, "short": 2, "int16": 2, "char": 1, "byte": 1,
-             "int8": 1, "uint8": 1, "bool": 1, "signed char": 1, "unsigned char": 1, "float8_e4m3fn": 1,
-             "float8_e5m2": 1, "complexfloat": 8, "complexdouble": 16}
+# bytes per element of each dtype name, as the profiler (c10 names) and torch (``torch.float32``) write them
+ITEMSIZE = {"float": 4, "float32": 4, "bfloat16": 2, "half": 2, "float16": 2, "double": 8, "float64": 8,
+            "int": 4, "int32": 4, "long": 8, "int64": 8, "short": 2, "int16": 2, "char": 1, "byte": 1,
+            "int8": 1, "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1, "signed char": 1,
+            "unsigned char": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "complexfloat": 8, "complexdouble": 16,
+            "complex64": 8, "complex128": 16}
 CALL_COLUMNS = ["index", "op", "name", "pg_name", "pg_desc", "group_ranks", "group_size", "dtype", "in_nelems",
                 "out_nelems", "in_bytes", "out_bytes", "input_dims", "seq", "comms_id", "step", "tid",
                 "cpu_start_ns", "cpu_end_ns", "gpu_start_ns", "gpu_end_ns", "stream"]
@@ -109,7 +111,7 @@ def rank_collectives(names: list[str], tids: list[Any], args: list[Any], order: 
         c = calls[r]
         pg = c.get("pg_name")
         ranks = c.get("group_ranks") or (str(pg_config[pg]) if pg in pg_config else None)
-        itemsize = _ITEMSIZE.get(str(c.get("dtype", "")).lower())
+        itemsize = ITEMSIZE.get(str(c.get("dtype", "")).lower())
         in_n, out_n = c.get("in_nelems"), c.get("out_nelems")
         rows.append({
             "index": k, "op": canonical_op(c.get("collective") or c.get("op_name") or c["name"]),

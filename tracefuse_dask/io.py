@@ -38,11 +38,11 @@ __all__ = [
     "expand_inputs",
     "resolve_rank",
     "gzip_member",
+    "gzip_writer",
     "is_own_artifact",
     "options_for",
     "redact",
     "storage_errors",
-    "load_trace",
     "parse_json",
     "decode_json",
     "paused_gc",
@@ -91,6 +91,12 @@ def paused_gc() -> Iterator[None]:
 def gzip_member(data: bytes) -> bytes:
     """Compress ``data`` as one deterministic gzip member (fixed level, mtime 0)."""
     return igzip.compress(data, compresslevel=GZIP_LEVEL, mtime=0)
+
+
+def gzip_writer(fileobj: IO[bytes]) -> igzip.IGzipFile:
+    """A stream that writes one deterministic gzip member into ``fileobj`` (as ``gzip_member``); closing
+    it writes the trailer and leaves ``fileobj`` open."""
+    return igzip.IGzipFile(filename="", fileobj=fileobj, mode="wb", compresslevel=GZIP_LEVEL, mtime=0)
 
 
 def is_own_artifact(path: str) -> bool:
@@ -441,14 +447,6 @@ def decode_json(data: bytes, path: str, *, rank: int | None = None, cut_gzip: bo
                 if truncated else "")
         raise TraceFormatError(f"{who}: not valid JSON at byte {e.pos}: {e.msg}.{what} Otherwise re-export the "
                                "trace or drop this file") from None
-
-
-def load_trace(path: str, storage_options: Mapping[str, Any] | None = None, *, rank: int | None = None,
-               repair: bool = False) -> tuple[dict[str, Any], int, str | None]:
-    """Parse one trace whole and check its top-level shape (see ``parse_json``)."""
-    doc, nbytes, note = parse_json(path, storage_options, rank=rank, repair=repair)
-    check_document(doc, f"{path}" + (f" (rank {rank})" if rank is not None else ""))
-    return doc, nbytes, note
 
 
 def check_document(doc: Any, who: str) -> None:

@@ -26,7 +26,6 @@ import fsspec
 import orjson
 from dask.base import tokenize
 from distributed import Client, LocalCluster, progress, wait
-from isal import igzip
 
 from ._version import __version__
 from .errors import (
@@ -48,8 +47,8 @@ from .io import (
     check_document,
     decode_json,
     expand_inputs,
-    GZIP_LEVEL,
     gzip_member,
+    gzip_writer,
     parse_json,
     paused_gc,
     read_bytes,
@@ -740,8 +739,7 @@ def _write_heads(jobs: list[tuple[str, bytes, list[tuple[int, str, int | None, t
         for dest, pre, ranks, post, compress in jobs:
             with _writing(dest), storage_errors(dest, storage_options), \
                     fsspec.open(dest, "wb", **options_for(dest, storage_options)) as raw:
-                out = (igzip.IGzipFile(filename="", fileobj=raw, mode="wb", compresslevel=GZIP_LEVEL, mtime=0)
-                       if compress else raw)
+                out = gzip_writer(raw) if compress else raw
                 out.write(pre)
                 for i, (rank, source, base, (path, offset, length)) in enumerate(ranks):
                     with storage_errors(path, storage_options):

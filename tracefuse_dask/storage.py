@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Union
 
-from isal import igzip
 
 __all__ = ["MIN_PART", "MAX_PARTS", "COMPOSE_MAX", "Piece", "plan_groups", "protocol_of", "write_group",
            "join", "abort_uploads"]
@@ -77,11 +76,10 @@ def write_group(fs: Any, pieces: Sequence[Piece], dest: str, recompress: bool = 
 
     Returns the bytes written.
     """
-    from .io import GZIP_LEVEL
+    from .io import gzip_writer
 
     with fs.open(dest, "wb") as raw:
-        dst = (igzip.IGzipFile(filename="", fileobj=raw, mode="wb", compresslevel=GZIP_LEVEL, mtime=0)
-               if recompress else raw)
+        dst = gzip_writer(raw) if recompress else raw
         for piece in pieces:
             if isinstance(piece, bytes):
                 dst.write(piece)
