@@ -1039,6 +1039,43 @@ def _write_nameless(args: tuple[int, int, str]) -> int:
     return len(data)
 
 
+def _write_job_ranks(args: tuple[int, int, int, int, str]) -> int:
+    first, last, world_size, rank_bytes, folder = args
+    total = 0
+    for r in range(first, last):
+        data = orjson.dumps(make_rank_trace(r, world_size, target_bytes=rank_bytes, seed=0))
+        with open(os.path.join(folder, f"rank{r}.pt.trace.json"), "wb") as f:
+            f.write(data)
+        total += len(data)
+    return total
+
+
+def make_job_ranks(pool: Any, root: str, ranks: int, rank_kb: float) -> tuple[str, int]:
+    """All ranks of one ``ranks``-rank job, as the analysis sees them: every collective's
+    ``Process Group Ranks`` and the default process group list all ``ranks`` ranks."""
+    folder = os.path.join(root, f"job_{ranks}x{rank_kb:g}kB")
+    os.makedirs(folder)
+    step = 250
+    jobs = [(a, min(a + step, ranks), ranks, int(rank_kb * 1000), folder) for a in range(0, ranks, step)]
+    return folder, sum(pool.map(_write_job_ranks, jobs, chunksize=1))
+
+
+def _analyze_client(address: str, folder: str) -> tuple[float, int, int, int]:
+    """In a process of its own, a client that analyses ``folder``: (seconds, its peak RSS in bytes, ranks,
+    collective calls)."""
+    import resource
+
+    from distributed import Client
+
+    from tracefuse_dask import analyze
+
+    with Client(address) as client:
+        t = time.perf_counter()
+        a = analyze(folder, client=client)
+        seconds = time.perf_counter() - t
+    return seconds, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, len(a.breakdown), len(a.collectives)
+
+
 def make_linked_ranks(pool: Any, root: str, counts: list[int], rank_mb: float) -> list[tuple[int, str, int]]:
     """Folders of ``n`` ranks each, hard links to 8 distinct generated ranks (no disk space per rank)."""
     base = os.path.join(root, "distinct")
@@ -1081,6 +1118,7 @@ def main_scale(args: argparse.Namespace) -> int:
             t = time.perf_counter()
             small, small_bytes = make_small_ranks(pool, root, args.small_ranks, args.small_kb)
             grouped, grouped_bytes = make_small_ranks(pool, root, args.small_ranks, args.small_kb, full_groups=True)
+            job, job_bytes = make_job_ranks(pool, root, args.small_ranks, args.small_kb)
             large, _, large_bytes = make_dataset(pool, root, 8, small_bytes / 8 / MB)
             linked = make_linked_ranks(pool, root, [int(x) for x in args.memory_ranks.split(",")], args.rank_mb)
             print(f"generated the datasets in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
@@ -1125,6 +1163,15 @@ def main_scale(args: argparse.Namespace) -> int:
             emit(f"| the same, each rank's default process group listing all {args.small_ranks:,} ranks | "
                  f"{args.small_ranks:,} | {grouped_bytes / MB:,.0f} | {s:.2f} | {grouped_bytes / MB / s:.1f} | – | "
                  f"{mem.peak / 2**20:,.0f} | {mem.self_peak / 2**20:,.0f} | {res.events_in:,} → {res.events_out:,} |")
+            emit("")
+            emit("| analysis (`analyze`, the client in a process of its own) | ranks | MB | s | per rank ms | "
+                 "peak RSS MiB | client peak RSS MiB | collective calls |")
+            emit("|---|---|---|---|---|---|---|---|")
+            with TreeRSS() as mem:
+                s, client_peak, ranks, calls = in_child(ctx, _analyze_client, cluster.scheduler_address, job)
+            emit(f"| every rank of a {args.small_ranks:,}-rank job, each collective listing all its ranks | "
+                 f"{ranks:,} | {job_bytes / MB:,.0f} | {s:.2f} | {s / ranks * 1000:.1f} | {mem.peak / 2**20:,.0f} | "
+                 f"{client_peak / 2**20:,.0f} | {calls:,} |")
     finally:
         _cleanup(root, args.keep)
     _write_report(args.out, lines)

@@ -284,6 +284,8 @@ def test_1024_ranks_run_as_1024_tasks_and_reduce_to_small_tables(client, tmp_pat
         a = analyze(str(d), client=client)
     tasks = [t for t in ts.data if str(t["key"]).startswith("_analyze_file")]
     assert len({t["key"] for t in tasks}) == 1024
+    # the per-rank tables are joined on the cluster, 64 ranks a task: the client gets 16 results, not 1024
+    assert len({t["key"] for t in ts.data if str(t["key"]).startswith("_combine")}) == 16
     assert a.breakdown["rank"].tolist() == list(range(1024))
     stats = a.rank_stats.set_index("metric")
     assert stats.loc["gpu_span_us", "outlier_ranks"] == [17]

@@ -1,6 +1,8 @@
 """Collectives: per-rank calls, cross-rank matching, wait and skew, the straggler verdict and clock offsets."""
 from __future__ import annotations
 
+import pickle
+
 import pandas as pd
 import pytest
 
@@ -52,10 +54,26 @@ def test_a_call_gathers_args_over_its_chain_and_its_kernel():
     assert len(calls) == 1
     c = calls.iloc[0]
     assert (c["op"], c["name"], c["pg_name"], c["group_ranks"], c["dtype"]) == (
-        "allreduce", "c10d::allreduce_", "0", "[0, 1]", "Float")
+        "allreduce", "c10d::allreduce_", "0", "0-1", "Float")
     assert (c["in_nelems"], c["in_bytes"], c["seq"], c["step"]) == (1024, 4096, 3, 5)
     assert (c["cpu_start_ns"], c["gpu_start_ns"], c["gpu_end_ns"], c["stream"]) == (
         10**9 + 100_000, 10**9 + 110_000, 10**9 + 130_000, 20)
+
+
+def test_a_rank_of_a_big_job_holds_its_groups_as_rank_specs():
+    """A 10,000-rank job's groups cost a few bytes per call, not the 59 kB of their ``Process Group Ranks``."""
+    world = list(range(10_000))
+    events = [*nccl_call(100, 110, 20, 1, ranks=str(world)), *nccl_call(300, 310, 20, 2, pg="5")]
+    events[1]["args"]["Group size"] = 10_000
+    del events[6]["args"]["Process Group Ranks"], events[6]["args"]["Group size"]  # pg 5: only in pg_config
+    pgs = [{"pg_name": "0", "ranks": world}, {"pg_name": "5", "ranks": world[3::8]}]
+    header = {"distributedInfo": {"rank": 3, "pg_config": pgs}}
+    rt = analyze_rank(events, 3, "r3.json", header=header)
+    calls = rt.tables["collectives"]
+    assert calls["group_ranks"].tolist() == ["0-9999", "3-9995:8"]
+    assert calls["group_size"].tolist() == [10_000, 1250]
+    assert rt.pg_config == {"0": "0-9999", "5": "3-9995:8"}
+    assert len(pickle.dumps(rt)) < 20_000
 
 
 def calls_of(rank, events, base=0, pgs=None):

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from conftest import make_trace, write_trace
 from tracefuse_dask.io import expand_inputs, rank_from_name, read_header, relative_sources
@@ -37,6 +39,21 @@ def test_default_rank_regex(name, rank):
 def test_rank_set(spec, inside, outside):
     rs = RankSet.parse(spec)
     assert all(r in rs for r in inside) and not any(r in rs for r in outside)
+
+
+@pytest.mark.parametrize("ranks, spec", [
+    ([0], "0"), ([3, 2], "2-3"), ([0, 8], "0,8"), (range(0, 10_000), "0-9999"), (range(3, 10_000, 8), "3-9995:8"),
+    ([16, 0, 1, 2, 8, 24, 5, 5], "0-2,5,8-24:8"),
+])
+def test_rank_set_of_spells_a_group_short(ranks, spec):
+    assert RankSet.of(ranks).spec == spec
+    assert RankSet.parse(spec).ranks() == set(ranks)
+
+
+@given(st.lists(st.integers(0, 300), min_size=1, max_size=60))
+def test_rank_set_of_keeps_every_rank(ranks):
+    rs = RankSet.of(ranks)
+    assert rs.ranks() == set(ranks) and RankSet.parse(rs.spec) == rs
 
 
 @pytest.mark.parametrize("spec", ["", "a", "3-1", "0-4:0", "1,,2"])

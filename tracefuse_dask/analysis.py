@@ -9,7 +9,7 @@ import sys
 import time
 import zlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import fsspec
@@ -34,7 +34,7 @@ from .io import (
     storage_errors,
 )
 from .merge import connect
-from .model import InputFile, parse_steps, rank_subset
+from .model import InputFile, RankSet, parse_steps, rank_subset
 from .collective_trace import CALL_COLUMNS as CT_COLUMNS
 from .collective_trace import looks_like_collective_trace, parse_collective_trace, summarize
 from .collectives import clock_offsets, instance_metrics, match_collectives, op_summary, straggler
@@ -50,6 +50,7 @@ _CT_RANK = r"[-_.](?P<rank>\d+)(?:\.(?:csv|log|txt))?$"  # collective_trace name
 # what a folder or glob lists for analysis: traces, and collective_trace logs and CSV exports
 _MERGED_HEAD = b'"metadata":{"tracefuse":'
 _NAMES = re.compile(r"\.json(\.gz)?$|\.gz$|\.csv$|\.log(-\d+)?$|\.txt$", re.IGNORECASE)
+_COMBINE = 64  # per-file results joined by one reduce task on the cluster
 _MAD_LIMIT = 3.0
 _MIN_REL_DEVIATION = 0.10
 
@@ -148,6 +149,28 @@ def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps
         ranks = [analyze_rank(events, rank, f.path, steps, base=base, header=headers.get(rank))
                  for rank, events in sorted(parts.items()) if subset is None or rank in subset]
         return {"ranks": ranks, "world_size": world_size, "notes": notes}
+
+
+def _combine(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Reduce task: the results of consecutive ``_analyze_file`` tasks, with each table's rows of all
+    their ranks joined, so that the client gets one DataFrame per table for many ranks (a
+    DataFrame costs ~10 kB whatever its rows)."""
+    ranks: list[RankTables] = []
+    out: dict[str, Any] = {"notes": [], "world_sizes": [], "ignored": [], "ct_calls": []}
+    for res in results:
+        if "ignored" in res:
+            out["ignored"].append(res["ignored"])
+        elif "ct_calls" in res:
+            out["ct_calls"].append(res["ct_calls"])
+        else:
+            ranks += res["ranks"]
+            out["notes"] += res["notes"]
+            out["world_sizes"].append(res["world_size"])
+    out["tables"] = {name: rows_for(ranks, name) for name in TABLES}
+    out["ranks"] = [replace(rt, tables={}) for rt in ranks]
+    out["ct_files"] = len(out["ct_calls"])
+    out["ct_calls"] = pd.concat(out["ct_calls"], ignore_index=True) if out["ct_calls"] else None
+    return out
 
 
 def _one_source_per_rank(calls: pd.DataFrame, warnings: list[str]) -> pd.DataFrame:
@@ -285,16 +308,17 @@ def analyze(
         if show_progress:
             with contextlib.redirect_stdout(sys.stderr):
                 progress(futures)
-        results = c.gather(futures)
-    analysis = _reduce(files, results, skipped_names, step_range)
+        results = c.gather([c.submit(_combine, futures[i:i + _COMBINE], pure=False)
+                            for i in range(0, len(futures), _COMBINE)])
+        del futures
+    analysis = _reduce(results, skipped_names, step_range)
     analysis.summary["seconds"] = round(time.perf_counter() - started, 3)
     if out_dir is not None:
         write_report(analysis, out_dir, so, format=format, force=force)
     return analysis
 
 
-def _reduce(files: list[InputFile], results: list[dict[str, Any]], skipped_names: list[str],
-            steps: tuple[int, int] | None) -> Analysis:
+def _reduce(results: list[dict[str, Any]], skipped_names: list[str], steps: tuple[int, int] | None) -> Analysis:
     warnings: list[str] = []
     ignored = [f"{p}: not a trace or collective_trace file by name, or written by tracefuse" for p in skipped_names]
     per_rank: list[RankTables] = []
@@ -302,15 +326,11 @@ def _reduce(files: list[InputFile], results: list[dict[str, Any]], skipped_names
     where: dict[int, str] = {}
     ct_calls: list[pd.DataFrame] = []
     for res in results:
-        if "ignored" in res:
-            ignored.append(res["ignored"])
-            continue
-        if "ct_calls" in res:
+        ignored += res["ignored"]
+        if res["ct_calls"] is not None:
             ct_calls.append(res["ct_calls"])
-            continue
         warnings += res["notes"]
-        if res["world_size"] is not None:
-            world_sizes.add(res["world_size"])
+        world_sizes.update(ws for ws in res["world_sizes"] if ws is not None)
         for rt in res["ranks"]:
             if rt.rank in where:
                 raise RankError(f"rank {rt.rank} appears twice: {where[rt.rank]} and {rt.path}; drop one, or give "
@@ -326,12 +346,11 @@ def _reduce(files: list[InputFile], results: list[dict[str, Any]], skipped_names
             warnings.append(f"{len(missing)} ranks of the world size are not in the inputs")
     elif len(world_sizes) > 1:
         warnings.append(f"the inputs report different world sizes {sorted(world_sizes)}: several jobs mixed?")
-    tables = {name: rows_for(per_rank, name) for name in TABLES}
+    tables = {name: _in_rank_order([res["tables"][name] for res in results]) for name in TABLES}
     stats = rank_stats(tables["breakdown"], tables["breakdown_by_step"])
     pg_members: dict[str, set[int]] = {}
-    for rt in per_rank:
-        for pg, members in rt.pg_config.items():
-            pg_members.setdefault(pg, set()).update(members)
+    for pg, spec in {(pg, spec) for rt in per_rank for pg, spec in rt.pg_config.items()}:  # each group once
+        pg_members.setdefault(pg, set()).update(RankSet.parse(spec).ranks())
     matched, problems = match_collectives(tables["collectives"], pg_members)
     clocks = clock_offsets(matched, {rt.rank: rt.host for rt in per_rank})
     offsets = {int(r): us * 1e3 for r, us in clocks["clock_offset_us"].items()}
@@ -356,8 +375,8 @@ def _reduce(files: list[InputFile], results: list[dict[str, Any]], skipped_names
         "collectives": {"calls": len(tables["collectives"]), "matched": len(instances), "problems": len(problems),
                         "problem_examples": problems[:20]},
         "straggler": verdict,
-        "collective_trace": {"files": len(ct_calls), "calls": len(ct), "straggler_hint": ct_verdict}
-        if ct_calls else None,
+        "collective_trace": {"files": sum(res["ct_files"] for res in results), "calls": len(ct),
+                             "straggler_hint": ct_verdict} if ct_calls else None,
         **clocks,
         "warnings": warnings,
         "ignored": ignored,
@@ -366,6 +385,14 @@ def _reduce(files: list[InputFile], results: list[dict[str, Any]], skipped_names
                     collective_summary=op_summary(instances), straggler_ranks=stragglers,
                     collective_trace_calls=ct, collective_trace_summary=ct_summary,
                     collective_trace_hints=ct_hints, summary=summary)
+
+
+def _in_rank_order(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    """One table from the tasks' parts: their rows by rank (a rank is in one task), each rank's in its order."""
+    rows = [p for p in parts if len(p)]
+    if not rows:
+        return max(parts, key=lambda p: len(p.columns))  # the columns of a task that had ranks
+    return pd.concat(rows, ignore_index=True).sort_values("rank", kind="stable", ignore_index=True)
 
 
 def _plain(numbers: Mapping[str, Any]) -> dict[str, Any]:

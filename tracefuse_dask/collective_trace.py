@@ -4,8 +4,8 @@ collective_trace (PyPI ``collective-trace``) wraps ``torch.distributed`` calls a
 per call. Its timestamps are ``time.perf_counter()`` values: they cannot be aligned across hosts,
 so nothing here treats them as wall time. Straggler hints come from durations alone: in a
 collective, the rank that arrives last waits least, so it shows the shortest duration. Its
-``GROUP_<n>`` label is numbered per rank, so a group is known by its list of ranks; log sizes are
-MB rounded to 0.01 (bytes are exact in the CSV).
+``GROUP_<n>`` label is numbered per rank, so a group is known by its ranks (as a rank spec,
+``0-63:8``); log sizes are MB rounded to 0.01 (bytes are exact in the CSV).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .collectives import ITEMSIZE, canonical_op
+from .collectives import ITEMSIZE, canonical_op, group_spec
 from .errors import TraceFormatError
 
 __all__ = ["CALL_COLUMNS", "looks_like_collective_trace", "parse_collective_trace", "summarize"]
@@ -87,6 +87,7 @@ def parse_collective_trace(data: bytes, path: str, rank: int | None = None) -> p
 
 def _log_rows(text: str, path: str) -> list[dict[str, Any]]:
     rows = []
+    groups: dict[str, str] = {}  # a group's ranks as logged: their spec (``group_spec``), once per group
     for n, line in enumerate(text.splitlines(), 1):
         tag = _TAG.search(line)
         if tag is None:
@@ -97,16 +98,18 @@ def _log_rows(text: str, path: str) -> list[dict[str, Any]]:
             raise TraceFormatError(f"{path}: line {n} is a collective_trace {kind} line that does not parse: "
                                    f"{line.strip()[:160]!r}; is the file cut or from another version?")
         g = m.groupdict()
+        if g.get("ranks") is not None and g["ranks"] not in groups:
+            groups[g["ranks"]] = group_spec(g["ranks"]) or g["ranks"]
         row = {"rank": int(g["rank"]), "kind": kind.lower(), "op": "barrier", "group": None, "group_size": None,
                "async_op": g.get("async") == "1", "bytes": None, "shape": None, "dtype": None,
                "duration_us": float(g["ms"]) * 1e3 if g.get("ms") else np.nan, "call_count": None,
                "timestamp": np.nan, "path": path}
         if kind == "TRACE":
-            row.update(op=canonical_op(g["op"]), group=g["ranks"], group_size=int(g["size"]),
+            row.update(op=canonical_op(g["op"]), group=groups[g["ranks"]], group_size=int(g["size"]),
                        bytes=_exact_bytes(g["shape"], g["dtype"]) or round(float(g["mb"]) * _MB) or None,
                        shape=g["shape"].strip(), dtype=g["dtype"], call_count=int(g["count"]))
         elif kind == "COALESCE":
-            row.update(op=f"coalesced {canonical_op(g['op'])}", group=g["ranks"], group_size=int(g["size"]),
+            row.update(op=f"coalesced {canonical_op(g['op'])}", group=groups[g["ranks"]], group_size=int(g["size"]),
                        bytes=int(g["bytes"]), call_count=int(g["count"]))
         elif kind == "BATCH":
             row.update(op="batch_isend_irecv", bytes=int(g["send"]) + int(g["recv"]), call_count=int(g["ops"]),

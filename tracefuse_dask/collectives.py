@@ -14,8 +14,10 @@ import numpy as np
 import orjson
 import pandas as pd
 
-__all__ = ["CALL_COLUMNS", "canonical_op", "clock_offsets", "is_call_name", "match_collectives", "rank_collectives",
-           "straggler"]
+from .model import RankSet
+
+__all__ = ["CALL_COLUMNS", "canonical_op", "clock_offsets", "group_spec", "is_call_name", "match_collectives",
+           "rank_collectives", "straggler"]
 
 _CALL_PREFIXES = ("c10d::", "record_param_comms", "nccl:", "rccl:", "gloo:")
 _COMM_KERNEL = re.compile(r"nccl|rccl", re.IGNORECASE)
@@ -39,6 +41,23 @@ def canonical_op(name: str) -> str:
     return s
 
 
+def group_spec(ranks: Any) -> str | None:
+    """A group's global ranks as a rank spec (``0-63:8``, see ``RankSet.of``), from a list or its JSON text.
+
+    ``Process Group Ranks`` lists every rank of a group, so its text grows with the world size
+    (59 kB for 10,000 ranks, on every call of every rank); the spec stays a few bytes.
+    None when ``ranks`` is not a list of ranks.
+    """
+    if isinstance(ranks, str):
+        try:
+            ranks = orjson.loads(ranks)
+        except orjson.JSONDecodeError:
+            return None
+    if isinstance(ranks, list) and ranks and set(map(type, ranks)) == {int} and min(ranks) >= 0:
+        return RankSet.of(ranks).spec
+    return None
+
+
 def _dims_product(dims: Any) -> int | None:
     """Elements of the first tensor in ``Input Dims`` (a tensor list counts its first tensor)."""
     if not isinstance(dims, list):
@@ -59,7 +78,7 @@ def is_call_name(name: str) -> bool:
 def rank_collectives(names: list[str], tids: list[Any], args: list[Any], order: list[int], stop: list[int],
                      members: list[int], start: list[int], end: list[int],
                      gpu_launch: list[tuple[int, int, int, int, str]], steps: list[tuple[int, int, int]], base: int,
-                     pg_config: Mapping[str, list[int]]) -> pd.DataFrame:
+                     pg_config: Mapping[str, str]) -> pd.DataFrame:
     """One rank's collective calls, one row each, times in absolute ns.
 
     A call is the outermost of a chain of ``c10d::*``, ``record_param_comms``, ``nccl:*``
@@ -82,7 +101,7 @@ def rank_collectives(names: list[str], tids: list[Any], args: list[Any], order: 
     steps
         ``(step, start, end)`` of each ``ProfilerStep#N`` (relative ns).
     pg_config
-        ``distributedInfo.pg_config`` as ``{pg_name: global ranks}``.
+        ``distributedInfo.pg_config`` as ``{pg_name: rank spec of its global ranks}`` (``group_spec``).
     """
     root = [-1] * len(order)  # the outermost member holding each position
     reach = 0
@@ -107,16 +126,23 @@ def rank_collectives(names: list[str], tids: list[Any], args: list[Any], order: 
             c["gpu_end_ns"] = max(c.get("gpu_end_ns", e + base), e + base)
             c["stream"] = stream
     rows = []
+    specs: dict[str, Any] = {}  # the calls of a group share its ranks' text: convert it once
+    sizes = {pg: len(RankSet.parse(spec).ranks()) for pg, spec in pg_config.items()}
     for k, r in enumerate(sorted(calls, key=lambda r: (start[r], r))):
         c = calls[r]
         pg = c.get("pg_name")
-        ranks = c.get("group_ranks") or (str(pg_config[pg]) if pg in pg_config else None)
+        ranks = c.get("group_ranks")
+        if ranks is not None:
+            if ranks not in specs:
+                specs[ranks] = group_spec(ranks) or ranks  # other text stays as the trace has it
+            ranks = specs[ranks]
+        ranks = ranks or pg_config.get(pg)
         itemsize = ITEMSIZE.get(str(c.get("dtype", "")).lower())
         in_n, out_n = c.get("in_nelems"), c.get("out_nelems")
         rows.append({
             "index": k, "op": canonical_op(c.get("collective") or c.get("op_name") or c["name"]),
             "name": c["name"], "pg_name": pg, "pg_desc": c.get("pg_desc"), "group_ranks": ranks,
-            "group_size": c.get("group_size") or (len(pg_config[pg]) if pg in pg_config else None),
+            "group_size": c.get("group_size") or sizes.get(pg),
             "dtype": c.get("dtype"), "in_nelems": in_n, "out_nelems": out_n,
             "in_bytes": in_n * itemsize if in_n is not None and itemsize else None,
             "out_bytes": out_n * itemsize if out_n is not None and itemsize else None,
@@ -176,8 +202,8 @@ def _expected(row_ranks: Any, pg: Any, pg_members: Mapping[str, set[int]]) -> se
     """The global ranks of an instance's group: ``Process Group Ranks``, else ``pg_config``; None when unknown."""
     if isinstance(row_ranks, str):
         try:
-            return set(orjson.loads(row_ranks))
-        except orjson.JSONDecodeError:
+            return RankSet.parse(row_ranks).ranks()
+        except ValueError:  # not a list of ranks in the trace
             pass
     return pg_members.get(pg) if isinstance(pg, str) else None
 

@@ -49,6 +49,39 @@ class RankSet:
             parts.append((lo, hi, int(m.group(3) or 1)))
         return cls(spec, tuple(parts))
 
+    @classmethod
+    def of(cls, ranks: Iterable[int]) -> RankSet:
+        """The set of ``ranks`` (ints ≥ 0), spelled short: runs of one stride as ``A-B:S``.
+
+        A process group of any size has a short spelling this way (all ranks ``0-9999``,
+        a data-parallel group ``3-9995:8``), so a group costs the same whatever the world size.
+
+        >>> RankSet.of([16, 0, 1, 2, 8, 24, 5]).spec
+        '0-2,5,8-24:8'
+        """
+        values = sorted(set(ranks))
+        if len(values) > 2 and values == list(range(values[0], values[-1] + 1, step := values[1] - values[0])):
+            # one run, as most groups are: checked at C speed
+            return cls.parse(f"{values[0]}-{values[-1]}" + (f":{step}" if step > 1 else ""))
+        items, i = [], 0
+        while i < len(values):
+            lo = values[i]
+            step = values[i + 1] - lo if i + 1 < len(values) else 1
+            j = i  # the run's last index
+            while j + 1 < len(values) and values[j + 1] - values[j] == step:
+                j += 1
+            if j - i < (1 if step == 1 else 2):  # a pair of stride > 1 is two ranks, not a run
+                items.append(str(lo))
+                i += 1
+                continue
+            items.append(f"{lo}-{values[j]}" + (f":{step}" if step > 1 else ""))
+            i = j + 1
+        return cls.parse(",".join(items))
+
+    def ranks(self) -> set[int]:
+        """Every rank of the set."""
+        return set().union(*(range(lo, hi + 1, step) for lo, hi, step in self.parts))
+
     def __contains__(self, rank: object) -> bool:
         return isinstance(rank, int) and any(
             lo <= rank <= hi and (rank - lo) % step == 0 for lo, hi, step in self.parts

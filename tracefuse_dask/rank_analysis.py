@@ -24,7 +24,7 @@ import orjson
 import pandas as pd
 from msgspec import UNSET, Raw, Struct, UnsetType
 
-from .collectives import is_call_name, rank_collectives
+from .collectives import group_spec, is_call_name, rank_collectives
 from .fastpath import Duration, Micros, decode_or_none
 from .model import MergeOptions
 from .rewrite import RankEvents, is_device_event, map_tid, to_ns
@@ -123,7 +123,7 @@ class RankTables:
     numbers: dict[str, Any]
     steps: list[int]
     host: str | None = None
-    pg_config: dict[str, list[int]] = field(default_factory=dict)
+    pg_config: dict[str, str] = field(default_factory=dict)  # pg_name: rank spec (``group_spec``)
 
 
 class _Args(Struct, gc=False, rename=_ARG_KEYS):
@@ -397,8 +397,8 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
     tables["idle"] = _idle_table(g, start)
     header = header or {}
     info = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
-    pgs = {str(pg["pg_name"]): list(pg["ranks"]) for pg in info.get("pg_config") or []
-           if isinstance(pg, dict) and "pg_name" in pg and isinstance(pg.get("ranks"), list)}
+    pgs = {str(pg["pg_name"]): spec for pg in info.get("pg_config") or []
+           if isinstance(pg, dict) and "pg_name" in pg and (spec := group_spec(pg.get("ranks")))}
     gpu_launch = [(j, a, b, s, nm) for j, a, b, s, nm in zip(tree.pos[g.launch].tolist(), g.start.tolist(),
                                                                g.end.tolist(), g.stream, g.name) if j >= 0]
     members = np.flatnonzero(np.array([is_call_name(nm) for nm in names], dtype=bool)[name_code[tree.order]])
