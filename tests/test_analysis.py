@@ -305,3 +305,24 @@ def test_vectorised_ns_is_exact_like_to_ns():
         assert _ns(np.array(values)).tolist() == [to_ns(v) for v in values] == ns
 
     check()
+
+
+def test_steps_select_the_union_of_their_spans():
+    """``--steps`` keeps an event whose start lies in any chosen step, also where steps overlap."""
+    import orjson
+    from hypothesis import given, strategies as st
+
+    from tracefuse_dask.rank_analysis import _in_steps, decode_trace
+
+    @given(st.lists(st.tuples(st.integers(0, 60), st.integers(0, 30)), min_size=1, max_size=6),
+           st.lists(st.integers(0, 100), max_size=30), st.integers(0, 5), st.integers(0, 5))
+    def check(spans, times, lo, hi):
+        events = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{k}", "pid": 1, "tid": 1, "ts": s,
+                   "dur": d} for k, (s, d) in enumerate(spans)]
+        events += [{"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 1, "ts": t, "dur": 1} for t in times]
+        trace = decode_trace(orjson.dumps({"traceEvents": events}))
+        xs = [e for e in trace.traceEvents if e.name == "op"]
+        chosen = [(s, s + d) for k, (s, d) in enumerate(spans) if lo <= k <= hi]
+        assert _in_steps(trace.traceEvents, xs, (lo, hi)) == [e for e in xs if any(a <= e.ts < b for a, b in chosen)]
+
+    check()

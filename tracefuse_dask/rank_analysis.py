@@ -12,6 +12,7 @@ name, cat or pid, and subtree totals are prefix sums over the call tree's order.
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -422,8 +423,9 @@ def _in_steps(events: list[_Event], xs: list[_Event], steps: tuple[int, int]) ->
     lo, hi = steps
     spans: list[tuple[int, int]] = []
     launches: dict[Any, int] = {}
+    device: dict[str, bool] = {}
     for e in events:
-        if e.cat == "python_function" or (e.ph not in _FLOW_OR_M and _on_gpu(e)):
+        if e.cat == "python_function" or (e.ph not in _FLOW_OR_M and _on_gpu(e, device)):
             continue
         if e.ph == "X" and (m := _STEP.match(e.name)) and lo <= int(m.group(1)) <= hi:
             s = to_ns(e.ts)
@@ -431,20 +433,35 @@ def _in_steps(events: list[_Event], xs: list[_Event], steps: tuple[int, int]) ->
         c = e.args.correlation if type(e.args) is _Args else None
         if type(c) is int or type(c) is str:
             launches.setdefault(c, to_ns(e.ts))
+    union: list[list[int]] = []  # the steps' spans as disjoint [start, end), by start
+    for s, end in sorted(spans):
+        if union and s <= union[-1][1]:
+            union[-1][1] = max(union[-1][1], end)
+        else:
+            union.append([s, end])
+    starts = [s for s, _ in union]
     out = []
     for e in xs:
         t = to_ns(e.ts)
-        c = e.args.correlation if type(e.args) is _Args and _on_gpu(e) else None
+        c = e.args.correlation if type(e.args) is _Args and _on_gpu(e, device) else None
         if type(c) is int or type(c) is str:
             t = launches.get(c, t)
-        if any(s <= t < end for s, end in spans):
+        k = bisect_right(starts, t) - 1
+        if k >= 0 and t < union[k][1]:
             out.append(e)
     return out
 
 
-def _on_gpu(e: _Event) -> bool:
-    """As ``RankEvents`` decides for an event that is not metadata or a flow: a device ``cat``, a pid int >= 0."""
-    return type(e.pid) is int and e.pid >= 0 and is_device_event({"cat": e.cat})
+def _on_gpu(e: _Event, device: dict[str, bool]) -> bool:
+    """As ``RankEvents`` decides for an event that is not metadata or a flow: a device ``cat``, a pid int >= 0.
+
+    ``device`` caches ``is_device_event`` by ``cat``.
+    """
+    if type(e.pid) is not int or e.pid < 0:
+        return False
+    if e.cat not in device:
+        device[e.cat] = is_device_event({"cat": e.cat})
+    return device[e.cat]
 
 
 def _gpu_arrays(events: list[_Event], xs: list[_Event], dev: np.ndarray, host: np.ndarray, cat_code: np.ndarray,
