@@ -284,7 +284,7 @@ def test_1024_ranks_run_as_1024_tasks_and_reduce_to_small_tables(client, tmp_pat
         a = analyze(str(d), client=client)
     tasks = [t for t in ts.data if str(t["key"]).startswith("_analyze_file")]
     assert len({t["key"] for t in tasks}) == 1024
-    # the per-rank tables are joined on the cluster, 64 ranks a task: the client gets 16 results, not 1024
+    # the per-rank tables are joined on the cluster, 64 files a task: the client gets 16 results, not 1024
     assert len({t["key"] for t in ts.data if str(t["key"]).startswith("_combine")}) == 16
     assert a.breakdown["rank"].tolist() == list(range(1024))
     stats = a.rank_stats.set_index("metric")
@@ -308,21 +308,30 @@ def test_vectorised_ns_is_exact_like_to_ns():
 
 
 def test_steps_select_the_union_of_their_spans():
-    """``--steps`` keeps an event whose start lies in any chosen step, also where steps overlap."""
+    """``--steps`` keeps a host event whose start, and GPU work whose launch, lies in a chosen step, also
+    where steps overlap."""
     import orjson
     from hypothesis import given, strategies as st
 
     from tracefuse_dask.rank_analysis import _in_steps, decode_trace
 
     @given(st.lists(st.tuples(st.integers(0, 60), st.integers(0, 30)), min_size=1, max_size=6),
-           st.lists(st.integers(0, 100), max_size=30), st.integers(0, 5), st.integers(0, 5))
-    def check(spans, times, lo, hi):
+           st.lists(st.integers(0, 100), max_size=20), st.lists(st.integers(0, 100), max_size=10),
+           st.integers(0, 5), st.integers(0, 5))
+    def check(spans, times, launches, lo, hi):
         events = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{k}", "pid": 1, "tid": 1, "ts": s,
                    "dur": d} for k, (s, d) in enumerate(spans)]
         events += [{"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 1, "ts": t, "dur": 1} for t in times]
+        for c, t in enumerate(launches):  # each kernel runs at 200 µs, after every step: its launch decides
+            events += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": t,
+                        "dur": 1, "args": {"correlation": c}},
+                       {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 200, "dur": 1,
+                        "args": {"correlation": c, "stream": 7}}]
         trace = decode_trace(orjson.dumps({"traceEvents": events}))
-        xs = [e for e in trace.traceEvents if e.name == "op"]
+        xs = [e for e in trace.traceEvents if e.name in ("op", "k")]
         chosen = [(s, s + d) for k, (s, d) in enumerate(spans) if lo <= k <= hi]
-        assert _in_steps(trace.traceEvents, xs, (lo, hi)) == [e for e in xs if any(a <= e.ts < b for a, b in chosen)]
+        start = [e.ts if e.name == "op" else launches[e.args.correlation] for e in xs]
+        want = [e for e, t in zip(xs, start) if any(a <= t < b for a, b in chosen)]
+        assert _in_steps(trace.traceEvents, xs, (lo, hi)) == want
 
     check()

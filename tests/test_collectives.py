@@ -8,7 +8,7 @@ import pytest
 
 from conftest import shared, write_trace
 from tracefuse_dask import analyze
-from tracefuse_dask.collectives import canonical_op, instance_metrics, match_collectives
+from tracefuse_dask.collectives import canonical_op, group_spec, instance_metrics, match_collectives
 from tracefuse_dask.rank_analysis import analyze_rank
 from tracefuse_dask.synth import make_rank_trace
 
@@ -61,19 +61,52 @@ def test_a_call_gathers_args_over_its_chain_and_its_kernel():
 
 
 def test_a_rank_of_a_big_job_holds_its_groups_as_rank_specs():
-    """A 10,000-rank job's groups cost a few bytes per call, not the 59 kB of their ``Process Group Ranks``."""
+    """A 10,000-rank job's groups cost a few bytes per call, not the 59 kB of their full lists."""
     world = list(range(10_000))
-    events = [*nccl_call(100, 110, 20, 1, ranks=str(world)), *nccl_call(300, 310, 20, 2, pg="5")]
-    events[1]["args"]["Group size"] = 10_000
+    events = [*nccl_call(100, 110, 20, 1, ranks=str(world)), *nccl_call(300, 310, 20, 2, pg="5"),
+              *nccl_call(500, 510, 20, 3, ranks="[" + ", ".join(map(str, range(30))) + ", ...]")]
+    for e in events:
+        if e["name"] == "record_param_comms":
+            e["args"]["Group size"] = 10_000
     del events[6]["args"]["Process Group Ranks"], events[6]["args"]["Group size"]  # pg 5: only in pg_config
     pgs = [{"pg_name": "0", "ranks": world}, {"pg_name": "5", "ranks": world[3::8]}]
-    header = {"distributedInfo": {"rank": 3, "pg_config": pgs}}
-    rt = analyze_rank(events, 3, "r3.json", header=header)
+    rt = analyze_rank(events, 3, "r3.json", header={"distributedInfo": {"rank": 3, "pg_config": pgs}})
     calls = rt.tables["collectives"]
-    assert calls["group_ranks"].tolist() == ["0-9999", "3-9995:8"]
-    assert calls["group_size"].tolist() == [10_000, 1250]
+    # the full list, pg_config alone, and Kineto's first 30 ranks and "..." (pg_config has them all)
+    assert calls["group_ranks"].tolist() == ["0-9999", "3-9995:8", "0-9999"]
+    assert calls["group_size"].tolist() == [10_000, 1250, 10_000]
     assert rt.pg_config == {"0": "0-9999", "5": "3-9995:8"}
     assert len(pickle.dumps(rt)) < 20_000
+
+
+@pytest.mark.parametrize("ranks, spec", [
+    ("[0, 1, 2]", "0-2"), ([5, 3, 4], "3-5"), ('"[0, 2]"', None), ("[]", None), ("[-1]", None), ([True], None),
+    ("[0, 1, ..., 29, ...]", None), (None, None), ("abc", None), ([[1]], None),
+])
+def test_group_spec_takes_lists_of_ranks_only(ranks, spec):
+    assert group_spec(ranks) == spec
+
+
+def test_a_group_known_only_from_pg_config_reports_its_missing_rank():
+    """Ranks 0 and 1 call twice, rank 2 of the same 3-rank group once: the second call lacks it, found
+    through the reduce tasks' join (in any order of tasks) and the group's rank spec from pg_config."""
+    from tracefuse_dask.analysis import _combine, _reduce
+    from tracefuse_dask.rank_analysis import TABLES, rows_for
+
+    def rank(r, calls):
+        events = [e for k in range(calls) for e in nccl_call(100 + 200 * k, 110 + 200 * k, 20, k + 1)]
+        for e in events:
+            e.get("args", {}).pop("Process Group Ranks", None)
+        header = {"distributedInfo": {"rank": r, "pg_config": [{"pg_name": "0", "ranks": [0, 1, 2]}]}}
+        return analyze_rank(events, r, f"r{r}.json", header=header)
+
+    ranks = [rank(0, 2), rank(1, 2), rank(2, 1)]
+    files = [{"ranks": [rt], "world_size": 3, "notes": []} for rt in ranks]
+    a = _reduce([_combine(files[2:]), _combine([{"ignored": "x.txt: ignored"}]), _combine(files[:2])], [], None)
+    assert a.summary["ignored"] == ["x.txt: ignored"] and a.summary["collectives"]["matched"] == 1
+    assert a.summary["collectives"]["problem_examples"] == ["unmatched allreduce #1 of group 0: no call from rank(s) [2]"]
+    for name in TABLES:
+        pd.testing.assert_frame_equal(getattr(a, name), rows_for(ranks, name))
 
 
 def calls_of(rank, events, base=0, pgs=None):

@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+import gzip
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import make_trace, write_trace
-from tracefuse_dask.io import expand_inputs, rank_from_name, read_header, relative_sources
+from tracefuse_dask.errors import TraceFileNotFoundError
+from tracefuse_dask.io import expand_inputs, rank_from_name, read_header, read_start, relative_sources
 from tracefuse_dask.model import RankSet, parse_steps, parse_window
 
 
@@ -51,9 +54,32 @@ def test_rank_set_of_spells_a_group_short(ranks, spec):
 
 
 @given(st.lists(st.integers(0, 300), min_size=1, max_size=60))
-def test_rank_set_of_keeps_every_rank(ranks):
+def test_rank_set_of_keeps_every_rank_in_disjoint_runs(ranks):
     rs = RankSet.of(ranks)
-    assert rs.ranks() == set(ranks) and RankSet.parse(rs.spec) == rs
+    assert rs.ranks() == set(ranks)
+    runs = [set(range(lo, hi + 1, step)) for lo, hi, step in rs.parts]
+    assert sum(map(len, runs)) == len(set(ranks))  # the runs do not overlap
+    assert [lo for lo, _, _ in rs.parts] == sorted(lo for lo, _, _ in rs.parts)
+    assert len(rs.spec) <= len(",".join(map(str, sorted(set(ranks)))))  # never longer than the list
+
+
+@pytest.mark.parametrize("ranks", [[], [-1, 0], [True, 2], [1.0]])
+def test_rank_set_of_wants_ranks(ranks):
+    with pytest.raises(ValueError, match="ints >= 0"):
+        RankSet.of(ranks)
+
+
+def test_read_start_gives_the_start_of_the_content(tmp_path):
+    data = b'{"traceEvents": [' + b'{"ph": "X"}, ' * 100_000 + b"]}"
+    plain, packed, bad = tmp_path / "t.json", tmp_path / "t.json.gz", tmp_path / "bad.json.gz"
+    plain.write_bytes(data)
+    packed.write_bytes(gzip.compress(data))
+    bad.write_bytes(b"\x1f\x8b" + b"not deflate" * 10)
+    assert read_start(str(plain)) == data[:8192]
+    assert read_start(str(packed)) == data[:8192]  # at most 8192 bytes, however well they compress
+    assert read_start(str(bad)) == bad.read_bytes()
+    with pytest.raises(TraceFileNotFoundError):
+        read_start(str(tmp_path / "missing.json"))
 
 
 @pytest.mark.parametrize("spec", ["", "a", "3-1", "0-4:0", "1,,2"])

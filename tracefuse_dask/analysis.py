@@ -7,7 +7,6 @@ import logging
 import re
 import sys
 import time
-import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -30,6 +29,7 @@ from .io import (
     paused_gc,
     rank_from_name,
     read_bytes,
+    read_start,
     resolve_rank,
     storage_errors,
 )
@@ -50,7 +50,7 @@ _CT_RANK = r"[-_.](?P<rank>\d+)(?:\.(?:csv|log|txt))?$"  # collective_trace name
 # what a folder or glob lists for analysis: traces, and collective_trace logs and CSV exports
 _MERGED_HEAD = b'"metadata":{"tracefuse":'
 _NAMES = re.compile(r"\.json(\.gz)?$|\.gz$|\.csv$|\.log(-\d+)?$|\.txt$", re.IGNORECASE)
-_COMBINE = 64  # per-file results joined by one reduce task on the cluster
+_COMBINE = 64  # the results of this many files are joined by one reduce task on the cluster
 _MAD_LIMIT = 3.0
 _MIN_REL_DEVIATION = 0.10
 
@@ -105,13 +105,7 @@ def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps
 
     A collective_trace log or CSV export (recognised by its content) gives its calls instead.
     """
-    with storage_errors(f.path, storage_options), fsspec.open(f.path, "rb", **options_for(
-            f.path, storage_options)) as fh:
-        head = fh.read(8192)
-    if head[:2] == b"\x1f\x8b":
-        with contextlib.suppress(zlib.error):
-            head = zlib.decompressobj(31).decompress(head)  # the start of the content
-    if looks_like_collective_trace(head):
+    if looks_like_collective_trace(read_start(f.path, storage_options)):
         return {"ct_calls": _collective_trace_calls(f, storage_options, rank_regex)}
     if f.listed and not TRACE_NAME.search(f.path):
         return {"ignored": f"{f.path}: neither a trace nor a collective_trace log or CSV"}
@@ -308,9 +302,10 @@ def analyze(
         if show_progress:
             with contextlib.redirect_stdout(sys.stderr):
                 progress(futures)
-        results = c.gather([c.submit(_combine, futures[i:i + _COMBINE], pure=False)
-                            for i in range(0, len(futures), _COMBINE)])
-        del futures
+        joined = [c.submit(_combine, futures[i:i + _COMBINE], pure=False)
+                  for i in range(0, len(futures), _COMBINE)]
+        del futures  # each file's result is freed once its reduce task has it
+        results = c.gather(joined)
     analysis = _reduce(results, skipped_names, step_range)
     analysis.summary["seconds"] = round(time.perf_counter() - started, 3)
     if out_dir is not None:

@@ -6,8 +6,10 @@ to match; ``Seq`` (PyTorch >= March 2026) is, when present.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from typing import Any
 
 import numpy as np
@@ -48,14 +50,10 @@ def group_spec(ranks: Any) -> str | None:
     (59 kB for 10,000 ranks, on every call of every rank); the spec stays a few bytes.
     None when ``ranks`` is not a list of ranks.
     """
-    if isinstance(ranks, str):
-        try:
-            ranks = orjson.loads(ranks)
-        except orjson.JSONDecodeError:
-            return None
-    if isinstance(ranks, list) and ranks and set(map(type, ranks)) == {int} and min(ranks) >= 0:
-        return RankSet.of(ranks).spec
-    return None
+    try:
+        return RankSet.of(orjson.loads(ranks) if isinstance(ranks, str) else ranks).spec
+    except (orjson.JSONDecodeError, TypeError, ValueError):  # not a list of ranks (TypeError: not a list at all)
+        return None
 
 
 def _dims_product(dims: Any) -> int | None:
@@ -131,12 +129,11 @@ def rank_collectives(names: list[str], tids: list[Any], args: list[Any], order: 
     for k, r in enumerate(sorted(calls, key=lambda r: (start[r], r))):
         c = calls[r]
         pg = c.get("pg_name")
-        ranks = c.get("group_ranks")
-        if ranks is not None:
-            if ranks not in specs:
-                specs[ranks] = group_spec(ranks) or ranks  # other text stays as the trace has it
-            ranks = specs[ranks]
-        ranks = ranks or pg_config.get(pg)
+        text = c.get("group_ranks")
+        if text is not None and text not in specs:
+            specs[text] = group_spec(text)
+        # Kineto writes the first 30 ranks of a bigger group and "...": then pg_config has them all
+        ranks = specs.get(text) or pg_config.get(pg) or text
         itemsize = ITEMSIZE.get(str(c.get("dtype", "")).lower())
         in_n, out_n = c.get("in_nelems"), c.get("out_nelems")
         rows.append({
@@ -198,14 +195,18 @@ def _step_of(spans: list[tuple[int, int, int]], t: int) -> int | None:
     return None
 
 
-def _expected(row_ranks: Any, pg: Any, pg_members: Mapping[str, set[int]]) -> set[int] | None:
+def _expected(row_ranks: Any, pg: Any, pg_members: Mapping[str, set[int]]) -> Set[int] | None:
     """The global ranks of an instance's group: ``Process Group Ranks``, else ``pg_config``; None when unknown."""
     if isinstance(row_ranks, str):
-        try:
-            return RankSet.parse(row_ranks).ranks()
-        except ValueError:  # not a list of ranks in the trace
-            pass
+        with contextlib.suppress(ValueError):  # not a rank spec: the trace's text, kept as it was
+            return _members(row_ranks)
     return pg_members.get(pg) if isinstance(pg, str) else None
+
+
+@functools.lru_cache(maxsize=64)
+def _members(spec: str) -> frozenset[int]:
+    """The ranks of a rank spec, once per spec: every instance of a group has the same."""
+    return frozenset(RankSet.parse(spec).ranks())
 
 
 def match_collectives(calls: pd.DataFrame, pg_members: Mapping[str, set[int]]) -> tuple[pd.DataFrame, list[str]]:

@@ -47,6 +47,7 @@ __all__ = [
     "decode_json",
     "paused_gc",
     "read_bytes",
+    "read_start",
     "rank_from_name",
     "read_header",
     "relative_sources",
@@ -344,6 +345,17 @@ def _decompressed_stream(f: IO[bytes]) -> IO[bytes]:
     head = f.read(2)
     f.seek(0)
     return igzip.IGzipFile(fileobj=f, mode="rb") if head == _GZIP_MAGIC else f
+
+
+def read_start(path: str, storage_options: Mapping[str, Any] | None = None, size: int = 8192) -> bytes:
+    """At most ``size`` bytes of the start of a file's content, decompressed from its first ``size``
+    bytes when they are gzip (those bytes as they are when they do not decompress)."""
+    with _open_raw(path, storage_options) as f, storage_errors(path, storage_options):
+        head = f.read(size)
+    if head[:2] == _GZIP_MAGIC:
+        with contextlib.suppress(zlib.error):
+            head = zlib.decompressobj(31).decompress(head, size)
+    return head
 
 
 def read_bytes(path: str, storage_options: Mapping[str, Any] | None = None, *,

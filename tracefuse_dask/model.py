@@ -59,7 +59,10 @@ class RankSet:
         >>> RankSet.of([16, 0, 1, 2, 8, 24, 5]).spec
         '0-2,5,8-24:8'
         """
-        values = sorted(set(ranks))
+        values = list(ranks)
+        if not values or set(map(type, values)) != {int} or min(values) < 0:
+            raise ValueError(f"a rank set needs one or more ranks, ints >= 0; got {values[:5]}")
+        values = sorted(set(values))
         if len(values) > 2 and values == list(range(values[0], values[-1] + 1, step := values[1] - values[0])):
             # one run, as most groups are: checked at C speed
             return cls.parse(f"{values[0]}-{values[-1]}" + (f":{step}" if step > 1 else ""))

@@ -293,7 +293,8 @@ def make_rank_trace(rank: int, world_size: int, *, target_bytes: int = 2_000_000
     """
     layers, n_steps = _plan(target_bytes, world_size)
     w = _Rank(rank, seed, clock_shift_ns, rank == straggler)
-    ranks_str = "[" + ", ".join(map(str, range(world_size))) + "]"
+    # as Kineto writes it: the first 30 ranks of a bigger group, then "..." (pg_config lists them all)
+    ranks_str = "[" + ", ".join(map(str, range(min(world_size, 30)))) + (", ...]" if world_size > 30 else "]")
     comm = {"Collective name": "allreduce", "In msg nelems": _NELEMS, "Out msg nelems": _NELEMS,
             "Group size": world_size, "dtype": "Float", "In split size": "[]", "Out split size": "[]",
             "Process Group Name": "0", "Process Group Description": "default_pg", "Process Group Ranks": ranks_str}
