@@ -1051,8 +1051,9 @@ def _write_job_ranks(args: tuple[int, int, int, int, str]) -> int:
 
 
 def make_job_ranks(pool: Any, root: str, ranks: int, rank_kb: float) -> tuple[str, int]:
-    """All ranks of one ``ranks``-rank job, as the analysis sees them: every collective's
-    ``Process Group Ranks`` and the default process group list all ``ranks`` ranks."""
+    """All ranks of one ``ranks``-rank job, as the analysis sees them: every rank's
+    ``distributedInfo.pg_config`` lists all ``ranks`` ranks of the default process group (and its
+    collectives' ``Process Group Ranks`` the first 30, as Kineto writes it)."""
     folder = os.path.join(root, f"job_{ranks}x{rank_kb:g}kB")
     os.makedirs(folder)
     step = 250
@@ -1093,7 +1094,8 @@ def make_linked_ranks(pool: Any, root: str, counts: list[int], rank_mb: float) -
 
 
 def main_scale(args: argparse.Namespace) -> int:
-    """The memory of merges from 8 to many ranks of 20 MB, then the per-rank overhead of many small ranks.
+    """The memory of merges from 8 to many ranks of 20 MB, then the per-rank overhead of many small ranks,
+    then the analysis of every rank of a job of that many ranks (its client in a process of its own).
 
     The memory rows come first: a process keeps the memory it once used, so the client's peak of the
     many-ranks row would hide theirs.
@@ -1169,7 +1171,7 @@ def main_scale(args: argparse.Namespace) -> int:
             emit("|---|---|---|---|---|---|---|---|")
             with TreeRSS() as mem:
                 s, client_peak, ranks, calls = in_child(ctx, _analyze_client, cluster.scheduler_address, job)
-            emit(f"| every rank of a {args.small_ranks:,}-rank job, each collective listing all its ranks | "
+            emit(f"| every rank of a {args.small_ranks:,}-rank job, each listing all ranks in its pg_config | "
                  f"{ranks:,} | {job_bytes / MB:,.0f} | {s:.2f} | {s / ranks * 1000:.1f} | {mem.peak / 2**20:,.0f} | "
                  f"{client_peak / 2**20:,.0f} | {calls:,} |")
     finally:
@@ -1300,7 +1302,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"the HTA columns are skipped. Set it up: {HTA_SETUP}")
     ap.add_argument("--scale", action="store_true",
                     help="run only the scale benchmark: many small ranks against the same bytes in 8 ranks (per-rank "
-                         "overhead), and merges of --memory-ranks ranks of --rank-mb MB (memory)")
+                         "overhead), merges of --memory-ranks ranks of --rank-mb MB (memory), and the analysis "
+                         "of a --small-ranks-rank job")
     ap.add_argument("--small-ranks", type=int, default=10_000, help="scale case: small ranks (default 10000)")
     ap.add_argument("--small-kb", type=float, default=50, help="scale case: kB per small rank (default 50)")
     ap.add_argument("--memory-ranks", default="8,64,512",
