@@ -70,7 +70,7 @@ from .model import (
 )
 from .fastpath import handles, rewrite_fast
 from .rewrite import RankEvents
-from .storage import MIN_PART, Piece, abort_uploads, join, plan_groups, protocol_of, write_group
+from .storage import MIN_PART, WRITE_BLOCK, Piece, abort_uploads, join, plan_groups, protocol_of, write_group
 
 __all__ = ["connect", "merge_traces", "build_options"]
 
@@ -246,7 +246,8 @@ def _rewrite_batch(tasks: list[RankTask], part_path: str, storage_options: Mappi
                 continue
             with _writing(part_path), storage_errors(part_path, storage_options):
                 if fo is None:
-                    fo = fsspec.open(part_path, "wb", **options_for(part_path, storage_options)).open()
+                    fs, path = fsspec.core.url_to_fs(part_path, **options_for(part_path, storage_options))
+                    fo = fs.open(path, "wb", block_size=WRITE_BLOCK)
                 fo.write(data)
             outcomes.append((result, None))
     finally:
