@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from conftest import make_trace, write_trace
 from tracefuse_dask.errors import TraceFileNotFoundError
-from tracefuse_dask.io import expand_inputs, rank_from_name, read_header, read_start, relative_sources
+from tracefuse_dask.io import (expand_inputs, open_write, rank_from_name, read_header, read_start,
+                               relative_sources)
 from tracefuse_dask.model import RankSet, parse_steps, parse_window
 
 
@@ -67,6 +68,12 @@ def test_rank_set_of_keeps_every_rank_in_disjoint_runs(ranks):
 def test_rank_set_of_wants_ranks(ranks):
     with pytest.raises(ValueError, match="ints >= 0"):
         RankSet.of(ranks)
+
+
+def test_open_write_makes_the_folders_it_needs(tmp_path):
+    with open_write(str(tmp_path / "new" / "deeper" / "part.json"), None) as f:
+        f.write(b"[]")
+    assert (tmp_path / "new" / "deeper" / "part.json").read_bytes() == b"[]"
 
 
 def test_read_start_gives_the_start_of_the_content(tmp_path):

@@ -34,10 +34,10 @@ from .io import (
     storage_errors,
 )
 from .merge import connect
-from .model import InputFile, RankSet, parse_steps, rank_subset
+from .model import InputFile, parse_steps, rank_subset
 from .collective_trace import CALL_COLUMNS as CT_COLUMNS
 from .collective_trace import looks_like_collective_trace, parse_collective_trace, summarize
-from .collectives import clock_offsets, instance_metrics, match_collectives, op_summary, straggler
+from .collectives import clock_offsets, group_members, instance_metrics, match_collectives, op_summary, straggler
 from .rank_analysis import TABLES, RankTables, analyze_events, analyze_rank, decode_trace, rows_for
 from .rewrite import PID_BASE, SLOTS_PER_RANK
 
@@ -150,20 +150,21 @@ def _combine(results: list[dict[str, Any]]) -> dict[str, Any]:
     their ranks joined, so that the client gets one DataFrame per table for many ranks (a
     DataFrame costs ~10 kB whatever its rows)."""
     ranks: list[RankTables] = []
-    out: dict[str, Any] = {"notes": [], "world_sizes": [], "ignored": [], "ct_calls": []}
+    ct: list[pd.DataFrame] = []
+    out: dict[str, Any] = {"notes": [], "world_sizes": [], "ignored": []}
     for res in results:
         if "ignored" in res:
             out["ignored"].append(res["ignored"])
         elif "ct_calls" in res:
-            out["ct_calls"].append(res["ct_calls"])
+            ct.append(res["ct_calls"])
         else:
             ranks += res["ranks"]
             out["notes"] += res["notes"]
             out["world_sizes"].append(res["world_size"])
     out["tables"] = {name: rows_for(ranks, name) for name in TABLES}
     out["ranks"] = [replace(rt, tables={}) for rt in ranks]
-    out["ct_files"] = len(out["ct_calls"])
-    out["ct_calls"] = pd.concat(out["ct_calls"], ignore_index=True) if out["ct_calls"] else None
+    out["ct_files"] = len(ct)
+    out["ct_calls"] = pd.concat(ct, ignore_index=True) if ct else None
     return out
 
 
@@ -345,7 +346,7 @@ def _reduce(results: list[dict[str, Any]], skipped_names: list[str], steps: tupl
     stats = rank_stats(tables["breakdown"], tables["breakdown_by_step"])
     pg_members: dict[str, set[int]] = {}
     for pg, spec in {(pg, spec) for rt in per_rank for pg, spec in rt.pg_config.items()}:  # each group once
-        pg_members.setdefault(pg, set()).update(RankSet.parse(spec).ranks())
+        pg_members.setdefault(pg, set()).update(group_members(spec))
     matched, problems = match_collectives(tables["collectives"], pg_members)
     clocks = clock_offsets(matched, {rt.rank: rt.host for rt in per_rank})
     offsets = {int(r): us * 1e3 for r, us in clocks["clock_offset_us"].items()}

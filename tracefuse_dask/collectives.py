@@ -18,8 +18,8 @@ import pandas as pd
 
 from .model import RankSet
 
-__all__ = ["CALL_COLUMNS", "canonical_op", "clock_offsets", "group_spec", "is_call_name", "match_collectives",
-           "rank_collectives", "straggler"]
+__all__ = ["CALL_COLUMNS", "canonical_op", "clock_offsets", "group_members", "group_spec", "is_call_name",
+           "match_collectives", "rank_collectives", "straggler"]
 
 _CALL_PREFIXES = ("c10d::", "record_param_comms", "nccl:", "rccl:", "gloo:")
 _COMM_KERNEL = re.compile(r"nccl|rccl", re.IGNORECASE)
@@ -54,6 +54,13 @@ def group_spec(ranks: Any) -> str | None:
         return RankSet.of(orjson.loads(ranks) if isinstance(ranks, str) else ranks).spec
     except (orjson.JSONDecodeError, TypeError, ValueError):  # not a list of ranks (TypeError: not a list at all)
         return None
+
+
+@functools.lru_cache(maxsize=64)
+def group_members(spec: str) -> frozenset[int]:
+    """The ranks of a group's rank spec (``group_spec``), once per spec and process: every call and rank
+    of a group has the same. Raises ``ValueError`` when ``spec`` is not a rank spec."""
+    return frozenset(RankSet.parse(spec).ranks())
 
 
 def _dims_product(dims: Any) -> int | None:
@@ -125,7 +132,7 @@ def rank_collectives(names: list[str], tids: list[Any], args: list[Any], order: 
             c["stream"] = stream
     rows = []
     specs: dict[str, Any] = {}  # the calls of a group share its ranks' text: convert it once
-    sizes = {pg: len(RankSet.parse(spec).ranks()) for pg, spec in pg_config.items()}
+    sizes = {pg: len(group_members(spec)) for pg, spec in pg_config.items()}
     for k, r in enumerate(sorted(calls, key=lambda r: (start[r], r))):
         c = calls[r]
         pg = c.get("pg_name")
@@ -199,14 +206,8 @@ def _expected(row_ranks: Any, pg: Any, pg_members: Mapping[str, set[int]]) -> Se
     """The global ranks of an instance's group: ``Process Group Ranks``, else ``pg_config``; None when unknown."""
     if isinstance(row_ranks, str):
         with contextlib.suppress(ValueError):  # not a rank spec: the trace's text, kept as it was
-            return _members(row_ranks)
+            return group_members(row_ranks)
     return pg_members.get(pg) if isinstance(pg, str) else None
-
-
-@functools.lru_cache(maxsize=64)
-def _members(spec: str) -> frozenset[int]:
-    """The ranks of a rank spec, once per spec: every instance of a group has the same."""
-    return frozenset(RankSet.parse(spec).ranks())
 
 
 def match_collectives(calls: pd.DataFrame, pg_members: Mapping[str, set[int]]) -> tuple[pd.DataFrame, list[str]]:

@@ -49,6 +49,7 @@ from .io import (
     expand_inputs,
     gzip_member,
     gzip_writer,
+    open_write,
     parse_json,
     paused_gc,
     read_bytes,
@@ -70,7 +71,7 @@ from .model import (
 )
 from .fastpath import handles, rewrite_fast
 from .rewrite import RankEvents
-from .storage import MIN_PART, WRITE_BLOCK, Piece, abort_uploads, join, plan_groups, protocol_of, write_group
+from .storage import MIN_PART, Piece, abort_uploads, join, plan_groups, protocol_of, write_group
 
 __all__ = ["connect", "merge_traces", "build_options"]
 
@@ -246,8 +247,7 @@ def _rewrite_batch(tasks: list[RankTask], part_path: str, storage_options: Mappi
                 continue
             with _writing(part_path), storage_errors(part_path, storage_options):
                 if fo is None:
-                    fs, path = fsspec.core.url_to_fs(part_path, **options_for(part_path, storage_options))
-                    fo = fs.open(path, "wb", block_size=WRITE_BLOCK)
+                    fo = open_write(part_path, storage_options)
                 fo.write(data)
             outcomes.append((result, None))
     finally:
@@ -705,7 +705,7 @@ def _read_headers(files: list[InputFile], meta_path: str, storage_options: Mappi
                 continue
             with _writing(meta_path), storage_errors(meta_path, storage_options):
                 if fo is None:
-                    fo = stack.enter_context(fsspec.open(meta_path, "wb", **options_for(meta_path, storage_options)))
+                    fo = stack.enter_context(open_write(meta_path, storage_options))
                 h.meta = (meta_path, fo.tell(), len(text))
                 fo.write(text)
             outcomes.append((h, None))
@@ -739,7 +739,7 @@ def _write_heads(jobs: list[tuple[str, bytes, list[tuple[int, str, int | None, t
     try:
         for dest, pre, ranks, post, compress in jobs:
             with _writing(dest), storage_errors(dest, storage_options), \
-                    fsspec.open(dest, "wb", **options_for(dest, storage_options)) as raw:
+                    open_write(dest, storage_options) as raw:
                 out = gzip_writer(raw) if compress else raw
                 out.write(pre)
                 for i, (rank, source, base, (path, offset, length)) in enumerate(ranks):

@@ -22,14 +22,12 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Union
 
+from .io import WRITE_BLOCK, gzip_writer
 
-__all__ = ["MIN_PART", "WRITE_BLOCK", "MAX_PARTS", "COMPOSE_MAX", "Piece", "plan_groups", "protocol_of", "write_group",
-           "join", "abort_uploads"]
+__all__ = ["MIN_PART", "MAX_PARTS", "COMPOSE_MAX", "Piece", "plan_groups", "protocol_of", "write_group", "join",
+           "abort_uploads"]
 
 MIN_PART = 5 * 2**20  # S3's smallest part, but for the last one
-# What a task writing an object buffers before it uploads a part: s3fs's default, 50 MiB, held ~100 MiB of
-# RSS per task while a 34 MB partition was written (7-22 MiB with this).
-WRITE_BLOCK = MIN_PART
 MAX_PARTS = 10_000  # S3's most parts in one multipart upload
 MAX_PART = 5 * 2**30  # S3's largest part
 COMPOSE_MAX = 32  # GCS's most sources in one compose
@@ -79,8 +77,6 @@ def write_group(fs: Any, pieces: Sequence[Piece], dest: str, recompress: bool = 
 
     Returns the bytes written.
     """
-    from .io import gzip_writer
-
     with fs.open(dest, "wb", block_size=WRITE_BLOCK) as raw:
         dst = gzip_writer(raw) if recompress else raw
         for piece in pieces:
