@@ -81,6 +81,8 @@ EV = {"ph": "X", "cat": "cpu_op", "name": "a", "pid": 7, "tid": 7, "ts": 11.0, "
     pytest.param(doc_with(dict(EV, args={"x": 1, "RANK": 7})).replace(b'"RANK"', b'"r\\u0061nk"'),
                  id="escaped-rank-key"),
     pytest.param(doc_with(dict(EV, args={})), id="empty-args"),
+    pytest.param(json.dumps(orjson.loads(doc_with(dict(EV, args={}), dict(EV, args={"rank": 9}))), indent=1).encode(),
+                 id="pretty-printed"),
     pytest.param(doc_with(dict(EV, args=None)), id="null-args"),
     pytest.param(doc_with(dict(EV, args=[1, 2])), id="list-args"),
     pytest.param(doc_with(dict(EV, args="x")), id="string-args"),

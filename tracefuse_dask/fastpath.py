@@ -15,6 +15,7 @@ options, so the output stays deterministic.
 """
 from __future__ import annotations
 
+from itertools import compress
 from operator import attrgetter
 from typing import Annotated, Any
 
@@ -73,6 +74,7 @@ _decoder = msgspec.json.Decoder(_Trace)
 _encoder = msgspec.json.Encoder()
 _PH_PID_TID_CAT = attrgetter("ph", "pid", "tid", "cat")
 _TID, _TS, _ID = attrgetter("tid"), attrgetter("ts"), attrgetter("id")
+_INSTANT_PH = ("i", "I")
 
 
 def decode_or_none(decoder: msgspec.json.Decoder, data: bytes) -> Any:
@@ -195,13 +197,12 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
             {host_map[pid] if ph in _FLOW_PH else by_cat[cat][pid] for ph, pid, _, cat in keys})
     head, shown = process_metadata(rank, slots, used, options.keep_empty_processes)
 
-    if any(type(t) is not int or not 0 <= t <= _U32 for t in {k[2] for k in keys} | set(map(_TID, metas))
-           if t is not UNSET):
+    odd_tids = {t for t in {k[2] for k in keys} | set(map(_TID, metas))
+                if t is not UNSET and (type(t) is not int or not 0 <= t <= _U32)}
+    if odd_tids:  # strings such as "stream 7": only their events are visited
         for group in (metas, events):
-            for e in group:
-                t = e.tid
-                if t is not UNSET and (type(t) is not int or not 0 <= t <= _U32):
-                    e.tid = map_tid(t)
+            for e in compress(group, map(odd_tids.__contains__, map(_TID, group))):
+                e.tid = map_tid(e.tid)
     shift = base - base_out
     for group in (metas, events):
         if shift:
@@ -228,7 +229,7 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
                 continue
             named.add((e.pid, e.tid))
         threads.append(e)
-    if not _rewrite_events(events, rank, pid_map, id_map):
+    if not _rewrite_events(events, rank, pid_map, id_map, any(k[0] in _INSTANT_PH for k in keys)):
         return None
     body = threads + events
     text = bytearray()
@@ -236,8 +237,9 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
     return orjson.dumps(head), text, n_in, len(head) + len(body)
 
 
-def _rewrite_events(events: list[_Event], rank: int, pid_map: dict[Any, int] | None, id_map: IdMap | None) -> bool:
-    """One pass over the non-metadata events: pids, ids, global instants and ``args.rank``.
+def _rewrite_events(events: list[_Event], rank: int, pid_map: dict[Any, int] | None, id_map: IdMap | None,
+                    instants: bool) -> bool:
+    """One pass over the non-metadata events: pids, ids, global instants (if ``instants``) and ``args.rank``.
 
     ``pid_map`` is None when the pids were mapped already. ``args`` get ``"rank": rank``
     spliced into their raw text, unless they may hold a rank already (``"rank"``, or an
@@ -253,14 +255,16 @@ def _rewrite_events(events: list[_Event], rank: int, pid_map: dict[Any, int] | N
         i = e.id
         if i is not UNSET:
             e.id = high | (i if dense is None else dense[i])
-        if e.s == "g" and (e.ph == "i" or e.ph == "I"):
+        if instants and e.s == "g" and e.ph in _INSTANT_PH:
             e.s = "p"
         a = e.args
         if a is UNSET:
             e.args = only
             continue
         text = bytes(a)
-        if text[0] != 123:  # not an object: null gets the rank alone, other values stay as they are
+        if text[:2] == b'{"' and b'"rank"' not in text and b"\\" not in text:  # the common case
+            e.args = Raw(first + text[1:])
+        elif text[0] != 123:  # not an object: null gets the rank alone, other values stay as they are
             if text == b"null":
                 e.args = only
         elif b'"' not in text:  # {} (a key would need a quote)
