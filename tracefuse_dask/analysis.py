@@ -25,6 +25,7 @@ from .io import (
     check_document,
     decode_json,
     expand_inputs,
+    open_write,
     options_for,
     paused_gc,
     rank_from_name,
@@ -429,7 +430,7 @@ def write_report(analysis: Analysis, out_dir: str, storage_options: Mapping[str,
         try:
             fs.makedirs(tmp_path, exist_ok=True)
             for name, content in files.items():
-                with fs.open(f"{tmp_path}/{name}", "wb") as fh:
+                with open_write(f"{tmp}/{name}", so) as fh:
                     if isinstance(content, bytes):
                         fh.write(content)
                     elif format == "csv":
