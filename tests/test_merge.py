@@ -105,6 +105,14 @@ def test_batching_does_not_change_the_output(client, tmp_path, monkeypatch, out)
     assert (tmp_path / f"batched-{out}").read_bytes() == (tmp_path / f"alone-{out}").read_bytes()
 
 
+def test_scattered_headers_write_the_same_output(client, tmp_path, monkeypatch):
+    folder = shared("gloo_4ranks")
+    merge_traces(str(folder), str(tmp_path / "inline.json"), client=client)
+    monkeypatch.setattr(merge, "_INLINE_HEADS", 0)  # as a big job's headers: scattered to the workers first
+    merge_traces(str(folder), str(tmp_path / "scattered.json"), client=client)
+    assert (tmp_path / "inline.json").read_bytes() == (tmp_path / "scattered.json").read_bytes()
+
+
 def test_big_rank_metadata_reaches_every_output_but_not_the_client(client, tmp_path):
     """Process groups of a big job (here 200,000 ranks in the default group) go from Phase A's files into the
     merged header, each split part and each archive member; Phase A hands the client only where they lie."""

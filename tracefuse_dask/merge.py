@@ -81,6 +81,7 @@ _BIG_OUTPUT = 1_500_000_000
 _RANK_META = ("distributedInfo", "deviceProperties", "host_name")  # per rank in the output's metadata
 BATCH_BYTES = 4 * 2**20  # small ranks share tasks of about this many input bytes; bigger ones have their own
 BATCH_RANKS = 1024
+_INLINE_HEADS = 1 << 20  # headers up to this many bytes travel in the task graph
 _SEP = b",\n"
 _FOOT = b"\n]}\n"
 PERFETTO_MANIFEST = "perfetto_manifest.json"
@@ -364,9 +365,9 @@ def _assemble(c: Client, out: str, tmp_dir: str, pieces: list[Piece], single_mem
                        key=f"tracefuse-group-{tokenize(out, dest, [pieces[i] for i in group], single_member)}")
         futures.append(fut)
         sources.append((dest, fut))
-    sizes = [s[1] if isinstance(s[1], int) else s[1].result() for s in sources]
+    sizes = [s[1] for s in sources]  # the groups' futures among them: the finish task waits for them, not the client
     paths = [s[0] for s in sources]
-    fut = c.submit(_finish, out, tmp_dir, paths, sizes, so, key=f"tracefuse-finish-{tokenize(out, paths, sizes)}")
+    fut = c.submit(_finish, out, tmp_dir, paths, sizes, so, key=f"tracefuse-finish-{tokenize(out, paths, [getattr(x, 'key', x) for x in sizes])}")
     futures.append(fut)
     return fut.result()
 
@@ -1006,8 +1007,10 @@ def _heads(c: Client, jobs: list[tuple[str, bytes, list[Any], bytes, bool]], so:
         chunks[-1].append(job)
         n += len(job[2])
     keys = [f"tracefuse-head-{tokenize(ch, so)}" for ch in chunks]
-    # Scattered, not put in the graph: with 10,000 ranks the process metadata events are tens of MB.
-    got = c.map(_write_heads, c.scatter(chunks), storage_options=so, key=keys)
+    # Big headers are scattered, not put in the graph (10,000 ranks have tens of MB of process metadata
+    # events); small ones go with their tasks, which saves the scatter's round trip.
+    small = sum(len(pre) + len(post) for _, pre, _, post, _ in jobs) < _INLINE_HEADS
+    got = c.map(_write_heads, chunks if small else c.scatter(chunks), storage_options=so, key=keys)
     futures.extend(got)
     sizes = [0] * len(jobs)
     for i, size in zip(order, (size for fut in got for size in fut.result())):
