@@ -64,18 +64,26 @@ class TreeRSS:
     """Peak summed RSS of this process and all its descendants, while the ``with`` block runs.
 
     Processes in ``exclude`` (the storage server of the S3 case) and their children are not counted.
+    The descendants are listed again every ``relist`` samples: listing them scans every process of the
+    machine (2 ms of CPU), reading their RSS takes 0.05 ms each, and the sampler shares this process's GIL
+    with the Dask scheduler and client.
     """
 
     exclude: set[int] = set()
 
-    def __init__(self, interval: float = 0.025) -> None:
-        self.interval, self.proc = interval, psutil.Process()
+    def __init__(self, interval: float = 0.025, relist: int = 20) -> None:
+        self.interval, self.relist, self.proc = interval, relist, psutil.Process()
         self.baseline = self.peak = self.self_peak = 0
         self._stop = threading.Event()
+        self._procs: list[psutil.Process] = []
+        self._samples = 0
 
     def sample(self) -> int:
+        if self._samples % self.relist == 0:
+            self._procs = [self.proc, *self.proc.children(recursive=True)]
+        self._samples += 1
         total = 0
-        for p in [self.proc, *self.proc.children(recursive=True)]:
+        for p in self._procs:
             try:
                 if self.exclude and (p.pid in self.exclude or p.ppid() in self.exclude):
                     continue
