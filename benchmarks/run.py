@@ -114,9 +114,21 @@ class TreeRSS:
         self.peak = max(self.peak, self.sample())
 
 
+def kineto_rank(data: bytes) -> bytes:
+    """``data`` with its first ``"rank":N`` written ``"rank": N``, as Kineto writes it (orjson writes no space).
+
+    HTA 0.5.0 finds a file's rank with the regex ``"rank":\\s+(\\d+)``; without the space it loads every
+    file as rank 0 and keeps one of them.
+    """
+    data, n = re.subn(rb'"rank":(\d)', rb'"rank": \1', data, count=1)
+    if n != 1:
+        raise RuntimeError("no rank to rewrite")
+    return data
+
+
 def _write_rank(args: tuple[int, int, int, str]) -> int:
     rank, ranks, rank_bytes, path = args
-    data = orjson.dumps(make_rank_trace(rank, ranks, target_bytes=rank_bytes, seed=0))
+    data = kineto_rank(orjson.dumps(make_rank_trace(rank, ranks, target_bytes=rank_bytes, seed=0)))
     with open(path, "wb") as f:
         f.write(data)
     return len(data)
@@ -833,15 +845,9 @@ ANALYZE_COLUMNS = ["dataset", "ranks", "MB", "tracefuse s", "HTA s", "speedup", 
 
 
 def _kineto_rank(path: str) -> None:
-    """Rewrite a ``write_example`` file with ``"rank": N``, as Kineto writes it (orjson writes ``"rank":N``).
-
-    HTA 0.5.0 finds a file's rank with the regex ``"rank":\\s+(\\d+)``; without the space it loads every
-    file as rank 0 and keeps one of them.
-    """
+    """Rewrite a ``write_example`` file with its rank as Kineto writes it (``kineto_rank``)."""
     with gzip.open(path, "rb") as f:
-        data, n = re.subn(rb'"rank":(\d)', rb'"rank": \1', f.read(), count=1)
-    if n != 1:
-        raise RuntimeError(f"{path}: no rank to rewrite")
+        data = kineto_rank(f.read())
     with open(path, "wb") as f:
         f.write(gzip.compress(data, compresslevel=6, mtime=0))
 
@@ -882,14 +888,20 @@ def hta_versions(python: str) -> str | None:
     return f"HolisticTraceAnalysis {hta}, pandas {pandas}"
 
 
-def run_hta(python: str, folder: str) -> dict[str, Any]:
-    """``hta_breakdown.py`` on ``folder`` in a fresh process of ``python``; its JSON report."""
+def run_hta(python: str, folder: str, ranks: int | None = None) -> dict[str, Any]:
+    """``hta_breakdown.py`` on ``folder`` in a fresh process of ``python``; its JSON report.
+
+    With ``ranks``, it is an error when HTA did not load that many ranks.
+    """
     proc = subprocess.run([python, os.path.join(HERE, "hta_breakdown.py"), folder], capture_output=True,
                           text=True, env={**os.environ, "HTA_DISABLE_NS_ROUNDING": "1"})
     if proc.returncode:
         last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
         raise RuntimeError(f"hta_breakdown.py: {last}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    if ranks is not None and len(report["ranks"]) != ranks:
+        raise RuntimeError(f"HTA loaded {len(report['ranks'])} of the {ranks} ranks of {folder}")
+    return report
 
 
 def agreement(breakdown: Any, hta_ranks: dict[str, dict[str, float]]) -> tuple[bool, str]:
@@ -1396,9 +1408,9 @@ def main(argv: list[str] | None = None) -> int:
                               lambda r: "json, indent=4, gzip -9")
                 if size == smallest and hta:
                     table.row("HTA load + temporal breakdown (1 process)", name, size, floors,
-                              lambda: run_hta(args.hta_python, folder), 1,
-                              note=lambda r: f"{hta}: load {r['load_s']:.2f} s + breakdown {r['breakdown_s']:.2f} s, "
-                                             f"Python start and imports the rest")
+                              lambda: run_hta(args.hta_python, folder, ranks=n), 1,
+                              note=lambda r: f"{hta}: load {r['load_s']:.2f} s + breakdown {r['breakdown_s']:.2f} s "
+                                             f"of {len(r['ranks'])} ranks, Python start and imports the rest")
                 if not args.keep:
                     shutil.rmtree(out_dir)
             if s3_sets:
