@@ -257,7 +257,7 @@ def fmt_row(name: str, dataset: str, bytes_in: int, seconds: float | None, mem: 
     ratio = [f"{floors[k] / seconds:.2f}×" if k in floors else "–" for k in ("gc_on", "gc_off")]
     return (f"| {name} | {dataset} | {seconds:.2f} | {bytes_in / MB / seconds:.1f} | {ratio[0]} | {ratio[1]} | "
             f"{(mem.peak - mem.baseline) / 2**20:,.0f} | {mem.peak / 2**20:,.0f} | "
-            f"{(out_bytes or 0) / MB:.1f} | {note} |")
+            f"{'–' if out_bytes is None else f'{out_bytes / MB:.1f}'} | {note} |")
 
 
 class Table:
@@ -275,7 +275,7 @@ class Table:
         print(line, flush=True)
 
     def row(self, label: str, dataset: str, size: int, floors: dict[str, float], fn: Callable[[], Any],
-            repeat: int = 1, out_bytes: Callable[[Any], int] = lambda r: 0,
+            repeat: int = 1, out_bytes: Callable[[Any], int | None] = lambda r: None,
             note: Callable[[Any], str] = lambda r: "", floor: str | None = None) -> None:
         """Measure ``fn`` and add its row (as ``floors[floor]`` too); a failure becomes a FAILED row."""
         self.rows(dataset, size, floors, [Row(label, fn, out_bytes, note, floor)], repeat)
@@ -303,7 +303,7 @@ class Row:
 
     label: str
     fn: Callable[[], Any]
-    out_bytes: Callable[[Any], int] = lambda r: 0
+    out_bytes: Callable[[Any], int | None] = lambda r: None  # None: the row writes no output
     note: Callable[[Any], str] = lambda r: ""
     floor: str | None = None  # the key its time is kept under, to compare the other rows with
 
@@ -1357,8 +1357,8 @@ def main(argv: list[str] | None = None) -> int:
               f"writing new files, after the page cache was written back (`sync`). "
               f"tracefuse drops python_function events unless --include-pyfunc "
               f"({'on' if args.include_pyfunc else 'off'} here).\n")
-    hta = None if args.no_hta else hta_versions(args.hta_python)
-    if hta is None and not args.no_hta:
+    hta = None if args.no_hta or not rank_counts else hta_versions(args.hta_python)
+    if hta is None and rank_counts and not args.no_hta:
         header += f"HTA row skipped: no HolisticTraceAnalysis at --hta-python {args.hta_python} (set it up: {HTA_SETUP}).\n"
     print(header, flush=True)
     table = Table()
@@ -1407,7 +1407,7 @@ def main(argv: list[str] | None = None) -> int:
                               lambda: in_child(ctx, _naive_merge, paths, out), 1, int,
                               lambda r: "json, indent=4, gzip -9")
                 if size == smallest and hta:
-                    table.row("HTA load + temporal breakdown (1 process)", name, size, floors,
+                    table.row("HTA load + temporal breakdown (its process and pool)", name, size, floors,
                               lambda: run_hta(args.hta_python, folder, ranks=n), 1,
                               note=lambda r: f"{hta}: load {r['load_s']:.2f} s + breakdown {r['breakdown_s']:.2f} s "
                                              f"of {len(r['ranks'])} ranks, Python start and imports the rest")

@@ -365,9 +365,11 @@ def _assemble(c: Client, out: str, tmp_dir: str, pieces: list[Piece], single_mem
                        key=f"tracefuse-group-{tokenize(out, dest, [pieces[i] for i in group], single_member)}")
         futures.append(fut)
         sources.append((dest, fut))
-    sizes = [s[1] for s in sources]  # the groups' futures among them: the finish task waits for them, not the client
+    # The groups' futures are among the sizes: the finish task waits for them, not the client.
+    sizes = [s[1] for s in sources]
     paths = [s[0] for s in sources]
-    fut = c.submit(_finish, out, tmp_dir, paths, sizes, so, key=f"tracefuse-finish-{tokenize(out, paths, [getattr(x, 'key', x) for x in sizes])}")
+    key = f"tracefuse-finish-{tokenize(out, paths, [getattr(x, 'key', x) for x in sizes])}"
+    fut = c.submit(_finish, out, tmp_dir, paths, sizes, so, key=key)
     futures.append(fut)
     return fut.result()
 
@@ -1009,7 +1011,8 @@ def _heads(c: Client, jobs: list[tuple[str, bytes, list[Any], bytes, bool]], so:
     keys = [f"tracefuse-head-{tokenize(ch, so)}" for ch in chunks]
     # Big headers are scattered, not put in the graph (10,000 ranks have tens of MB of process metadata
     # events); small ones go with their tasks, which saves the scatter's round trip.
-    small = sum(len(pre) + len(post) for _, pre, _, post, _ in jobs) < _INLINE_HEADS
+    small = sum(len(dest) + len(pre) + 64 * len(ranks) + len(post)
+                for dest, pre, ranks, post, _ in jobs) < _INLINE_HEADS
     got = c.map(_write_heads, chunks if small else c.scatter(chunks), storage_options=so, key=keys)
     futures.extend(got)
     sizes = [0] * len(jobs)
