@@ -1054,28 +1054,6 @@ def _write_nameless(args: tuple[int, int, str]) -> int:
     return len(data)
 
 
-def _write_job_ranks(args: tuple[int, int, int, int, str]) -> int:
-    first, last, world_size, rank_bytes, folder = args
-    total = 0
-    for r in range(first, last):
-        data = orjson.dumps(make_rank_trace(r, world_size, target_bytes=rank_bytes, seed=0))
-        with open(os.path.join(folder, f"rank{r}.pt.trace.json"), "wb") as f:
-            f.write(data)
-        total += len(data)
-    return total
-
-
-def make_job_ranks(pool: Any, root: str, ranks: int, rank_kb: float) -> tuple[str, int]:
-    """All ranks of one ``ranks``-rank job, as the analysis sees them: every rank's
-    ``distributedInfo.pg_config`` lists all ``ranks`` ranks of the default process group (and its
-    collectives' ``Process Group Ranks`` the first 30, as Kineto writes it)."""
-    folder = os.path.join(root, f"job_{ranks}x{rank_kb:g}kB")
-    os.makedirs(folder)
-    step = 250
-    jobs = [(a, min(a + step, ranks), ranks, int(rank_kb * 1000), folder) for a in range(0, ranks, step)]
-    return folder, sum(pool.map(_write_job_ranks, jobs, chunksize=1))
-
-
 def _analyze_client(address: str, folder: str) -> tuple[float, int, int, int]:
     """In a process of its own, a client that analyses ``folder``: (seconds, its peak RSS in bytes, ranks,
     collective calls)."""
@@ -1135,7 +1113,8 @@ def main_scale(args: argparse.Namespace) -> int:
             t = time.perf_counter()
             small, small_bytes = make_small_ranks(pool, root, args.small_ranks, args.small_kb)
             grouped, grouped_bytes = make_small_ranks(pool, root, args.small_ranks, args.small_kb, full_groups=True)
-            job, job_bytes = make_job_ranks(pool, root, args.small_ranks, args.small_kb)
+            # every rank of one job: its pg_config lists all the job's ranks (its calls the first 30, as Kineto)
+            job, _, job_bytes = make_dataset(pool, root, args.small_ranks, args.small_kb / 1000)
             large, _, large_bytes = make_dataset(pool, root, 8, small_bytes / 8 / MB)
             linked = make_linked_ranks(pool, root, [int(x) for x in args.memory_ranks.split(",")], args.rank_mb)
             print(f"generated the datasets in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
