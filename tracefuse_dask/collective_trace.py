@@ -87,7 +87,6 @@ def parse_collective_trace(data: bytes, path: str, rank: int | None = None) -> p
 
 def _log_rows(text: str, path: str) -> list[dict[str, Any]]:
     rows = []
-    groups: dict[str, str] = {}  # a group's ranks as logged: their spec (``group_spec``), once per group
     for n, line in enumerate(text.splitlines(), 1):
         tag = _TAG.search(line)
         if tag is None:
@@ -98,18 +97,17 @@ def _log_rows(text: str, path: str) -> list[dict[str, Any]]:
             raise TraceFormatError(f"{path}: line {n} is a collective_trace {kind} line that does not parse: "
                                    f"{line.strip()[:160]!r}; is the file cut or from another version?")
         g = m.groupdict()
-        if g.get("ranks") is not None and g["ranks"] not in groups:
-            groups[g["ranks"]] = group_spec(g["ranks"]) or g["ranks"]
         row = {"rank": int(g["rank"]), "kind": kind.lower(), "op": "barrier", "group": None, "group_size": None,
                "async_op": g.get("async") == "1", "bytes": None, "shape": None, "dtype": None,
                "duration_us": float(g["ms"]) * 1e3 if g.get("ms") else np.nan, "call_count": None,
                "timestamp": np.nan, "path": path}
+        group = (group_spec(g["ranks"]) or g["ranks"]) if g.get("ranks") is not None else None  # as a rank spec
         if kind == "TRACE":
-            row.update(op=canonical_op(g["op"]), group=groups[g["ranks"]], group_size=int(g["size"]),
+            row.update(op=canonical_op(g["op"]), group=group, group_size=int(g["size"]),
                        bytes=_exact_bytes(g["shape"], g["dtype"]) or round(float(g["mb"]) * _MB) or None,
                        shape=g["shape"].strip(), dtype=g["dtype"], call_count=int(g["count"]))
         elif kind == "COALESCE":
-            row.update(op=f"coalesced {canonical_op(g['op'])}", group=groups[g["ranks"]], group_size=int(g["size"]),
+            row.update(op=f"coalesced {canonical_op(g['op'])}", group=group, group_size=int(g["size"]),
                        bytes=int(g["bytes"]), call_count=int(g["count"]))
         elif kind == "BATCH":
             row.update(op="batch_isend_irecv", bytes=int(g["send"]) + int(g["recv"]), call_count=int(g["ops"]),

@@ -50,10 +50,22 @@ def group_spec(ranks: Any) -> str | None:
     (59 kB for 10,000 ranks, on every call of every rank); the spec stays a few bytes.
     None when ``ranks`` is not a list of ranks.
     """
+    if isinstance(ranks, str):
+        return _text_spec(ranks)
     try:
-        return RankSet.of(orjson.loads(ranks) if isinstance(ranks, str) else ranks).spec
-    except (orjson.JSONDecodeError, TypeError, ValueError):  # not a list of ranks (TypeError: not a list at all)
+        return RankSet.of(ranks).spec
+    except (TypeError, ValueError):  # not a list of ranks (TypeError: not a list at all)
         return None
+
+
+@functools.lru_cache(maxsize=256)
+def _text_spec(text: str) -> str | None:
+    """``group_spec`` of a list's JSON text, once per text and process: every call of a group has the same."""
+    try:
+        ranks = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    return None if isinstance(ranks, str) else group_spec(ranks)
 
 
 @functools.lru_cache(maxsize=64)
@@ -131,16 +143,13 @@ def rank_collectives(names: list[str], tids: list[Any], args: list[Any], order: 
             c["gpu_end_ns"] = max(c.get("gpu_end_ns", e + base), e + base)
             c["stream"] = stream
     rows = []
-    specs: dict[str, Any] = {}  # the calls of a group share its ranks' text: convert it once
     sizes = {pg: len(group_members(spec)) for pg, spec in pg_config.items()}
     for k, r in enumerate(sorted(calls, key=lambda r: (start[r], r))):
         c = calls[r]
         pg = c.get("pg_name")
         text = c.get("group_ranks")
-        if text is not None and text not in specs:
-            specs[text] = group_spec(text)
         # Kineto writes the first 30 ranks of a bigger group and "...": then pg_config has them all
-        ranks = specs.get(text) or pg_config.get(pg) or text
+        ranks = group_spec(text) or pg_config.get(pg) or text
         itemsize = ITEMSIZE.get(str(c.get("dtype", "")).lower())
         in_n, out_n = c.get("in_nelems"), c.get("out_nelems")
         rows.append({
