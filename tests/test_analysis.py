@@ -293,18 +293,6 @@ def test_1024_ranks_run_as_1024_tasks_and_reduce_to_small_tables(client, tmp_pat
     assert a.summary["outliers"] == [n for n in stats["note"] if n]
 
 
-def test_vectorised_ns_is_exact_like_to_ns():
-    from hypothesis import given, strategies as st
-
-    from tracefuse_dask.rank_analysis import _ns
-    from tracefuse_dask.rewrite import to_ns
-
-    @given(st.lists(st.integers(0, 2**52 - 1), min_size=1, max_size=50))
-    def check(ns):
-        values = [n / 1000 for n in ns]
-        assert _ns(np.array(values)).tolist() == [to_ns(v) for v in values] == ns
-
-    check()
 
 
 def test_steps_select_the_union_of_their_spans():

@@ -4,12 +4,14 @@ import copy
 import random
 from decimal import Decimal
 
+import numpy as np
 import orjson
 import pytest
+from hypothesis import given, strategies as st
 
 from tracefuse_dask.errors import MergeError, TraceFormatError
 from tracefuse_dask.model import MergeOptions
-from tracefuse_dask.rewrite import PID_BASE, RankEvents, fmt_us, map_tid, out_pid, to_ns
+from tracefuse_dask.rewrite import PID_BASE, RankEvents, fmt_us, map_tid, out_pid, to_ns, to_ns_array
 
 
 @pytest.mark.parametrize(
@@ -36,6 +38,13 @@ def test_to_ns_matches_decimal_text_on_kineto_like_values():
     for _ in range(20000):
         text = f"{rng.randrange(10**9, 8 * 10**12)}.{rng.randrange(1000):03d}"
         assert to_ns(float(text)) == int(Decimal(text) * 1000), text
+
+
+@given(st.lists(st.one_of(st.integers(-(2**43) * 1000, 2**52).map(lambda n: n / 1000),
+                          st.floats(-9e15, 9e15), st.sampled_from([8796093022207.999, 2.0**43, 1.5e15, -0.0005])),
+                min_size=1, max_size=50))
+def test_to_ns_array_is_to_ns_of_each_value(values):
+    assert to_ns_array(np.array(values)).tolist() == [to_ns(v) for v in values]
 
 
 @pytest.mark.parametrize("value", ["12.5", [1], None, float("nan"), float("inf"), True])

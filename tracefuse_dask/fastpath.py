@@ -20,12 +20,14 @@ from operator import attrgetter
 from typing import Annotated, Any
 
 import msgspec
+import numpy as np
 import orjson
 from msgspec import UNSET, Meta, Raw, Struct, UnsetType
 
 from .errors import MergeError
 from .model import MergeOptions
 from .rewrite import (
+    _EXACT_FLOAT,
     _EXACT_NS,
     _FLOW_PH,
     _MAX_US,
@@ -40,6 +42,7 @@ from .rewrite import (
     pid_maps,
     process_metadata,
     to_ns,
+    to_ns_array,
     us_text,
 )
 
@@ -204,15 +207,12 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
             for e in compress(group, map(odd_tids.__contains__, map(_TID, group))):
                 e.tid = map_tid(e.tid)
     shift = base - base_out
-    for group in (metas, events):
-        if shift:
-            for e in group:
-                out = to_ns(e.ts) + shift
-                if out < 0:
-                    return None  # the general path says which event and why
-                e.ts = out / 1000 if out < _EXACT_NS else Raw(us_text(out))
-        elif group and min(map(_TS, group)) < 0:
-            return None
+    meta_ts = _shifted(list(map(_TS, metas)), shift)
+    event_ts = _shifted(list(map(_TS, events)), shift)
+    if meta_ts is None or event_ts is None:
+        return None  # a time before the merged base: the general path says which event and why
+    for e, t in zip(metas, meta_ts):
+        e.ts = t
     ids = (set(map(_ID, events)) | set(map(_ID, metas))) - {UNSET}
     id_map = IdMap(rank, ids) if ids else None
     for e in metas:
@@ -229,7 +229,7 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
                 continue
             named.add((e.pid, e.tid))
         threads.append(e)
-    if not _rewrite_events(events, rank, pid_map, id_map, any(k[0] in _INSTANT_PH for k in keys)):
+    if not _rewrite_events(events, event_ts, rank, pid_map, id_map, any(k[0] in _INSTANT_PH for k in keys)):
         return None
     body = threads + events
     text = bytearray()
@@ -237,9 +237,30 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
     return orjson.dumps(head), text, n_in, len(head) + len(body)
 
 
-def _rewrite_events(events: list[_Event], rank: int, pid_map: dict[Any, int] | None, id_map: IdMap | None,
-                    instants: bool) -> bool:
-    """One pass over the non-metadata events: pids, ids, global instants (if ``instants``) and ``args.rank``.
+def _shifted(ts: list[Any], shift: int) -> list[Any] | None:
+    """Times moved by ``shift`` ns, as the general path writes them (``to_ns``, then ``/ 1000`` or exact text).
+
+    None when one falls before 0. Times and results under 2**43 µs, the common case, are computed as arrays.
+    """
+    if not ts or not shift:
+        return None if ts and min(ts) < 0 else ts
+    a = np.array(ts, dtype=np.float64)
+    if abs(shift) < _EXACT_NS and np.abs(a).max() < _EXACT_FLOAT:  # exact as float64, no int64 overflow
+        ns = to_ns_array(a) + shift
+        if ns.min() < 0:
+            return None
+        if ns.max() < _EXACT_NS:
+            return (ns / 1000).tolist()
+    out = [to_ns(v) + shift for v in ts]
+    if min(out) < 0:
+        return None
+    return [t / 1000 if t < _EXACT_NS else Raw(us_text(t)) for t in out]
+
+
+def _rewrite_events(events: list[_Event], ts: list[Any], rank: int, pid_map: dict[Any, int] | None,
+                    id_map: IdMap | None, instants: bool) -> bool:
+    """One pass over the non-metadata events: times (from ``ts``), pids, ids, global instants (if ``instants``)
+    and ``args.rank``.
 
     ``pid_map`` is None when the pids were mapped already. ``args`` get ``"rank": rank``
     spliced into their raw text, unless they may hold a rank already (``"rank"``, or an
@@ -249,7 +270,8 @@ def _rewrite_events(events: list[_Event], rank: int, pid_map: dict[Any, int] | N
     first = b'{"rank":%d,' % rank
     high = id_map.high if id_map is not None else 0
     dense = id_map.dense if id_map is not None else None
-    for e in events:
+    for e, t in zip(events, ts):
+        e.ts = t
         if pid_map is not None:
             e.pid = pid_map[e.pid]
         i = e.id

@@ -28,7 +28,7 @@ from msgspec import UNSET, Raw, Struct, UnsetType
 from .collectives import group_spec, is_call_name, rank_collectives
 from .fastpath import Duration, Micros, decode_or_none
 from .model import MergeOptions
-from .rewrite import RankEvents, is_device_event, map_tid, to_ns
+from .rewrite import RankEvents, is_device_event, map_tid, to_ns, to_ns_array
 
 __all__ = ["RankTables", "Trace", "analyze_events", "analyze_rank", "decode_trace", "kernel_category", "kernel_type",
            "union_length"]
@@ -85,12 +85,6 @@ def kernel_category(name: str, gpu_kind: str) -> str:
         if rule.search(low):
             return category
     return "other"
-
-
-def _ns(us: np.ndarray) -> np.ndarray:
-    """Exact integer ns of µs values, as ``rewrite.to_ns`` (the fraction of a float below 2**52 is exact)."""
-    whole = np.trunc(us)
-    return whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000).astype(np.int64)
 
 
 def _merged(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -373,8 +367,8 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
         xs = _in_steps(events, xs, steps)
     n = len(xs)
     durs = np.array(list(map(_DUR, xs)), dtype=object)  # as parsed: ops sum them as Python does
-    start = _ns(np.fromiter(map(_TS, xs), np.float64, n))
-    end = start + _ns(durs.astype(np.float64))
+    start = to_ns_array(np.fromiter(map(_TS, xs), np.float64, n))
+    end = start + to_ns_array(durs.astype(np.float64))
     name_code, names = pd.factorize(np.array(list(map(_NAME, xs)), dtype=object))
     cat_code, cats = pd.factorize(np.array(list(map(_CAT, xs)), dtype=object))
     args = [a if type(a) is _Args else _NO_ARGS for a in map(_ARGS, xs)]
