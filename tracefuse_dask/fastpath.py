@@ -229,7 +229,8 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
                 continue
             named.add((e.pid, e.tid))
         threads.append(e)
-    if not _rewrite_events(events, event_ts, rank, pid_map, id_map, any(k[0] in _INSTANT_PH for k in keys)):
+    if not _rewrite_events(events, event_ts, rank, pid_map, id_map, any(k[0] in _INSTANT_PH for k in keys),
+                           b"\\" not in data):
         return None
     body = threads + events
     text = bytearray()
@@ -258,13 +259,15 @@ def _shifted(ts: list[Any], shift: int) -> list[Any] | None:
 
 
 def _rewrite_events(events: list[_Event], ts: list[Any], rank: int, pid_map: dict[Any, int] | None,
-                    id_map: IdMap | None, instants: bool) -> bool:
+                    id_map: IdMap | None, instants: bool, plain: bool) -> bool:
     """One pass over the non-metadata events: times (from ``ts``), pids, ids, global instants (if ``instants``)
     and ``args.rank``.
 
     ``pid_map`` is None when the pids were mapped already. ``args`` get ``"rank": rank``
     spliced into their raw text, unless they may hold a rank already (``"rank"``, or an
-    escape that may spell it): those are parsed. Returns False when the general path must run.
+    escape that may spell it): those are parsed. ``plain`` says that the rank's text has no
+    escape at all (one scan of it, cheaper than one per ``args``). Returns False when the general
+    path must run.
     """
     only = Raw(b'{"rank":%d}' % rank)
     first = b'{"rank":%d,' % rank
@@ -284,7 +287,7 @@ def _rewrite_events(events: list[_Event], ts: list[Any], rank: int, pid_map: dic
             e.args = only
             continue
         text = bytes(a)
-        if text[:2] == b'{"' and b'"rank"' not in text and b"\\" not in text:  # the common case
+        if text[:2] == b'{"' and b'"rank"' not in text and (plain or b"\\" not in text):  # the common case
             e.args = Raw(first + text[1:])
         elif text[0] != 123:  # not an object: null gets the rank alone, other values stay as they are
             if text == b"null":
