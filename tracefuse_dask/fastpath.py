@@ -207,12 +207,19 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
             for e in compress(group, map(odd_tids.__contains__, map(_TID, group))):
                 e.tid = map_tid(e.tid)
     shift = base - base_out
-    meta_ts = _shifted(list(map(_TS, metas)), shift)
-    event_ts = _shifted(list(map(_TS, events)), shift)
-    if meta_ts is None or event_ts is None:
-        return None  # a time before the merged base: the general path says which event and why
-    for e, t in zip(metas, meta_ts):
-        e.ts = t
+    for group in (metas, events):
+        if not group:
+            continue
+        # A time before the merged base sends the rank to the general path, which says which event and why.
+        if not shift:  # the common case: a job's ranks share their base (the start of a quarter)
+            if min(map(_TS, group)) < 0:
+                return None
+            continue
+        ts = _shifted(list(map(_TS, group)), shift)
+        if ts is None:
+            return None
+        for e, t in zip(group, ts):
+            e.ts = t
     ids = (set(map(_ID, events)) | set(map(_ID, metas))) - {UNSET}
     id_map = IdMap(rank, ids) if ids else None
     for e in metas:
@@ -229,7 +236,7 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
                 continue
             named.add((e.pid, e.tid))
         threads.append(e)
-    if not _rewrite_events(events, event_ts, rank, pid_map, id_map, any(k[0] in _INSTANT_PH for k in keys),
+    if not _rewrite_events(events, rank, pid_map, id_map, any(k[0] in _INSTANT_PH for k in keys),
                            b"\\" not in data):
         return None
     body = threads + events
@@ -243,8 +250,6 @@ def _shifted(ts: list[Any], shift: int) -> list[Any] | None:
 
     None when one falls before 0. Times and results under 2**43 µs, the common case, are computed as arrays.
     """
-    if not ts or not shift:
-        return None if ts and min(ts) < 0 else ts
     a = np.array(ts, dtype=np.float64)
     if abs(shift) < _EXACT_NS and np.abs(a).max() < _EXACT_FLOAT:  # exact as float64, no int64 overflow
         ns = to_ns_array(a) + shift
@@ -258,10 +263,9 @@ def _shifted(ts: list[Any], shift: int) -> list[Any] | None:
     return [t / 1000 if t < _EXACT_NS else Raw(us_text(t)) for t in out]
 
 
-def _rewrite_events(events: list[_Event], ts: list[Any], rank: int, pid_map: dict[Any, int] | None,
-                    id_map: IdMap | None, instants: bool, plain: bool) -> bool:
-    """One pass over the non-metadata events: times (from ``ts``), pids, ids, global instants (if ``instants``)
-    and ``args.rank``.
+def _rewrite_events(events: list[_Event], rank: int, pid_map: dict[Any, int] | None, id_map: IdMap | None,
+                    instants: bool, plain: bool) -> bool:
+    """One pass over the non-metadata events: pids, ids, global instants (if ``instants``) and ``args.rank``.
 
     ``pid_map`` is None when the pids were mapped already. ``args`` get ``"rank": rank``
     spliced into their raw text, unless they may hold a rank already (``"rank"``, or an
@@ -273,8 +277,7 @@ def _rewrite_events(events: list[_Event], ts: list[Any], rank: int, pid_map: dic
     first = b'{"rank":%d,' % rank
     high = id_map.high if id_map is not None else 0
     dense = id_map.dense if id_map is not None else None
-    for e, t in zip(events, ts):
-        e.ts = t
+    for e in events:
         if pid_map is not None:
             e.pid = pid_map[e.pid]
         i = e.id
