@@ -408,8 +408,9 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
 def _device(cat_code: np.ndarray, cats: np.ndarray, pids: np.ndarray) -> np.ndarray:
     """Which X events are on a GPU's timeline (``_on_gpu``), decided once per distinct ``cat`` and pid."""
     pid_code, distinct = pd.factorize(pids)
-    on_gpu = np.array([type(p) is int and p >= 0 for p in distinct], dtype=bool)
-    return np.array([is_device_event({"cat": c}) for c in cats], dtype=bool)[cat_code] & on_gpu[pid_code]
+    device: dict[Any, bool] = {}
+    on_gpu = np.array([[_on_gpu(c, p, device) for p in distinct] for c in cats], dtype=bool)
+    return on_gpu.reshape(len(cats), len(distinct))[cat_code, pid_code]
 
 
 def _in_steps(events: list[_Event], xs: list[_Event], steps: tuple[int, int]) -> list[_Event]:
@@ -417,9 +418,9 @@ def _in_steps(events: list[_Event], xs: list[_Event], steps: tuple[int, int]) ->
     lo, hi = steps
     spans: list[tuple[int, int]] = []
     launches: dict[Any, int] = {}
-    device: dict[str, bool] = {}
+    device: dict[Any, bool] = {}
     for e in events:
-        if e.cat == "python_function" or (e.ph not in _FLOW_OR_M and _on_gpu(e, device)):
+        if e.cat == "python_function" or (e.ph not in _FLOW_OR_M and _on_gpu(e.cat, e.pid, device)):
             continue
         if e.ph == "X" and (m := _STEP.match(e.name)) and lo <= int(m.group(1)) <= hi:
             s = to_ns(e.ts)
@@ -437,7 +438,7 @@ def _in_steps(events: list[_Event], xs: list[_Event], steps: tuple[int, int]) ->
     out = []
     for e in xs:
         t = to_ns(e.ts)
-        c = e.args.correlation if type(e.args) is _Args and _on_gpu(e, device) else None
+        c = e.args.correlation if type(e.args) is _Args and _on_gpu(e.cat, e.pid, device) else None
         if type(c) is int or type(c) is str:
             t = launches.get(c, t)
         k = bisect_right(starts, t) - 1
@@ -446,16 +447,16 @@ def _in_steps(events: list[_Event], xs: list[_Event], steps: tuple[int, int]) ->
     return out
 
 
-def _on_gpu(e: _Event, device: dict[str, bool]) -> bool:
+def _on_gpu(cat: Any, pid: Any, device: dict[Any, bool]) -> bool:
     """As ``RankEvents`` decides for an event that is not metadata or a flow: a device ``cat``, a pid int >= 0.
 
     ``device`` caches ``is_device_event`` by ``cat``.
     """
-    if type(e.pid) is not int or e.pid < 0:
+    if type(pid) is not int or pid < 0:
         return False
-    if e.cat not in device:
-        device[e.cat] = is_device_event({"cat": e.cat})
-    return device[e.cat]
+    if cat not in device:
+        device[cat] = is_device_event({"cat": cat})
+    return device[cat]
 
 
 def _gpu_arrays(events: list[_Event], xs: list[_Event], dev: np.ndarray, host: np.ndarray, cat_code: np.ndarray,
