@@ -293,8 +293,6 @@ def test_1024_ranks_run_as_1024_tasks_and_reduce_to_small_tables(client, tmp_pat
     assert a.summary["outliers"] == [n for n in stats["note"] if n]
 
 
-
-
 def test_steps_select_the_union_of_their_spans():
     """``--steps`` keeps a host event whose start, and GPU work whose launch, lies in a chosen step, also
     where steps overlap."""
