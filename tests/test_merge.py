@@ -19,7 +19,7 @@ from tracefuse_dask import (
     merge_traces,
 )
 from tracefuse_dask import merge
-from tracefuse_dask.merge import batches
+from tracefuse_dask.merge import batches, biggest_first
 
 pytestmark = pytest.mark.integration
 
@@ -94,6 +94,35 @@ def test_output_is_identical_with_one_and_two_workers(client, tmp_path):
 ])
 def test_batches(sizes, limit, expected):
     assert [list(b) for b in batches(sizes, limit)] == expected
+
+
+@pytest.mark.parametrize("sizes, expected", [
+    pytest.param([], [], id="none"),
+    pytest.param([5, 5, 5], [0, 1, 2], id="ties-keep-their-order"),
+    pytest.param([4, 9, 4, 6], [1, 3, 0, 2], id="biggest-first"),
+])
+def test_biggest_first(sizes, expected):
+    assert biggest_first(sizes) == expected
+
+
+def test_the_biggest_rank_starts_first_and_the_output_keeps_rank_order(client, tmp_path):
+    from distributed import get_task_stream
+
+    from tracefuse_dask.synth import make_rank_trace
+
+    sizes = [4_500_000, 4_500_000, 4_500_000, 13_500_000]  # each its own task (>= BATCH_BYTES); rank 3 last
+    for r, size in enumerate(sizes):
+        write_trace(tmp_path / "in" / f"rank{r}.json", make_rank_trace(r, 4, target_bytes=size, seed=r))
+    with get_task_stream(client) as ts:
+        merge_traces(str(tmp_path / "in"), str(tmp_path / "m.json"), client=client)
+    runs = [(ss["start"], ss["stop"]) for d in ts.data for ss in d["startstops"]
+            if str(d["key"]).startswith("tracefuse-rewrite-") and ss["action"] == "compute"]
+    assert len(runs) == 4
+    big = max(runs, key=lambda r: r[1] - r[0])
+    assert big[0] < min(stop for _, stop in set(runs) - {big}), runs  # in the first wave: it waited for none
+    events = orjson.loads((tmp_path / "m.json").read_bytes())["traceEvents"]
+    ranks = [e["args"]["rank"] for e in events if e["ph"] != "M"]
+    assert ranks == sorted(ranks) and set(ranks) == {0, 1, 2, 3}
 
 
 @pytest.mark.parametrize("out", ["m.json", "m.json.gz"])

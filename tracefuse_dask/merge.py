@@ -689,6 +689,15 @@ def batches(sizes: list[int | None], limit: int = BATCH_BYTES) -> list[range]:
     return out
 
 
+def biggest_first(sizes: list[int]) -> list[int]:
+    """The order to submit tasks of these input sizes in: biggest first, ties in their given order.
+
+    Dask runs the tasks of one ``map`` in the order given; a big rank that started last would keep the
+    other workers waiting for it at the end (longest-processing-time-first scheduling).
+    """
+    return sorted(range(len(sizes)), key=lambda k: -sizes[k])
+
+
 def _read_headers(files: list[InputFile], meta_path: str, storage_options: Mapping[str, Any] | None,
                   earliest: MergeOptions | None, repair: bool) -> list[tuple[RankHeader | None, BaseException | None]]:
     """Phase A task: the headers of several files, or why a file could not be read.
@@ -840,7 +849,10 @@ def _run(c: Client, files: list[InputFile], skipped_names: list[str], out: str, 
     paths = [f"{tmp_dir}/part-{run[0].rank:08d}{ext}" for run in runs]
     keys = [f"tracefuse-rewrite-{tokenize(run, p, so, on_error)}" for run, p in zip(runs, paths)]
     t0 = time.perf_counter()
-    futures[:] = c.map(_rewrite_batch, runs, paths, storage_options=so, skip=on_error == "skip", key=keys)
+    order = biggest_first([sum(by_path.get(t.path) or 0 for t in run) for run in runs])
+    got = c.map(_rewrite_batch, [runs[k] for k in order], [paths[k] for k in order], storage_options=so,
+                skip=on_error == "skip", key=[keys[k] for k in order])
+    futures[:] = [f for _, f in sorted(zip(order, got), key=lambda kf: kf[0])]  # back in rank order
     done = _settle(_flat(_outcomes(c, futures, show_progress)), [t.path for t in tasks], [t.rank for t in tasks],
                    on_error, skipped)
     if not done:
