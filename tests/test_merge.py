@@ -100,6 +100,7 @@ def test_batches(sizes, limit, expected):
     pytest.param([], [], id="none"),
     pytest.param([5, 5, 5], [0, 1, 2], id="ties-keep-their-order"),
     pytest.param([4, 9, 4, 6], [1, 3, 0, 2], id="biggest-first"),
+    pytest.param([3, None, 5], [1, 2, 0], id="unknown-size-counts-as-big"),
 ])
 def test_biggest_first(sizes, expected):
     assert biggest_first(sizes) == expected

@@ -689,13 +689,14 @@ def batches(sizes: list[int | None], limit: int = BATCH_BYTES) -> list[range]:
     return out
 
 
-def biggest_first(sizes: list[int]) -> list[int]:
-    """The order to submit tasks of these input sizes in: biggest first, ties in their given order.
+def biggest_first(sizes: list[int | None]) -> list[int]:
+    """The order to submit tasks of these input sizes in: biggest first (an unknown size counts as big, as in
+    ``batches``), ties in their given order.
 
     Dask runs the tasks of one ``map`` in the order given; a big rank that started last would keep the
     other workers waiting for it at the end (longest-processing-time-first scheduling).
     """
-    return sorted(range(len(sizes)), key=lambda k: -sizes[k])
+    return sorted(range(len(sizes)), key=lambda k: (sizes[k] is not None, -(sizes[k] or 0)))
 
 
 def _read_headers(files: list[InputFile], meta_path: str, storage_options: Mapping[str, Any] | None,
@@ -849,7 +850,8 @@ def _run(c: Client, files: list[InputFile], skipped_names: list[str], out: str, 
     paths = [f"{tmp_dir}/part-{run[0].rank:08d}{ext}" for run in runs]
     keys = [f"tracefuse-rewrite-{tokenize(run, p, so, on_error)}" for run, p in zip(runs, paths)]
     t0 = time.perf_counter()
-    order = biggest_first([sum(by_path.get(t.path) or 0 for t in run) for run in runs])
+    run_sizes = [[by_path.get(t.path) for t in run] for run in runs]
+    order = biggest_first([None if None in rs else sum(rs) for rs in run_sizes])
     got = c.map(_rewrite_batch, [runs[k] for k in order], [paths[k] for k in order], storage_options=so,
                 skip=on_error == "skip", key=[keys[k] for k in order])
     futures[:] = [f for _, f in sorted(zip(order, got), key=lambda kf: kf[0])]  # back in rank order
