@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import gzip
+import os
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -81,6 +84,30 @@ def test_output_is_identical_with_one_and_two_workers(client, tmp_path):
     merge_traces(str(folder), str(one), workers=1)
     merge_traces(str(folder), str(two), client=client)
     assert one.read_bytes() == two.read_bytes()
+
+
+_OWN_CLIENT = """
+import sys
+import distributed
+from tracefuse_dask import analyze, merge_traces
+if __name__ == "__main__":
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0") as cluster, \\
+            distributed.Client(cluster, set_as_default=False) as c:
+        summary = merge_traces(sys.argv[1], sys.argv[2], client=c, show_progress=True)
+        analysis = analyze(sys.argv[1], client=c, show_progress=True)
+        print(summary.ranks, sorted(analysis.breakdown["rank"]))
+"""
+
+
+def test_a_client_that_is_not_the_default_one_is_enough(tmp_path):
+    """merge_traces and analyze wait, gather and show progress through the client they are given."""
+    script = tmp_path / "own_client.py"
+    script.write_text(_OWN_CLIENT)
+    done = subprocess.run([sys.executable, str(script), str(shared("gloo_4ranks")), str(tmp_path / "m.json")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-1] == "4 [0, 1, 2, 3]"
+    assert load_exact(tmp_path / "m.json")["traceEvents"]
 
 
 @pytest.mark.parametrize("sizes, limit, expected", [

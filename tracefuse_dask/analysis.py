@@ -303,7 +303,7 @@ def analyze(
                         rank_regex=rank_regex, pure=False)
         if show_progress:
             with contextlib.redirect_stdout(sys.stderr):
-                progress(futures)
+                progress(futures, scheduler=c.scheduler.address)
         joined = [c.submit(_combine, futures[i:i + _COMBINE], pure=False)
                   for i in range(0, len(futures), _COMBINE)]
         del futures  # each file's result is freed once its reduce task has it

@@ -25,7 +25,7 @@ import dask
 import fsspec
 import orjson
 from dask.base import tokenize
-from distributed import Client, LocalCluster, progress, wait
+from distributed import Client, LocalCluster, progress
 
 from ._version import __version__
 from .errors import (
@@ -637,12 +637,14 @@ def _unchanged(out: str, manifest: dict[str, Any], so: Mapping[str, Any]) -> Mer
 
 
 def _outcomes(c: Client, futures: list[Any], show_progress: bool = False) -> list[tuple[Any, BaseException | None]]:
-    """Each task's result or exception, in order; one gather for all the successes."""
+    """Each task's result or exception, in order; one gather, which waits for them all, for the successes.
+
+    Everything goes through ``c``: the client need not be the process's default one.
+    """
     if show_progress:
         with contextlib.redirect_stdout(sys.stderr):
-            progress(futures)
-    wait(futures)
-    ok = iter(c.gather([f for f in futures if f.status == "finished"]))
+            progress(futures, scheduler=c.scheduler.address)
+    ok = iter(c.gather(futures, errors="skip"))
     return [(next(ok), None) if f.status == "finished" else (None, f.exception()) for f in futures]
 
 
