@@ -244,6 +244,22 @@ def _at_least_one(text: str) -> int:
     return n
 
 
+def local_cluster(workers: int, dashboard_address: str | None = None) -> Any:
+    """A LocalCluster of single-threaded worker processes, configured as tracefuse configures its own.
+
+    Its nannies do not set ``MALLOC_TRIM_THRESHOLD_`` (``tracefuse_dask.merge.WORKER_CONFIG``), so they
+    do not leak it into this process's environment either, whence the floor's pools would inherit it.
+    """
+    import dask
+    import distributed
+
+    from tracefuse_dask.merge import WORKER_CONFIG
+
+    with dask.config.set(WORKER_CONFIG):
+        return distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                        dashboard_address=dashboard_address, silence_logs=logging.ERROR)
+
+
 def _warm(_: int = 0) -> None:
     import tracefuse_dask.merge  # noqa: F401
 
@@ -1000,8 +1016,7 @@ def main_analyze(args: argparse.Namespace) -> int:
             datasets.append((f"real {os.path.basename(os.path.normpath(args.analyze_real))}", args.analyze_real))
         else:
             print(f"skipped the real dataset: {args.analyze_real} is missing", file=sys.stderr, flush=True)
-        with distributed.LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
-                                      dashboard_address=None, silence_logs=logging.ERROR) as cluster, \
+        with local_cluster(args.workers) as cluster, \
                 distributed.Client(cluster) as client:
             client.run(_warm_analyze)
             _warm_analyze()
@@ -1118,8 +1133,7 @@ def main_scale(args: argparse.Namespace) -> int:
             large, _, large_bytes = make_dataset(pool, root, 8, small_bytes / 8 / MB)
             linked = make_linked_ranks(pool, root, [int(x) for x in args.memory_ranks.split(",")], args.rank_mb)
             print(f"generated the datasets in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
-        with distributed.LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
-                                      dashboard_address=None, silence_logs=logging.ERROR) as cluster, \
+        with local_cluster(args.workers) as cluster, \
                 distributed.Client(cluster) as client:
             client.run(_warm)
 
@@ -1194,9 +1208,7 @@ def main_scaling(args: argparse.Namespace) -> int:
         with contextlib.ExitStack() as stack:
             clients, pools = {}, {}
             for w in (1, 2):
-                cluster = stack.enter_context(distributed.LocalCluster(
-                    n_workers=w, threads_per_worker=1, processes=True, dashboard_address=":0",
-                    silence_logs=logging.ERROR))
+                cluster = stack.enter_context(local_cluster(w, ":0"))
                 clients[w] = stack.enter_context(distributed.Client(cluster))
                 clients[w].run(_warm)
                 pools[w] = stack.enter_context(ctx.Pool(w))
@@ -1356,8 +1368,7 @@ def main(argv: list[str] | None = None) -> int:
                 s3_sets.append((mb, *make_gz_dataset(pool, root, args.s3_ranks, mb)))
                 print(f"generated {args.s3_ranks} ranks × {mb:g} MB = {s3_sets[-1][3] / MB:.0f} MB "
                       f"({s3_sets[-1][4] / MB:.0f} MB gz) in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
-        with distributed.LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
-                                      dashboard_address=None, silence_logs=logging.ERROR) as cluster, \
+        with local_cluster(args.workers) as cluster, \
                 distributed.Client(cluster) as client, ctx.Pool(args.workers) as pool:
             pool.map(_warm, range(2 * args.workers), chunksize=1)
             client.run(_warm)

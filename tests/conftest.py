@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -61,6 +63,12 @@ def client():
         yield c
 
 
+def sbatch_exports() -> dict[str, str]:
+    """The variables deploy/slurm/tracefuse.sbatch exports to its scheduler and workers."""
+    text = (Path(__file__).resolve().parents[1] / "deploy" / "slurm" / "tracefuse.sbatch").read_text()
+    return {k: shlex.split(v)[0] for k, v in re.findall(r"^export (\w+)=(.*)$", text, re.M)}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -73,7 +81,9 @@ def scheduler_file(tmp_path_factory):
     d = tmp_path_factory.mktemp("dask-cli")
     sfile = d / "scheduler.json"
     dask_cli = shutil.which("dask", path=os.path.dirname(sys.executable)) or "dask"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    # the sbatch script's environment, without what this process's LocalCluster leaked into its own
+    env = {**{k: v for k, v in os.environ.items() if k != "MALLOC_TRIM_THRESHOLD_"}, **sbatch_exports(),
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     procs = [subprocess.Popen([dask_cli, "scheduler", "--scheduler-file", str(sfile), "--host", "127.0.0.1",
                                "--port", str(_free_port()), "--dashboard-address", f"127.0.0.1:{_free_port()}",
                                "--no-show"],

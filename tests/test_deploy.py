@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import make_trace, write_trace
+from conftest import make_trace, sbatch_exports, write_trace
 from tracefuse_dask import merge_traces
 from tracefuse_dask.cli import main
 
@@ -73,6 +74,19 @@ def test_sbatch_script_is_valid_bash_and_starts_the_cluster_the_tests_use():
     text = script.read_text()
     assert "dask scheduler --scheduler-file" in text and "dask worker --scheduler-file" in text
     assert "tracefuse merge" in text and "--scheduler-file" in text
+
+
+@pytest.mark.integration
+def test_the_deploy_files_workers_keep_glibc_malloc_trimming(scheduler_file):
+    from distributed import Client
+
+    key, value = "DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON", "{'MALLOC_TRIM_THRESHOLD_': None}"
+    assert sbatch_exports()[key] == value
+    (docker,) = re.findall(rf"^ENV {key}=(.*)$", (DEPLOY / "Dockerfile").read_text(), re.M)
+    assert shlex.split(docker) == [value]
+    assert f'"export {key}=\\"{value}\\""' in (DEPLOY / "slurm" / "slurm_cluster.py").read_text()
+    with Client(scheduler_file=scheduler_file, timeout=30) as c:  # `dask worker`s with the sbatch's environment
+        assert list(c.run(lambda: os.environ.get("MALLOC_TRIM_THRESHOLD_")).values()) == [None, None]
 
 
 def test_compose_file_parses_and_with_docker_compose_validates():

@@ -85,6 +85,12 @@ _INLINE_HEADS = 1 << 20  # headers up to this many bytes travel in the task grap
 _SEP = b",\n"
 _FOOT = b"\n]}\n"
 PERFETTO_MANIFEST = "perfetto_manifest.json"
+# The Dask config of the clusters tracefuse starts. Dask's nannies set MALLOC_TRIM_THRESHOLD_=65536 in their
+# workers, which also fixes glibc's mmap threshold at 128 kB: every large buffer of a task (a rank's text,
+# its output) is then mapped and unmapped again, page faults included. A rank's task took ~10% more time
+# and CPU with it, in a pool as in a worker (benchmarks/, README). Without it glibc trims above its own
+# threshold (2x the largest freed mapping, at most 64 MiB per worker). An OS environment variable wins.
+WORKER_CONFIG = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}
 
 
 @contextlib.contextmanager
@@ -102,8 +108,9 @@ def connect(
     An existing cluster comes from ``scheduler``, ``scheduler_file`` or the
     ``scheduler-address`` Dask config (``DASK_SCHEDULER_ADDRESS``). Otherwise a
     process-based ``LocalCluster`` with ``workers`` single-threaded workers
-    (default: one per core) is started and closed on exit; with ``in_process``
-    its workers are threads of this process (what ``memory://`` paths need).
+    (default: one per core), configured with ``WORKER_CONFIG``, is started and
+    closed on exit; with ``in_process`` its workers are threads of this process
+    (what ``memory://`` paths need).
 
     Raises
     ------
@@ -132,8 +139,9 @@ def connect(
             yield c
         return
     n = workers or os.cpu_count() or 1
-    with LocalCluster(n_workers=n, threads_per_worker=1, processes=not in_process, dashboard_address=":0",
-                      silence_logs=logging.CRITICAL) as cluster, Client(cluster) as c:
+    with dask.config.set(WORKER_CONFIG), LocalCluster(n_workers=n, threads_per_worker=1, processes=not in_process,
+                                                      dashboard_address=":0", silence_logs=logging.CRITICAL) as cluster, \
+            Client(cluster) as c:
         yield c
 
 
