@@ -139,9 +139,9 @@ def connect(
             yield c
         return
     n = workers or os.cpu_count() or 1
-    with dask.config.set(WORKER_CONFIG), LocalCluster(n_workers=n, threads_per_worker=1, processes=not in_process,
-                                                      dashboard_address=":0", silence_logs=logging.CRITICAL) as cluster, \
-            Client(cluster) as c:
+    with dask.config.set(WORKER_CONFIG), LocalCluster(
+            n_workers=n, threads_per_worker=1, processes=not in_process, dashboard_address=":0",
+            silence_logs=logging.CRITICAL) as cluster, Client(cluster) as c:
         yield c
 
 
