@@ -122,6 +122,22 @@ def test_a_client_that_is_not_the_default_one_is_enough(tmp_path):
     assert load_exact(tmp_path / "m.json")["traceEvents"]
 
 
+def test_a_cancelled_task_is_reported_as_cancelled():
+    """A task cancelled under the merge (another client, a restart) gives CancelledError, not a TypeError."""
+    import time
+
+    from distributed import CancelledError, Client, LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, \
+            Client(cluster, set_as_default=False) as c:
+        done, slow = c.submit(lambda: [("ok", None)], pure=False), c.submit(time.sleep, 3, pure=False)
+        slow.cancel()
+        outcomes = merge._outcomes(c, [done, slow])
+        assert outcomes[0] == ([("ok", None)], None) and isinstance(outcomes[1][1], CancelledError)
+        with pytest.raises(CancelledError):
+            merge._flat(outcomes)
+
+
 @pytest.mark.parametrize("sizes, limit, expected", [
     pytest.param([], 10, [], id="none"),
     pytest.param([20, 20, 20], 10, [[0], [1], [2]], id="big-ranks-alone"),

@@ -25,7 +25,7 @@ import dask
 import fsspec
 import orjson
 from dask.base import tokenize
-from distributed import Client, LocalCluster, progress
+from distributed import CancelledError, Client, LocalCluster, progress
 
 from ._version import __version__
 from .errors import (
@@ -139,9 +139,10 @@ def connect(
             yield c
         return
     n = workers or os.cpu_count() or 1
-    with dask.config.set(WORKER_CONFIG), LocalCluster(
-            n_workers=n, threads_per_worker=1, processes=not in_process, dashboard_address=":0",
-            silence_logs=logging.CRITICAL) as cluster, Client(cluster) as c:
+    with dask.config.set(WORKER_CONFIG):  # read as the nannies start, and kept for their restarts
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=not in_process, dashboard_address=":0",
+                               silence_logs=logging.CRITICAL)
+    with cluster, Client(cluster) as c:
         yield c
 
 
@@ -653,7 +654,9 @@ def _outcomes(c: Client, futures: list[Any], show_progress: bool = False) -> lis
         with contextlib.redirect_stdout(sys.stderr):
             progress(futures, scheduler=c.scheduler.address)
     ok = iter(c.gather(futures, errors="skip"))
-    return [(next(ok), None) if f.status == "finished" else (None, f.exception()) for f in futures]
+    return [(next(ok), None) if f.status == "finished"
+            else (None, f.exception() if f.status == "error" else CancelledError(f"task {f.key} was cancelled"))
+            for f in futures]
 
 
 def _flat(outcomes: list[tuple[Any, BaseException | None]]) -> list[tuple[Any, BaseException | None]]:
