@@ -244,22 +244,6 @@ def _at_least_one(text: str) -> int:
     return n
 
 
-def local_cluster(workers: int, dashboard_address: str | None = None) -> Any:
-    """A LocalCluster of single-threaded worker processes, configured as tracefuse configures its own.
-
-    Its nannies do not set ``MALLOC_TRIM_THRESHOLD_`` (``tracefuse_dask.merge.WORKER_CONFIG``), so they
-    do not leak it into this process's environment either, whence the floor's pools would inherit it.
-    """
-    import dask
-    import distributed
-
-    from tracefuse_dask.merge import WORKER_CONFIG
-
-    with dask.config.set(WORKER_CONFIG):
-        return distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                        dashboard_address=dashboard_address, silence_logs=logging.ERROR)
-
-
 def _warm(_: int = 0) -> None:
     import tracefuse_dask.merge  # noqa: F401
 
@@ -977,8 +961,9 @@ def analyze_row(args: argparse.Namespace, client: Any, name: str, folder: str, h
 
 def main_analyze(args: argparse.Namespace) -> int:
     """The analysis benchmark (``--analyze``): one row per dataset; 1 if a row failed or disagrees."""
-    import distributed
     import pandas as pd
+
+    from tracefuse_dask.merge import connect
 
     hta = hta_versions(args.hta_python)
     ctx = multiprocessing.get_context("spawn")
@@ -1016,8 +1001,7 @@ def main_analyze(args: argparse.Namespace) -> int:
             datasets.append((f"real {os.path.basename(os.path.normpath(args.analyze_real))}", args.analyze_real))
         else:
             print(f"skipped the real dataset: {args.analyze_real} is missing", file=sys.stderr, flush=True)
-        with local_cluster(args.workers) as cluster, \
-                distributed.Client(cluster) as client:
+        with connect(workers=args.workers) as client:
             client.run(_warm_analyze)
             _warm_analyze()
             print("\n".join(table.lines), flush=True)
@@ -1108,9 +1092,9 @@ def main_scale(args: argparse.Namespace) -> int:
     The memory rows come first: a process keeps the memory it once used, so the client's peak of the
     many-ranks row would hide theirs.
     """
-    import distributed
 
     from tracefuse_dask import merge_traces
+    from tracefuse_dask.merge import connect
 
     ctx = multiprocessing.get_context("spawn")
     print(environment() + f"Every merge runs on a pre-started LocalCluster of {args.workers} single-threaded "
@@ -1133,8 +1117,7 @@ def main_scale(args: argparse.Namespace) -> int:
             large, _, large_bytes = make_dataset(pool, root, 8, small_bytes / 8 / MB)
             linked = make_linked_ranks(pool, root, [int(x) for x in args.memory_ranks.split(",")], args.rank_mb)
             print(f"generated the datasets in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
-        with local_cluster(args.workers) as cluster, \
-                distributed.Client(cluster) as client:
+        with connect(workers=args.workers) as client:
             client.run(_warm)
 
             def merge(folder: str, name: str) -> tuple[float, TreeRSS, Any]:
@@ -1178,7 +1161,7 @@ def main_scale(args: argparse.Namespace) -> int:
                  "peak RSS MiB | client peak RSS MiB | collective calls |")
             emit("|---|---|---|---|---|---|---|---|")
             with TreeRSS() as mem:
-                s, client_peak, ranks, calls = in_child(ctx, _analyze_client, cluster.scheduler_address, job)
+                s, client_peak, ranks, calls = in_child(ctx, _analyze_client, client.scheduler.address, job)
             emit(f"| every rank of a {args.small_ranks:,}-rank job, each listing all ranks in its pg_config | "
                  f"{ranks:,} | {job_bytes / MB:,.0f} | {s:.2f} | {s / ranks * 1000:.1f} | {mem.peak / 2**20:,.0f} | "
                  f"{client_peak / 2**20:,.0f} | {calls:,} |")
@@ -1191,9 +1174,9 @@ def main_scale(args: argparse.Namespace) -> int:
 def main_scaling(args: argparse.Namespace) -> int:
     """One worker against two, side by side: the merge on a 1- and a 2-worker cluster, the GC-off floor
     on a 1- and a 2-process pool, in turn (``measure``), best of ``--repeat`` (at least 3) rounds each."""
-    import distributed
 
     from tracefuse_dask import merge_traces
+    from tracefuse_dask.merge import connect
 
     ctx = multiprocessing.get_context("spawn")
     repeat = max(args.repeat, 3)
@@ -1208,8 +1191,7 @@ def main_scaling(args: argparse.Namespace) -> int:
         with contextlib.ExitStack() as stack:
             clients, pools = {}, {}
             for w in (1, 2):
-                cluster = stack.enter_context(local_cluster(w, ":0"))
-                clients[w] = stack.enter_context(distributed.Client(cluster))
+                clients[w] = stack.enter_context(connect(workers=w))
                 clients[w].run(_warm)
                 pools[w] = stack.enter_context(ctx.Pool(w))
                 pools[w].map(_warm, range(2 * w), chunksize=1)
@@ -1334,9 +1316,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.scaling:
         return main_scaling(args)
 
-    import distributed
 
     from tracefuse_dask import merge_traces
+    from tracefuse_dask.merge import connect
 
     ctx = multiprocessing.get_context("spawn")  # never fork a process that runs a Dask client
     header = (environment() +
@@ -1368,8 +1350,7 @@ def main(argv: list[str] | None = None) -> int:
                 s3_sets.append((mb, *make_gz_dataset(pool, root, args.s3_ranks, mb)))
                 print(f"generated {args.s3_ranks} ranks × {mb:g} MB = {s3_sets[-1][3] / MB:.0f} MB "
                       f"({s3_sets[-1][4] / MB:.0f} MB gz) in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
-        with local_cluster(args.workers) as cluster, \
-                distributed.Client(cluster) as client, ctx.Pool(args.workers) as pool:
+        with connect(workers=args.workers) as client, ctx.Pool(args.workers) as pool:
             pool.map(_warm, range(2 * args.workers), chunksize=1)
             client.run(_warm)
             if datasets:
