@@ -41,6 +41,7 @@ import shlex
 import shutil
 import signal
 import socket
+import statistics
 import struct
 import subprocess
 import sys
@@ -195,17 +196,18 @@ def in_child(ctx: Any, fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def measure(fns: list[Callable[[], Any]], repeat: int = 1,
-            before: Callable[[], None] = lambda: None) -> list[tuple[float, TreeRSS, Any] | Exception]:
-    """Each function's best time of ``repeat`` rounds, and the memory of its run with the highest peak;
+            before: Callable[[], None] = lambda: None) -> list[tuple[list[float], TreeRSS, Any] | Exception]:
+    """Each function's times, one per round of ``repeat``, and the memory of its run with the highest peak;
     or the exception of its first failure (it is not run again).
 
     The rounds run every function once in turn, so that a machine that speeds up or
-    slows down during the run does not favour one row over another. Before each run,
+    slows down during the run does not favour one row over another, and two rows' times
+    of one round can be compared (``paired``). Before each run,
     untimed, ``before`` runs (it removes earlier outputs, so that every run writes new
     files) and the page cache is written back (``os.sync``), so that no run pays for an
     earlier one's writes.
     """
-    best = [math.inf] * len(fns)
+    times: list[list[float]] = [[] for _ in fns]
     mems: list[TreeRSS | None] = [None] * len(fns)
     results: list[Any] = [None] * len(fns)
     errors: list[Exception | None] = [None] * len(fns)
@@ -219,22 +221,35 @@ def measure(fns: list[Callable[[], Any]], repeat: int = 1,
                 with TreeRSS() as mem:
                     t = time.perf_counter()
                     results[i] = fn()
-                    best[i] = min(best[i], time.perf_counter() - t)
+                    times[i].append(time.perf_counter() - t)
             except Exception as e:
                 errors[i] = e
                 continue
             worst = mems[i]
             if worst is None or mem.peak - mem.baseline > worst.peak - worst.baseline:
                 mems[i] = mem
-    return [e if e is not None else (b, m, r) for b, m, r, e in zip(best, mems, results, errors)]
+    return [e if e is not None else (t, m, r) for t, m, r, e in zip(times, mems, results, errors)]
 
 
 def measure_one(fn: Callable[[], Any], repeat: int = 1) -> tuple[float, TreeRSS, Any]:
-    """``measure`` of one function; its failure is raised."""
+    """``measure`` of one function, with its best time; its failure is raised."""
     got = measure([fn], repeat)[0]
     if isinstance(got, Exception):
         raise got
-    return got
+    return min(got[0]), got[1], got[2]
+
+
+def paired(base: list[float], other: list[float]) -> str:
+    """How many times faster ``other`` ran than ``base``: the median of the rounds' ratios and their range.
+
+    Times of one round ran one after the other, so a slow or fast spell of the machine
+    that spans the round cancels out in its ratio. A single run (``other`` of one round)
+    is compared with ``base``'s best.
+    """
+    if other is base or len(other) != len(base) or len(other) < 2:
+        return f"{min(base) / min(other):.2f}×"
+    ratios = [b / o for b, o in zip(base, other)]
+    return f"{statistics.median(ratios):.2f}× ({min(ratios):.2f}-{max(ratios):.2f})"
 
 
 def _at_least_one(text: str) -> int:
@@ -250,11 +265,12 @@ def _warm(_: int = 0) -> None:
     time.sleep(0.2)  # holds the task so that every pool process must be up
 
 
-def fmt_row(name: str, dataset: str, bytes_in: int, seconds: float | None, mem: TreeRSS | None,
-            floors: dict[str, float], out_bytes: int | None, note: str = "") -> str:
-    if seconds is None or mem is None:
+def fmt_row(name: str, dataset: str, bytes_in: int, times: list[float] | None, mem: TreeRSS | None,
+            floors: dict[str, list[float]], out_bytes: int | None, note: str = "") -> str:
+    if times is None or mem is None:
         return f"| {name} | {dataset} | – | – | – | – | – | – | – | {note} |"
-    ratio = [f"{floors[k] / seconds:.2f}×" if k in floors else "–" for k in ("gc_on", "gc_off")]
+    seconds = min(times)
+    ratio = [paired(floors[k], times) if k in floors else "–" for k in ("gc_on", "gc_off")]
     return (f"| {name} | {dataset} | {seconds:.2f} | {bytes_in / MB / seconds:.1f} | {ratio[0]} | {ratio[1]} | "
             f"{(mem.peak - mem.baseline) / 2**20:,.0f} | {mem.peak / 2**20:,.0f} | "
             f"{'–' if out_bytes is None else f'{out_bytes / MB:.1f}'} | {note} |")
@@ -274,13 +290,13 @@ class Table:
         self.lines.append(line)
         print(line, flush=True)
 
-    def row(self, label: str, dataset: str, size: int, floors: dict[str, float], fn: Callable[[], Any],
+    def row(self, label: str, dataset: str, size: int, floors: dict[str, list[float]], fn: Callable[[], Any],
             repeat: int = 1, out_bytes: Callable[[Any], int | None] = lambda r: None,
             note: Callable[[Any], str] = lambda r: "", floor: str | None = None) -> None:
         """Measure ``fn`` and add its row (as ``floors[floor]`` too); a failure becomes a FAILED row."""
         self.rows(dataset, size, floors, [Row(label, fn, out_bytes, note, floor)], repeat)
 
-    def rows(self, dataset: str, size: int, floors: dict[str, float], rows: list[Row], repeat: int = 1,
+    def rows(self, dataset: str, size: int, floors: dict[str, list[float]], rows: list[Row], repeat: int = 1,
              before: Callable[[], None] = lambda: None) -> None:
         """Measure ``rows`` side by side (``measure``) and add them; a failed row becomes a FAILED row."""
         measured = measure([r.fn for r in rows], repeat, before)
@@ -293,8 +309,8 @@ class Table:
                 self.emit(fmt_row(r.label, dataset, size, None, None, floors, None,
                                   f"FAILED: {type(got).__name__}: {got}"))
             else:
-                seconds, mem, result = got
-                self.emit(fmt_row(r.label, dataset, size, seconds, mem, floors, r.out_bytes(result), r.note(result)))
+                times, mem, result = got
+                self.emit(fmt_row(r.label, dataset, size, times, mem, floors, r.out_bytes(result), r.note(result)))
 
 
 @dataclasses.dataclass
@@ -1173,7 +1189,8 @@ def main_scale(args: argparse.Namespace) -> int:
 
 def main_scaling(args: argparse.Namespace) -> int:
     """One worker against two, side by side: the merge on a 1- and a 2-worker cluster, the GC-off floor
-    on a 1- and a 2-process pool, in turn (``measure``), best of ``--repeat`` (at least 3) rounds each."""
+    on a 1- and a 2-process pool, in turn (``measure``), ``--repeat`` (at least 3) rounds: the best times, and
+    the speed-ups as the median (and range) of the rounds' own."""
 
     from tracefuse_dask import merge_traces
     from tracefuse_dask.merge import connect
@@ -1182,7 +1199,8 @@ def main_scaling(args: argparse.Namespace) -> int:
     repeat = max(args.repeat, 3)
     n = int(args.ranks.split(",")[0])
     print(environment() + f"{n} ranks × {args.rank_mb:g} MB; every cluster and pool is started before any row; "
-          f"the rows run in turn, each writing new files after a `sync`, best of {repeat} rounds.\n", flush=True)
+          f"the rows run in turn, each writing new files after a `sync`; s = best of {repeat} rounds, speed-up = the "
+          f"median (range) of the rounds' speed-ups.\n", flush=True)
     root = tempfile.mkdtemp(prefix="tracefuse-scaling-", dir=args.tmp_dir)
     lines: list[str] = []
     try:
@@ -1210,12 +1228,12 @@ def main_scaling(args: argparse.Namespace) -> int:
             for got in measured:
                 if isinstance(got, Exception):
                     raise got
-            best = {k: got[0] for k, got in zip(keys, measured)}  # type: ignore[index]
+            times = {k: got[0] for k, got in zip(keys, measured)}  # type: ignore[index]
         lines += ["| row | 1 worker s | 2 workers s | speed-up |", "|---|---|---|---|"]
         for key, label in (("floor", "orjson floor (GC off), pool of 1 and 2 processes"),
                            ("json", "tracefuse merge → .json"), ("json.gz", "tracefuse merge → .json.gz")):
-            one, two = best[(key, 1)], best[(key, 2)]
-            lines.append(f"| {label} | {one:.2f} | {two:.2f} | {one / two:.2f}× |")
+            one, two = times[(key, 1)], times[(key, 2)]
+            lines.append(f"| {label} | {min(one):.2f} | {min(two):.2f} | {paired(one, two)} |")
         print("\n".join(lines), flush=True)
     finally:
         _cleanup(root, args.keep)
@@ -1267,7 +1285,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-hta", action="store_true",
                     help="skip the HTA row (HTA's load + temporal breakdown, run with --hta-python)")
     ap.add_argument("--include-pyfunc", action="store_true", help="merge with include_pyfunc=True")
-    ap.add_argument("--repeat", type=_at_least_one, default=1, help="best of N rounds per row; the rows of a dataset run in turn in each round (default 1; naive runs once)")
+    ap.add_argument("--repeat", type=_at_least_one, default=1, help="rounds per row; the rows of a dataset run in turn in each round, and a row's time is its best, its "
+                         "speed against the floor the median (range) of the rounds' (default 1; naive runs once)")
     ap.add_argument("--tmp-dir", help="where to put the datasets and outputs (default: the system temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the datasets and outputs")
     ap.add_argument("--s3", action="store_true", help="also run the S3 case on a local SeaweedFS (weed mini)")
@@ -1327,7 +1346,9 @@ def main(argv: list[str] | None = None) -> int:
               f"sampled every 25 ms (the tree listed again every 0.5 s); Δ = peak above the idle tree just "
               f"before the row. "
               f"s = best of {args.repeat} rounds; in each round the rows of a dataset run in turn, each "
-              f"writing new files, after the page cache was written back (`sync`). "
+              f"writing new files, after the page cache was written back (`sync`). A speed against a floor is "
+              f"the median of the rounds' own (floor's time in the round / the row's), with their range: the "
+              f"rows of one round run seconds apart, so a slow spell of the machine cancels out. "
               f"tracefuse drops python_function events unless --include-pyfunc "
               f"({'on' if args.include_pyfunc else 'off'} here).\n")
     hta = None if args.no_hta or not rank_counts else hta_versions(args.hta_python)
@@ -1359,7 +1380,7 @@ def main(argv: list[str] | None = None) -> int:
             for n, folder, paths, size in datasets:
                 name, out_dir = f"{n}×{args.rank_mb:g} MB", os.path.join(root, f"out_{n}")
                 os.makedirs(out_dir)
-                floors: dict[str, float] = {}
+                floors: dict[str, list[float]] = {}
                 rows = []
                 for key, gc_off in (("gc_on", False), ("gc_off", True)):
                     jobs = [(p, os.path.join(out_dir, f"floor_{key}_{r}.json"), gc_off) for r, p in enumerate(paths)]
