@@ -55,11 +55,10 @@ def write_trace(path: Path, doc: dict[str, Any] | bytes) -> Path:
 
 @pytest.fixture(scope="session")
 def client():
-    """A real process-based LocalCluster with two single-threaded workers."""
-    from distributed import Client, LocalCluster
+    """A real process-based LocalCluster with two single-threaded workers: tracefuse's embedded cluster."""
+    from tracefuse_dask.merge import connect
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
-            Client(cluster) as c:
+    with connect(workers=2) as c:
         yield c
 
 
@@ -81,7 +80,8 @@ def scheduler_file(tmp_path_factory):
     d = tmp_path_factory.mktemp("dask-cli")
     sfile = d / "scheduler.json"
     dask_cli = shutil.which("dask", path=os.path.dirname(sys.executable)) or "dask"
-    # the sbatch script's environment, without what this process's LocalCluster leaked into its own
+    # the sbatch script's environment, without a MALLOC_TRIM_THRESHOLD_ of this process's (the sbatch script
+    # leaves it unset; a plain LocalCluster started in this process would have leaked Dask's into it)
     env = {**{k: v for k, v in os.environ.items() if k != "MALLOC_TRIM_THRESHOLD_"}, **sbatch_exports(),
            "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     procs = [subprocess.Popen([dask_cli, "scheduler", "--scheduler-file", str(sfile), "--host", "127.0.0.1",

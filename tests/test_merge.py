@@ -98,6 +98,16 @@ def test_the_embedded_cluster_leaves_malloc_trimming_to_glibc(env, expected):
     assert done.stdout.splitlines()[-1] == repr([expected])
 
 
+def test_the_embedded_cluster_starts_no_dashboard():
+    """Nobody is told its port, and Bokeh's server costs start-up time and memory; nor does it take :8787."""
+    code = ("import sys\nfrom tracefuse_dask.merge import connect\nwith connect(workers=1) as c:\n"
+            "    print('bokeh' in sys.modules, c.scheduler_info()['services']['dashboard'])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    bokeh, http_port = done.stdout.split()[-2:]
+    assert bokeh == "False" and int(http_port) != 8787  # the HTTP server (health, metrics) takes a free port
+
+
 _OWN_CLIENT = """
 import sys
 import distributed

@@ -139,7 +139,7 @@ def test_disk_full_is_a_clear_error_and_leaves_nothing(client, tmp_path, capsys)
 
 
 def test_a_killed_worker_is_retried_and_the_output_is_identical(tmp_path):
-    from distributed import Client, LocalCluster
+    from tracefuse_dask.merge import connect
 
     inputs = tmp_path / "in"
     for r in range(4):
@@ -152,7 +152,7 @@ def test_a_killed_worker_is_retried_and_the_output_is_identical(tmp_path):
             os._exit(1)  # the worker process dies in the middle of a rank
         return True
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster, Client(cluster) as c:
+    with connect(workers=2) as c:
         merge_traces(str(inputs), str(tmp_path / "faulty.json"), client=c, filter_fn=die_once)
         assert marker.exists()
         merge_traces(str(inputs), str(tmp_path / "clean.json"), client=c, filter_fn=die_once)
