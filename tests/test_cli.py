@@ -55,6 +55,35 @@ def test_info_table(capsys):
     assert "2 files, ranks [0, 1], world size 128" in out
 
 
+@pytest.mark.integration
+def test_info_of_a_merged_trace_describes_each_rank(tmp_path, capsys):
+    folder = shared("real", "hta_trace_filter")
+    assert main(["info", str(folder), "--json", "--workers", "1"]) == 0
+    inputs = json.loads(capsys.readouterr().out)
+    merged = tmp_path / "merged.json.gz"
+    assert main(["merge", str(folder), "-o", str(merged), "--workers", "1", "-q"]) == 0
+    capsys.readouterr()
+    assert main(["info", str(merged), "--json", "--workers", "1"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["files"] == 1 and report["ranks"] == [0, 1] and report["world_size"] == 128
+    assert report["bytes"] == merged.stat().st_size and report["span_ms"] == inputs["span_ms"]
+    for before, after in zip(inputs["per_rank"], report["per_rank"]):
+        assert after["source"] == before["path"].rsplit("/", 1)[1] and after["path"] == str(merged)
+        assert after["categories"] == before["categories"]  # the rank's own events, and only those
+        assert after["end_ns"] - after["start_ns"] == before["end_ns"] - before["start_ns"]
+    assert main(["info", str(merged), "--workers", "1"]) == 0
+    assert "(from sampled_rank-1.json.gz)" in capsys.readouterr().out
+    # in a folder beside the per-rank files it merged, it is skipped, as merge skips it
+    job = tmp_path / "job"
+    job.mkdir()
+    for f in [*folder.iterdir(), merged]:
+        (job / f.name).write_bytes(f.read_bytes())
+    assert main(["info", str(job), "--json", "--workers", "1"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["ranks"] == [0, 1] and listed["files"] == 2
+    assert [s for s in listed["skipped"] if "merged.json.gz" in s]
+
+
 @pytest.mark.parametrize(
     "argv, code, message",
     [

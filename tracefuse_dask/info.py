@@ -8,22 +8,62 @@ from typing import Any
 from .io import DEFAULT_RANK_REGEX, check_document, expand_inputs, parse_json, paused_gc
 from .merge import batches, connect
 from .model import InputFile
-from .rewrite import is_device_event, to_ns
+from .rewrite import PID_BASE, SLOTS_PER_RANK, is_device_event, to_ns
 
 __all__ = ["describe_traces", "format_table"]
 
 _U32 = 1 << 32
 
 
-def _describe(f: InputFile, storage_options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def _merged_meta(doc: Any) -> dict[str, Any] | None:
+    """The ``metadata.tracefuse`` block of a trace that tracefuse wrote, else None."""
+    meta = doc.get("metadata") if isinstance(doc, dict) else None
+    block = meta.get("tracefuse") if isinstance(meta, dict) else None
+    return block if isinstance(block, dict) else None
+
+
+def _describe(f: InputFile, storage_options: Mapping[str, Any] | None) -> list[dict[str, Any]] | None:
+    """One row per rank of the file: its own, or each merged rank of a trace tracefuse wrote (told apart
+    by the pid layout); None for a listed file that is not a per-rank trace."""
     doc, nbytes, _ = parse_json(f.path, storage_options)
-    if f.listed and isinstance(doc, dict) and ("traceEvents" not in doc or "tracefuse" in (
-            doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {})):
-        return None  # not a trace, or a merged trace that tracefuse wrote
+    merged = _merged_meta(doc)
+    if f.listed and isinstance(doc, dict) and ("traceEvents" not in doc or merged is not None):
+        return None  # not a trace, or a merged trace in a folder of per-rank ones
     check_document(doc, f.path)
-    events = doc["traceEvents"]
-    info = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
     base = doc.get("baseTimeNanoseconds") if type(doc.get("baseTimeNanoseconds")) is int else None
+    if merged is None:
+        info = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
+        if f.hint_source == "key":
+            rank = f.rank_hint
+        elif type(info.get("rank")) is int:
+            rank = info["rank"]
+        else:
+            rank = f.rank_hint
+        return [{"rank": rank, "path": f.path, "bytes": f.size, "bytes_uncompressed": nbytes,
+                 "world_size": info.get("world_size"), "host_name": doc.get("host_name"),
+                 **_stats(doc["traceEvents"], base)}]
+    by_rank: dict[int | None, list[Any]] = {}
+    for ev in doc["traceEvents"]:
+        pid = ev.get("pid") if isinstance(ev, dict) else None
+        by_rank.setdefault((pid - PID_BASE) // SLOTS_PER_RANK if type(pid) is int and pid >= PID_BASE else None,
+                           []).append(ev)
+    entries = merged.get("ranks") if isinstance(merged.get("ranks"), dict) else {}
+    for key in entries:  # a merged rank whose events were all filtered out still gets its row
+        if key.isdigit():
+            by_rank.setdefault(int(key), [])
+    rows = []
+    for rank, events in sorted(by_rank.items() or [(None, [])], key=lambda kv: (kv[0] is None, kv[0] or 0)):
+        entry = entries.get(str(rank)) if isinstance(entries.get(str(rank)), dict) else {}
+        info = entry.get("distributedInfo") if isinstance(entry.get("distributedInfo"), dict) else {}
+        rows.append({"rank": rank, "path": f.path, "source": entry.get("source"), "bytes": None,
+                     "bytes_uncompressed": None, "world_size": info.get("world_size"),
+                     "host_name": entry.get("host_name"), **_stats(events, base)})
+    rows[0].update(bytes=f.size, bytes_uncompressed=nbytes)  # the file's size, counted once
+    return rows
+
+
+def _stats(events: list[Any], base: int | None) -> dict[str, Any]:
+    """Events per category, time span, pids and flows of one rank's events."""
     cats: Counter[str] = Counter()
     host: set[Any] = set()
     device: set[Any] = set()
@@ -54,20 +94,8 @@ def _describe(f: InputFile, storage_options: Mapping[str, Any] | None) -> dict[s
         lo = start if lo is None or start < lo else lo
         hi = end if hi is None or end > hi else hi
     ids = [k[2] for k in flow_ends]
-    if f.hint_source == "key":
-        rank = f.rank_hint
-    elif type(info.get("rank")) is int:
-        rank = info["rank"]
-    else:
-        rank = f.rank_hint
     offset = base or 0
     return {
-        "rank": rank,
-        "path": f.path,
-        "bytes": f.size,
-        "bytes_uncompressed": nbytes,
-        "world_size": info.get("world_size"),
-        "host_name": doc.get("host_name"),
         "base_time_ns": base,
         "events": len(events),
         "categories": dict(sorted(cats.items())),
@@ -84,7 +112,8 @@ def _describe(f: InputFile, storage_options: Mapping[str, Any] | None) -> dict[s
     }
 
 
-def _describe_ranks(files: list[InputFile], storage_options: Mapping[str, Any] | None) -> list[dict[str, Any] | None]:
+def _describe_ranks(files: list[InputFile],
+                    storage_options: Mapping[str, Any] | None) -> list[list[dict[str, Any]] | None]:
     """Task: describe several small files (or one big one)."""
     with paused_gc():
         return [_describe(f, storage_options) for f in files]
@@ -103,6 +132,10 @@ def describe_traces(
 ) -> dict[str, Any]:
     """Describe trace files without rewriting or writing anything.
 
+    A merged trace that tracefuse wrote, named on its own, is described rank by rank
+    (its ranks told apart by the pid layout, with their sources); in a folder it is
+    skipped, as ``merge`` skips it.
+
     Returns
     -------
     dict
@@ -117,7 +150,7 @@ def describe_traces(
         described = [d for group in c.gather(c.map(_describe_ranks, groups, storage_options=so, pure=False))
                      for d in group]
     skipped += [f"{f.path} (not a per-rank trace)" for f, d in zip(files, described) if d is None]
-    per_rank = [d for d in described if d is not None]
+    per_rank = [row for d in described if d is not None for row in d]
     per_rank.sort(key=lambda r: (r["rank"] is None, r["rank"] if r["rank"] is not None else 0, r["path"]))
     cats: Counter[str] = Counter()
     for r in per_rank:
@@ -126,11 +159,11 @@ def describe_traces(
     ends = [r["end_ns"] for r in per_rank if r["end_ns"] is not None]
     sizes = sorted({r["world_size"] for r in per_rank if r["world_size"] is not None})
     return {
-        "files": len(per_rank),
+        "files": sum(d is not None for d in described),
         "ranks": [r["rank"] for r in per_rank],
         "world_size": sizes[0] if len(sizes) == 1 else sizes or None,
         "bytes": sum(r["bytes"] or 0 for r in per_rank),
-        "bytes_uncompressed": sum(r["bytes_uncompressed"] for r in per_rank),
+        "bytes_uncompressed": sum(r["bytes_uncompressed"] or 0 for r in per_rank),
         "events": sum(r["events"] for r in per_rank),
         "categories": dict(sorted(cats.items())),
         "start_ns": min(starts, default=None),
@@ -153,11 +186,13 @@ def format_table(report: dict[str, Any]) -> str:
     ]
     for r in report["per_rank"]:
         span = (r["end_ns"] - r["start_ns"]) / 1e6 if r["start_ns"] is not None else 0.0
+        size = "-" if r["bytes"] is None else f"{r['bytes'] / 1e6:.2f}"
+        path = f"{r['path']} (from {r['source']})" if r.get("source") else r["path"]
         lines.append(
-            f"{'?' if r['rank'] is None else r['rank']:>5} {(r['bytes'] or 0) / 1e6:>8.2f} {r['events']:>9,} "
+            f"{'?' if r['rank'] is None else r['rank']:>5} {size:>8} {r['events']:>9,} "
             f"{r['base_time_ns'] if r['base_time_ns'] is not None else '-':>20} {span:>10.3f} "
             f"{len(r['pids']['host']):>10} {len(r['pids']['device']):>8} {r['flows']['ids']:>6} "
-            f"{r['flows']['unpaired']:>8}  {r['path']}"
+            f"{r['flows']['unpaired']:>8}  {path}"
         )
     lines.append("")
     lines.append("events per category: " + ", ".join(f"{k} {v:,}" for k, v in report["categories"].items()))
