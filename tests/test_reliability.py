@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -32,6 +34,19 @@ def cut(data: bytes) -> bytes:
     return data[: int(len(data) * 0.6)]
 
 
+def _tar(members: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+TAR = _tar({"perfetto_manifest.json": b"{}", "rank-00001.json": good(1)})  # as --format perfetto-archive writes
+
+
 BAD = [
     pytest.param("rank1.json", cut(good(1)), "it was probably truncated; pass --repair", id="truncated"),
     pytest.param("rank1.json.gz", gzip.compress(good(1), mtime=0)[:-300], "corrupt or truncated gzip",
@@ -41,6 +56,7 @@ BAD = [
     pytest.param("rank1.json.gz", b"\x1f\x8b\x08\x00garbage-not-deflate", "corrupt or truncated gzip",
                  id="corrupt-gz"),
     pytest.param("rank1.json", b"hello, world", "not valid JSON", id="not-json"),
+    pytest.param("merged.tar", TAR, "a TAR archive, not a JSON trace", id="perfetto-archive"),
     pytest.param("rank1.json", b'{"schemaVersion": 1}', "no traceEvents key", id="no-trace-events"),
     pytest.param("rank1.json", b'{"traceEvents": {"a": 1}}', "traceEvents is a dict, not a list",
                  id="trace-events-not-list"),

@@ -465,6 +465,9 @@ def decode_json(data: bytes, path: str, *, rank: int | None = None, cut_gzip: bo
         if repair and truncated:
             doc, note = _repair(data, who)
             return doc, len(data), note
+        if data[257:262] == b"ustar":  # the magic of a POSIX TAR header
+            raise TraceFormatError(f"{who}: a TAR archive, not a JSON trace (`--format perfetto-archive` writes "
+                                   "these: open it in Perfetto v58+); give the per-rank traces instead") from None
         if "UTF-8" in e.msg:
             raise TraceFormatError(f"{who}: not UTF-8 text near byte {e.pos} ({e.msg}); the file is damaged "
                                    "or not a trace. Re-export the trace or drop this file") from None
