@@ -69,6 +69,7 @@ def test_info_of_a_merged_trace_describes_each_rank(tmp_path, capsys):
     assert report["bytes"] == merged.stat().st_size and report["span_ms"] == inputs["span_ms"]
     for before, after in zip(inputs["per_rank"], report["per_rank"]):
         assert after["source"] == before["path"].rsplit("/", 1)[1] and after["path"] == str(merged)
+        assert after["bytes"] is None  # a merged rank has no size of its own; the file's is in the total
         assert after["categories"] == before["categories"]  # the rank's own events, and only those
         assert after["end_ns"] - after["start_ns"] == before["end_ns"] - before["start_ns"]
     assert main(["info", str(merged), "--workers", "1"]) == 0

@@ -40,7 +40,7 @@ from .collective_trace import CALL_COLUMNS as CT_COLUMNS
 from .collective_trace import looks_like_collective_trace, parse_collective_trace, summarize
 from .collectives import clock_offsets, group_members, instance_metrics, match_collectives, op_summary, straggler
 from .rank_analysis import TABLES, RankTables, analyze_events, analyze_rank, decode_trace, rows_for
-from .rewrite import PID_BASE, SLOTS_PER_RANK
+from .rewrite import is_merged, split_merged
 
 __all__ = ["Analysis", "analyze", "rank_stats"]
 
@@ -83,23 +83,6 @@ class Analysis:
         return {name: getattr(self, name) for name in (*TABLES, *_REDUCED)}
 
 
-def _split_merged(events: list[Any]) -> dict[int, list[Any]]:
-    """A tracefuse-merged trace's events per rank: ``args.rank``, else the rank its pid encodes."""
-    parts: dict[int, list[Any]] = {}
-    for ev in events:
-        if type(ev) is not dict:
-            continue
-        args = ev.get("args")
-        rank = args.get("rank") if type(args) is dict else None
-        if type(rank) is not int:
-            pid = ev.get("pid")
-            if type(pid) is not int or pid < PID_BASE:
-                continue
-            rank = (pid - PID_BASE) // SLOTS_PER_RANK
-        parts.setdefault(rank, []).append(ev)
-    return parts
-
-
 def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps: tuple[int, int] | None,
                   subset: Any, rank_regex: str) -> dict[str, Any]:
     """Task: parse one file and analyse each rank it holds (one, or all of a merged trace).
@@ -114,7 +97,7 @@ def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps
         data, _ = read_bytes(f.path, storage_options)
         # A merged trace is split per rank on the orjson path; ours say so in their first bytes.
         trace = None if data.find(_MERGED_HEAD, 0, 256) >= 0 else decode_trace(data)
-        if trace is not None and not _is_merged(trace.metadata):
+        if trace is not None and not is_merged(trace.metadata):
             header = {"distributedInfo": trace.distributedInfo, "host_name": trace.host_name}
             rank, world_size, note = resolve_rank(f, header, rank_regex)
             ranks = [analyze_events(trace.traceEvents, rank, f.path, steps, base=_base(trace.baseTimeNanoseconds),
@@ -129,8 +112,8 @@ def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps
         meta = doc.get("metadata")
         notes: list[str] = []
         base = _base(doc.get("baseTimeNanoseconds"))
-        if _is_merged(meta):
-            parts = _split_merged(doc["traceEvents"])
+        if is_merged(meta):
+            parts = split_merged(doc["traceEvents"])
             world_size = None
             notes.append(f"{f.path}: a merged trace; analysed per rank ({len(parts)} ranks)")
             by_rank = meta["tracefuse"].get("ranks") if isinstance(meta["tracefuse"], dict) else None
@@ -178,10 +161,6 @@ def _one_source_per_rank(calls: pd.DataFrame, warnings: list[str]) -> pd.DataFra
         warnings.append(f"rank {rank}: both a collective_trace log and a CSV export ({', '.join(sorted(set(paths)))}); "
                         "the CSV's calls were left out, as the log holds the same calls with their groups")
     return calls[~twice].reset_index(drop=True)
-
-
-def _is_merged(metadata: Any) -> bool:
-    return isinstance(metadata, dict) and "tracefuse" in metadata
 
 
 def _base(value: Any) -> int:

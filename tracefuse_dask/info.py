@@ -8,30 +8,23 @@ from typing import Any
 from .io import DEFAULT_RANK_REGEX, check_document, expand_inputs, parse_json, paused_gc
 from .merge import batches, connect
 from .model import InputFile
-from .rewrite import PID_BASE, SLOTS_PER_RANK, is_device_event, to_ns
+from .rewrite import is_device_event, is_merged, split_merged, to_ns
 
 __all__ = ["describe_traces", "format_table"]
 
 _U32 = 1 << 32
 
 
-def _merged_meta(doc: Any) -> dict[str, Any] | None:
-    """The ``metadata.tracefuse`` block of a trace that tracefuse wrote, else None."""
-    meta = doc.get("metadata") if isinstance(doc, dict) else None
-    block = meta.get("tracefuse") if isinstance(meta, dict) else None
-    return block if isinstance(block, dict) else None
-
-
-def _describe(f: InputFile, storage_options: Mapping[str, Any] | None) -> list[dict[str, Any]] | None:
-    """One row per rank of the file: its own, or each merged rank of a trace tracefuse wrote (told apart
-    by the pid layout); None for a listed file that is not a per-rank trace."""
+def _describe(f: InputFile, storage_options: Mapping[str, Any] | None) -> tuple[int, list[dict[str, Any]]] | None:
+    """The file's uncompressed size and a row per rank it holds: its own, or each rank of a trace that
+    tracefuse merged; None for a listed file that is not a per-rank trace."""
     doc, nbytes, _ = parse_json(f.path, storage_options)
-    merged = _merged_meta(doc)
-    if f.listed and isinstance(doc, dict) and ("traceEvents" not in doc or merged is not None):
+    merged = isinstance(doc, dict) and is_merged(doc.get("metadata"))
+    if f.listed and isinstance(doc, dict) and ("traceEvents" not in doc or merged):
         return None  # not a trace, or a merged trace in a folder of per-rank ones
     check_document(doc, f.path)
     base = doc.get("baseTimeNanoseconds") if type(doc.get("baseTimeNanoseconds")) is int else None
-    if merged is None:
+    if not merged:
         info = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
         if f.hint_source == "key":
             rank = f.rank_hint
@@ -39,27 +32,23 @@ def _describe(f: InputFile, storage_options: Mapping[str, Any] | None) -> list[d
             rank = info["rank"]
         else:
             rank = f.rank_hint
-        return [{"rank": rank, "path": f.path, "bytes": f.size, "bytes_uncompressed": nbytes,
-                 "world_size": info.get("world_size"), "host_name": doc.get("host_name"),
-                 **_stats(doc["traceEvents"], base)}]
-    by_rank: dict[int | None, list[Any]] = {}
-    for ev in doc["traceEvents"]:
-        pid = ev.get("pid") if isinstance(ev, dict) else None
-        by_rank.setdefault((pid - PID_BASE) // SLOTS_PER_RANK if type(pid) is int and pid >= PID_BASE else None,
-                           []).append(ev)
-    entries = merged.get("ranks") if isinstance(merged.get("ranks"), dict) else {}
+        return nbytes, [{"rank": rank, "path": f.path, "bytes": f.size, "bytes_uncompressed": nbytes,
+                         "world_size": info.get("world_size"), "host_name": doc.get("host_name"),
+                         **_stats(doc["traceEvents"], base)}]
+    parts = split_merged(doc["traceEvents"])
+    block = doc["metadata"]["tracefuse"]
+    entries = block.get("ranks") if isinstance(block, dict) and isinstance(block.get("ranks"), dict) else {}
     for key in entries:  # a merged rank whose events were all filtered out still gets its row
         if key.isdigit():
-            by_rank.setdefault(int(key), [])
+            parts.setdefault(int(key), [])
     rows = []
-    for rank, events in sorted(by_rank.items() or [(None, [])], key=lambda kv: (kv[0] is None, kv[0] or 0)):
+    for rank, events in sorted(parts.items()):
         entry = entries.get(str(rank)) if isinstance(entries.get(str(rank)), dict) else {}
         info = entry.get("distributedInfo") if isinstance(entry.get("distributedInfo"), dict) else {}
         rows.append({"rank": rank, "path": f.path, "source": entry.get("source"), "bytes": None,
                      "bytes_uncompressed": None, "world_size": info.get("world_size"),
                      "host_name": entry.get("host_name"), **_stats(events, base)})
-    rows[0].update(bytes=f.size, bytes_uncompressed=nbytes)  # the file's size, counted once
-    return rows
+    return nbytes, rows
 
 
 def _stats(events: list[Any], base: int | None) -> dict[str, Any]:
@@ -113,7 +102,7 @@ def _stats(events: list[Any], base: int | None) -> dict[str, Any]:
 
 
 def _describe_ranks(files: list[InputFile],
-                    storage_options: Mapping[str, Any] | None) -> list[list[dict[str, Any]] | None]:
+                    storage_options: Mapping[str, Any] | None) -> list[tuple[int, list[dict[str, Any]]] | None]:
     """Task: describe several small files (or one big one)."""
     with paused_gc():
         return [_describe(f, storage_options) for f in files]
@@ -150,7 +139,8 @@ def describe_traces(
         described = [d for group in c.gather(c.map(_describe_ranks, groups, storage_options=so, pure=False))
                      for d in group]
     skipped += [f"{f.path} (not a per-rank trace)" for f, d in zip(files, described) if d is None]
-    per_rank = [row for d in described if d is not None for row in d]
+    kept = [(f, d) for f, d in zip(files, described) if d is not None]
+    per_rank = [row for _, (_, rows) in kept for row in rows]
     per_rank.sort(key=lambda r: (r["rank"] is None, r["rank"] if r["rank"] is not None else 0, r["path"]))
     cats: Counter[str] = Counter()
     for r in per_rank:
@@ -159,11 +149,11 @@ def describe_traces(
     ends = [r["end_ns"] for r in per_rank if r["end_ns"] is not None]
     sizes = sorted({r["world_size"] for r in per_rank if r["world_size"] is not None})
     return {
-        "files": sum(d is not None for d in described),
+        "files": len(kept),
         "ranks": [r["rank"] for r in per_rank],
         "world_size": sizes[0] if len(sizes) == 1 else sizes or None,
-        "bytes": sum(r["bytes"] or 0 for r in per_rank),
-        "bytes_uncompressed": sum(r["bytes_uncompressed"] or 0 for r in per_rank),
+        "bytes": sum(f.size or 0 for f, _ in kept),
+        "bytes_uncompressed": sum(nbytes for _, (nbytes, _) in kept),
         "events": sum(r["events"] for r in per_rank),
         "categories": dict(sorted(cats.items())),
         "start_ns": min(starts, default=None),

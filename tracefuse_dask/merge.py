@@ -70,7 +70,7 @@ from .model import (
     rank_subset,
 )
 from .fastpath import handles, rewrite_fast
-from .rewrite import RankEvents
+from .rewrite import RankEvents, is_merged
 from .storage import MIN_PART, Piece, abort_uploads, join, plan_groups, protocol_of, write_group
 
 __all__ = ["connect", "merge_traces", "build_options"]
@@ -200,12 +200,12 @@ def _read_header_rank(
 ) -> RankHeader:
     """Phase A task: the header of one file; the whole file only where it must."""
     header, reached, nbytes = read_header(f.path, storage_options)
-    is_merged = isinstance(header.get("metadata"), dict) and "tracefuse" in header["metadata"]
+    merged = is_merged(header.get("metadata"))
     need_rank = f.hint_source != "key" and not isinstance((header.get("distributedInfo") or {}).get("rank"), int)
     full = not reached or "baseTimeNanoseconds" not in header or (need_rank and f.rank_hint is None)
-    if is_merged or not (full or earliest is not None):
+    if merged or not (full or earliest is not None):
         return RankHeader(f.path, None, None, header.get("baseTimeNanoseconds"), header,
-                          is_merged=is_merged, bytes_in=f.size or 0)
+                          is_merged=merged, bytes_in=f.size or 0)
     with paused_gc():
         return _read_whole_rank(f, storage_options, earliest, repair)
 
@@ -217,14 +217,14 @@ def _read_whole_rank(f: InputFile, storage_options: Mapping[str, Any] | None,
         return RankHeader(f.path, None, None, None, {}, is_trace=False)
     check_document(doc, f.path)
     header = {k: v for k, v in doc.items() if k != "traceEvents"}
-    is_merged = isinstance(header.get("metadata"), dict) and "tracefuse" in header["metadata"]
+    merged = is_merged(header.get("metadata"))
     base = header.get("baseTimeNanoseconds")
-    h = RankHeader(f.path, None, None, base, header, is_merged=is_merged, full_read=True, bytes_in=nbytes,
+    h = RankHeader(f.path, None, None, base, header, is_merged=merged, full_read=True, bytes_in=nbytes,
                    repair_note=note)
     if note and base is None:
         h.relative_times = any(type(ev) is dict and isinstance(ev.get("ts"), (int, float)) and ev["ts"] < 1e14
                                for ev in doc["traceEvents"][:1000])
-    if earliest is not None and not is_merged:
+    if earliest is not None and not merged:
         sel = RankEvents(doc["traceEvents"], _base_of(base, f.path), earliest, f.path)
         h.earliest_ns = sel.earliest_ns(kept_only=False)
         h.earliest_kept_ns = sel.earliest_ns(kept_only=True)

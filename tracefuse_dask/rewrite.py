@@ -27,7 +27,9 @@ __all__ = [
     "fmt_us",
     "is_device_event",
     "is_gpu_label",
+    "is_merged",
     "out_pid",
+    "split_merged",
     "to_ns",
     "to_ns_array",
     "us_text",
@@ -101,6 +103,28 @@ def fmt_us(ns: int) -> orjson.Fragment:
 def out_pid(rank: int, slot: int) -> int:
     """The merged pid of a rank's ``slot``: ``2**22 + rank*64 + slot``."""
     return PID_BASE + rank * SLOTS_PER_RANK + slot
+
+
+def is_merged(metadata: Any) -> bool:
+    """True when a trace's ``metadata`` says tracefuse wrote it (a merged trace)."""
+    return isinstance(metadata, dict) and "tracefuse" in metadata
+
+
+def split_merged(events: list[Any]) -> dict[int, list[Any]]:
+    """A tracefuse-merged trace's events per rank: ``args.rank``, else the rank its pid encodes."""
+    parts: dict[int, list[Any]] = {}
+    for ev in events:
+        if type(ev) is not dict:
+            continue
+        args = ev.get("args")
+        rank = args.get("rank") if type(args) is dict else None
+        if type(rank) is not int:
+            pid = ev.get("pid")
+            if type(pid) is not int or pid < PID_BASE:
+                continue
+            rank = (pid - PID_BASE) // SLOTS_PER_RANK
+        parts.setdefault(rank, []).append(ev)
+    return parts
 
 
 def map_tid(tid: Any) -> Any:
