@@ -85,6 +85,17 @@ def test_info_of_a_merged_trace_describes_each_rank(tmp_path, capsys):
     assert [s for s in listed["skipped"] if "merged.json.gz" in s]
 
 
+@pytest.mark.integration
+def test_a_reader_that_goes_away_stops_the_output_quietly():
+    """`tracefuse info … | head -1`: once the reader has gone, no error message and no traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "tracefuse_dask", "info", str(shared("gloo_4ranks")),
+                             "--workers", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the command writes anything
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 1
+    assert "error" not in err and "Traceback" not in err and "Exception ignored" not in err, err
+
+
 @pytest.mark.parametrize(
     "argv, code, message",
     [

@@ -5,6 +5,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Iterator, Sequence
@@ -151,6 +152,9 @@ def _handle_errors(debug: bool) -> Iterator[None]:
     except KeyboardInterrupt:
         print("interrupted: temporary files were removed", file=sys.stderr)
         raise SystemExit(130) from None
+    except BrokenPipeError:  # the reader of the output went away (`| head`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush cannot fail
+        raise SystemExit(1) from None
     except Exception as e:
         if debug:
             raise
