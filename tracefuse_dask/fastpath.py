@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from itertools import compress
 from operator import attrgetter
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 import numpy as np
@@ -73,24 +73,51 @@ class _Trace(Struct, gc=False):
     traceEvents: list[_Event]
 
 
-_decoder = msgspec.json.Decoder(_Trace)
+# The Trace Event Format's phases and the categories Kineto writes (its activity types, flows, the Trace span).
+# Decoded as these types, an event's ph and cat are the Literal's own string objects, not new ones per event:
+# decoding, filtering, hashing and freeing a rank took ~25% less time (20 MB synthetic rank, GC off). A rank
+# with another phase or category decodes again with plain strings.
+_PHASES = Literal["B", "E", "X", "i", "I", "C", "b", "n", "e", "S", "T", "p", "F", "s", "t", "f", "P", "N", "O",
+                  "D", "M", "V", "v", "R", "c", "(", ")"]
+_CATEGORIES = Literal["cpu_op", "user_annotation", "gpu_user_annotation", "gpu_memcpy", "gpu_memset", "kernel",
+                      "external_correlation", "cuda_runtime", "cuda_driver", "cpu_instant_event", "python_function",
+                      "overhead", "cuda_sync", "cuda_profiler_range", "glow_runtime", "mtia_runtime",
+                      "mtia_ccp_events", "hpu_op", "xpu_runtime", "xpu_driver", "privateuse1_runtime",
+                      "privateuse1_driver", "collective_comm", "ac2g", "fwdbwd", "Trace", "gpu_mem"]
+
+
+class _KinetoEvent(_Event):
+    ph: _PHASES  # type: ignore[assignment]
+    cat: _CATEGORIES | UnsetType = UNSET  # type: ignore[assignment]
+
+
+class _KinetoTrace(Struct, gc=False):
+    traceEvents: list[_KinetoEvent]
+
+
+_decoders = (msgspec.json.Decoder(_KinetoTrace), msgspec.json.Decoder(_Trace))
 _encoder = msgspec.json.Encoder()
 _PH_PID_TID_CAT = attrgetter("ph", "pid", "tid", "cat")
 _TID, _TS, _ID = attrgetter("tid"), attrgetter("ts"), attrgetter("id")
 _INSTANT_PH = ("i", "I")
 
 
-def decode_or_none(decoder: msgspec.json.Decoder, data: bytes) -> Any:
-    """``decoder.decode(data)``, or None when the text is not valid UTF-8 JSON of the decoder's type."""
+def decode_or_none(data: bytes, *decoders: msgspec.json.Decoder) -> Any:
+    """``data`` decoded by the first of ``decoders`` whose type it fits, or None when it is not valid UTF-8 JSON
+    of any of their types."""
     if not data.isascii():
         try:
             data.decode()  # the decoder does not check the text of what it skips or keeps raw
         except UnicodeDecodeError:
             return None
-    try:
-        return decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
+    for decoder in decoders:
+        try:
+            return decoder.decode(data)
+        except msgspec.ValidationError:
+            continue
+        except msgspec.DecodeError:
+            return None
+    return None
 
 
 def handles(options: MergeOptions, window_abs_ns: tuple[int, int] | None) -> bool:
@@ -130,7 +157,7 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
     """
     if not 0 <= rank <= MAX_RANK:
         raise MergeError(f"{who}: rank {rank} is outside 0..{MAX_RANK}, the range the pid layout holds")
-    trace = decode_or_none(_decoder, data)
+    trace = decode_or_none(data, *_decoders)
     if trace is None:
         return None
     events = trace.traceEvents

@@ -193,7 +193,7 @@ def decode_trace(data: bytes) -> Trace | None:
     -------
     Trace or None
     """
-    return decode_or_none(_trace_decoder, data)
+    return decode_or_none(data, _trace_decoder)
 
 
 def _json_text(raw: Raw | UnsetType, cache: dict[bytes, str]) -> str:
