@@ -293,6 +293,20 @@ def test_1024_ranks_run_as_1024_tasks_and_reduce_to_small_tables(client, tmp_pat
     assert a.summary["outliers"] == [n for n in stats["note"] if n]
 
 
+def test_an_unknown_phase_or_category_decodes_the_same_values():
+    """Phases and categories decode as shared strings where known; a trace with another one decodes as plain strings."""
+    import orjson
+    from msgspec.structs import asdict
+
+    from tracefuse_dask.rank_analysis import decode_trace
+
+    known = decode_trace(orjson.dumps({"traceEvents": small_rank()})).traceEvents
+    odd = decode_trace(orjson.dumps({"traceEvents": small_rank() + [x("a", 1, 1, cat="gpu_user_Annotation")]}))
+    assert type(odd.traceEvents[0]) is not type(known[0])
+    assert [asdict(e) for e in odd.traceEvents[:-1]] == [asdict(e) for e in known]
+    assert odd.traceEvents[-1].cat == "gpu_user_Annotation"
+
+
 def test_steps_select_the_union_of_their_spans():
     """``--steps`` keeps a host event whose start, and GPU work whose launch, lies in a chosen step, also
     where steps overlap."""

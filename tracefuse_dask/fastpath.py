@@ -46,7 +46,7 @@ from .rewrite import (
     us_text,
 )
 
-__all__ = ["Duration", "Micros", "decode_or_none", "handles", "rewrite_fast"]
+__all__ = ["Duration", "KnownCategory", "KnownPhase", "Micros", "decode_or_none", "handles", "rewrite_fast"]
 
 # The times the general path accepts: µs within ±2**63 ns, durations not negative.
 Micros = Annotated[int, Meta(gt=-_MAX_US, lt=_MAX_US)] | Annotated[float, Meta(gt=-_MAX_US, lt=_MAX_US)]
@@ -77,9 +77,9 @@ class _Trace(Struct, gc=False):
 # Decoded as these types, an event's ph and cat are the Literal's own string objects, not new ones per event:
 # decoding, filtering, hashing and freeing a rank took ~25% less time (20 MB synthetic rank, GC off). A rank
 # with another phase or category decodes again with plain strings.
-_PHASES = Literal["B", "E", "X", "i", "I", "C", "b", "n", "e", "S", "T", "p", "F", "s", "t", "f", "P", "N", "O",
+KnownPhase = Literal["B", "E", "X", "i", "I", "C", "b", "n", "e", "S", "T", "p", "F", "s", "t", "f", "P", "N", "O",
                   "D", "M", "V", "v", "R", "c", "(", ")"]
-_CATEGORIES = Literal["cpu_op", "user_annotation", "gpu_user_annotation", "gpu_memcpy", "gpu_memset", "kernel",
+KnownCategory = Literal["cpu_op", "user_annotation", "gpu_user_annotation", "gpu_memcpy", "gpu_memset", "kernel",
                       "external_correlation", "cuda_runtime", "cuda_driver", "cpu_instant_event", "python_function",
                       "overhead", "cuda_sync", "cuda_profiler_range", "glow_runtime", "mtia_runtime",
                       "mtia_ccp_events", "hpu_op", "xpu_runtime", "xpu_driver", "privateuse1_runtime",
@@ -87,8 +87,8 @@ _CATEGORIES = Literal["cpu_op", "user_annotation", "gpu_user_annotation", "gpu_m
 
 
 class _KinetoEvent(_Event):
-    ph: _PHASES  # type: ignore[assignment]
-    cat: _CATEGORIES | UnsetType = UNSET  # type: ignore[assignment]
+    ph: KnownPhase  # type: ignore[assignment]
+    cat: KnownCategory | UnsetType = UNSET  # type: ignore[assignment]
 
 
 class _KinetoTrace(Struct, gc=False):

@@ -26,7 +26,7 @@ import pandas as pd
 from msgspec import UNSET, Raw, Struct, UnsetType
 
 from .collectives import group_spec, is_call_name, rank_collectives
-from .fastpath import Duration, Micros, decode_or_none
+from .fastpath import Duration, KnownCategory, KnownPhase, Micros, decode_or_none
 from .model import MergeOptions
 from .rewrite import RankEvents, is_device_event, map_tid, to_ns, to_ns_array
 
@@ -170,7 +170,18 @@ class Trace(Struct, gc=False):
     metadata: Any = None
 
 
-_trace_decoder = msgspec.json.Decoder(Trace)
+class _KinetoEvent(_Event):
+    """An event whose ph and cat decode as shared string objects (see ``fastpath``); others decode as ``_Event``."""
+
+    ph: KnownPhase  # type: ignore[assignment]
+    cat: KnownCategory = ""  # type: ignore[assignment]
+
+
+class _KinetoTrace(Trace):
+    traceEvents: list[_KinetoEvent]  # type: ignore[assignment]
+
+
+_trace_decoders = (msgspec.json.Decoder(_KinetoTrace), msgspec.json.Decoder(Trace))
 _events_decoder = msgspec.json.Decoder(list[_Event])
 _CAT, _NAME, _PID, _TID, _TS, _DUR, _ARGS = map(attrgetter, ("cat", "name", "pid", "tid", "ts", "dur", "args"))
 
@@ -193,7 +204,7 @@ def decode_trace(data: bytes) -> Trace | None:
     -------
     Trace or None
     """
-    return decode_or_none(data, _trace_decoder)
+    return decode_or_none(data, *_trace_decoders)
 
 
 def _json_text(raw: Raw | UnsetType, cache: dict[bytes, str]) -> str:
