@@ -53,7 +53,8 @@ def test_split_parts_are_complete_aligned_and_cover_the_whole_merge(client, seve
         meta = doc["metadata"]["tracefuse"]
         assert meta["split"]["part"] == k + 1 and meta["split"]["of"] == 3
         assert doc["baseTimeNanoseconds"] == full["baseTimeNanoseconds"]
-        assert sorted(map(int, meta["ranks"])) == list(range(meta["split"]["first_rank"], meta["split"]["last_rank"] + 1))
+        first, last = meta["split"]["first_rank"], meta["split"]["last_rank"]
+        assert sorted(map(int, meta["ranks"])) == list(range(first, last + 1))
         got.update(events_by_rank(doc))
     assert got == expected  # the same events with the same values (times exact to the ns), split by rank
     assert s.bytes_out == sum((tmp_path / n).stat().st_size for n in names)

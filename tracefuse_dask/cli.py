@@ -73,7 +73,8 @@ def _parser() -> argparse.ArgumentParser:
     f = m.add_argument_group("selection and filters")
     f.add_argument("--ranks", metavar="SPEC", help="merge a subset of ranks: A-B, :S stride, commas, e.g. 0-63:8,100")
     f.add_argument("--include-pyfunc", action="store_true", help="keep python_function events (dropped by default)")
-    f.add_argument("--keep", metavar="PRESETS", help="keep only a union of presets: gpu,comm,cpu (M events always stay)")
+    f.add_argument("--keep", metavar="PRESETS",
+                   help="keep only a union of presets: gpu,comm,cpu (M events always stay)")
     f.add_argument("--steps", metavar="A-B", help="keep ProfilerStep#A to #B inclusive; GPU events follow their launch")
     f.add_argument("--window", metavar="START_MS:END_MS",
                    help="keep events starting in this window, in ms from the earliest kept event of all ranks")

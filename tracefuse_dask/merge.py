@@ -171,7 +171,8 @@ def build_options(
         presets = frozenset(p.strip() for p in (keep.split(",") if isinstance(keep, str) else keep))
         bad = presets - set(KEEP_PRESETS)
         if bad:
-            raise MergeError(f"unknown --keep preset(s) {', '.join(sorted(bad))}; choose from {', '.join(KEEP_PRESETS)}")
+            raise MergeError(f"unknown --keep preset(s) {', '.join(sorted(bad))}; "
+                             f"choose from {', '.join(KEEP_PRESETS)}")
     try:
         step_range = parse_steps(steps) if isinstance(steps, str) else (tuple(steps) if steps else None)
         if isinstance(window, str):
