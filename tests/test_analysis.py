@@ -301,10 +301,11 @@ def test_an_unknown_phase_or_category_decodes_the_same_values():
     from tracefuse_dask.rank_analysis import decode_trace
 
     known = decode_trace(orjson.dumps({"traceEvents": small_rank()})).traceEvents
-    odd = decode_trace(orjson.dumps({"traceEvents": small_rank() + [x("a", 1, 1, cat="gpu_user_Annotation")]}))
-    assert type(odd.traceEvents[0]) is not type(known[0])
-    assert [asdict(e) for e in odd.traceEvents[:-1]] == [asdict(e) for e in known]
-    assert odd.traceEvents[-1].cat == "gpu_user_Annotation"
+    for extra in (x("a", 1, 1, cat="my_category"), {"ph": "Z", "name": "z", "pid": HOST, "tid": TID, "ts": 1}):
+        odd = decode_trace(orjson.dumps({"traceEvents": small_rank() + [extra]})).traceEvents
+        assert type(odd[0]) is not type(known[0])
+        assert [asdict(e) for e in odd[:-1]] == [asdict(e) for e in known]
+        assert (odd[-1].ph, odd[-1].cat) == (extra["ph"], extra.get("cat", ""))
 
 
 def test_steps_select_the_union_of_their_spans():

@@ -73,17 +73,18 @@ class _Trace(Struct, gc=False):
     traceEvents: list[_Event]
 
 
-# The Trace Event Format's phases and the categories Kineto writes (its activity types, flows, the Trace span).
-# Decoded as these types, an event's ph and cat are the Literal's own string objects, not two new strings per
-# event to create, hash, compare and free: a 20 MB rank's rewrite took 10-11% less time (docs/performance.md).
-# A rank with another phase or category decodes again with plain strings.
+# The Trace Event Format's phases and the categories Kineto writes (its activity types, as some versions spelled
+# them, flows, the Trace span). Decoded as these types, an event's ph and cat are the Literal's own string
+# objects, not two new strings per event to create, hash, compare and free: a 20 MB rank's rewrite took 10-11%
+# less time (docs/performance.md). A rank with another phase or category decodes again with plain strings.
 KnownPhase = Literal["B", "E", "X", "i", "I", "C", "b", "n", "e", "S", "T", "p", "F", "s", "t", "f", "P", "N", "O",
                      "D", "M", "V", "v", "R", "c", "(", ")"]
-KnownCategory = Literal["cpu_op", "user_annotation", "gpu_user_annotation", "gpu_memcpy", "gpu_memset", "kernel",
-                        "external_correlation", "cuda_runtime", "cuda_driver", "cpu_instant_event", "python_function",
-                        "overhead", "cuda_sync", "cuda_profiler_range", "glow_runtime", "mtia_runtime",
-                        "mtia_ccp_events", "hpu_op", "xpu_runtime", "xpu_driver", "privateuse1_runtime",
-                        "privateuse1_driver", "collective_comm", "ac2g", "fwdbwd", "Trace", "gpu_mem"]
+KnownCategory = Literal["cpu_op", "user_annotation", "gpu_user_annotation", "gpu_user_Annotation", "gpu_memcpy",
+                        "gpu_memset", "kernel", "external_correlation", "cuda_runtime", "cuda_driver",
+                        "cpu_instant_event", "python_function", "overhead", "cuda_sync", "cuda_profiler_range",
+                        "glow_runtime", "mtia_runtime", "mtia_ccp_events", "hpu_op", "xpu_runtime", "xpu_driver",
+                        "privateuse1_runtime", "privateuse1_driver", "collective_comm", "ac2g", "fwdbwd", "Trace",
+                        "gpu_mem"]
 
 
 class _KinetoEvent(_Event):
