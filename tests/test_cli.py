@@ -56,6 +56,20 @@ def test_info_table(capsys):
 
 
 @pytest.mark.integration
+def test_info_gives_the_rank_merge_would_use(tmp_path, capsys):
+    """A bad distributedInfo.rank gives way to the file's name, as in merge; a file nothing gives a rank is '?'."""
+    ev = {"ph": "X", "cat": "cpu_op", "name": "a", "pid": 7, "tid": 7, "ts": 1.0, "dur": 1.0}
+    doc = make_trace(None, [ev])
+    write_trace(tmp_path / "job" / "rank5.json", {**doc, "distributedInfo": {"rank": -1, "world_size": 8}})
+    write_trace(tmp_path / "job" / "trace.json", doc)
+    assert main(["info", str(tmp_path / "job"), "--json", "--workers", "1"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [(r["rank"], r["world_size"]) for r in report["per_rank"]] == [(5, 8), (None, None)]
+    assert main(["info", str(tmp_path / "job"), "--workers", "1"]) == 0
+    assert "    ?" in capsys.readouterr().out
+
+
+@pytest.mark.integration
 def test_info_of_a_merged_trace_describes_each_rank(tmp_path, capsys):
     folder = shared("real", "hta_trace_filter")
     assert main(["info", str(folder), "--json", "--workers", "1"]) == 0

@@ -92,8 +92,8 @@ class _KinetoEvent(_Event):
     cat: KnownCategory | UnsetType = UNSET  # type: ignore[assignment]
 
 
-class _KinetoTrace(Struct, gc=False):
-    traceEvents: list[_KinetoEvent]
+class _KinetoTrace(_Trace):
+    traceEvents: list[_KinetoEvent]  # type: ignore[assignment]
 
 
 _decoders = (msgspec.json.Decoder(_KinetoTrace), msgspec.json.Decoder(_Trace))

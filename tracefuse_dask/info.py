@@ -5,7 +5,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .io import DEFAULT_RANK_REGEX, check_document, expand_inputs, parse_json, paused_gc
+from .errors import RankError
+from .io import DEFAULT_RANK_REGEX, check_document, expand_inputs, parse_json, paused_gc, resolve_rank
 from .merge import batches, connect
 from .model import InputFile
 from .rewrite import is_device_event, is_merged, split_merged, to_ns
@@ -25,15 +26,12 @@ def _describe(f: InputFile, storage_options: Mapping[str, Any] | None) -> tuple[
     check_document(doc, f.path)
     base = doc.get("baseTimeNanoseconds") if type(doc.get("baseTimeNanoseconds")) is int else None
     if not merged:
-        info = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
-        if f.hint_source == "key":
-            rank = f.rank_hint
-        elif type(info.get("rank")) is int:
-            rank = info["rank"]
-        else:
-            rank = f.rank_hint
+        try:
+            rank, world_size, _ = resolve_rank(f, doc)  # the rank and world size merge would use
+        except RankError:  # nothing gives the rank: info still describes the file, as rank "?"
+            rank, world_size = None, None
         return nbytes, [{"rank": rank, "path": f.path, "bytes": f.size, "bytes_uncompressed": nbytes,
-                         "world_size": info.get("world_size"), "host_name": doc.get("host_name"),
+                         "world_size": world_size, "host_name": doc.get("host_name"),
                          **_stats(doc["traceEvents"], base)}]
     parts = split_merged(doc["traceEvents"])
     block = doc["metadata"]["tracefuse"]
