@@ -12,7 +12,8 @@ from tracefuse_dask import TraceFormatError, analyze, merge_traces
 from tracefuse_dask.analysis import rank_stats
 from tracefuse_dask.cli import main
 from tracefuse_dask.errors import OutputExistsError, RankError
-from tracefuse_dask.rank_analysis import analyze_rank, kernel_category, kernel_type, union_length
+from tracefuse_dask.kineto.vocabulary import kernel_category, kernel_type
+from tracefuse_dask.rank_analysis import analyze_rank, union_length
 from tracefuse_dask.synth import write_example
 
 import numpy as np

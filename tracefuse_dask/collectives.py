@@ -16,13 +16,12 @@ import numpy as np
 import orjson
 import pandas as pd
 
+from .kineto.vocabulary import is_comm_kernel
 from .model import RankSet
 
-__all__ = ["CALL_COLUMNS", "canonical_op", "clock_offsets", "group_members", "group_spec", "is_call_name",
-           "match_collectives", "rank_collectives", "straggler"]
+__all__ = ["CALL_COLUMNS", "canonical_op", "clock_offsets", "group_members", "group_spec", "match_collectives",
+           "rank_collectives", "straggler"]
 
-_CALL_PREFIXES = ("c10d::", "record_param_comms", "nccl:", "rccl:", "gloo:")
-_COMM_KERNEL = re.compile(r"nccl|rccl", re.IGNORECASE)
 _OP_SUFFIX = re.compile(r"(base|single|intotensor|tensor|coalesced)$")
 # bytes per element of each dtype name, as the profiler (c10 names) and torch (``torch.float32``) write them
 ITEMSIZE = {"float": 4, "float32": 4, "bfloat16": 2, "half": 2, "float16": 2, "double": 8, "float64": 8,
@@ -87,11 +86,6 @@ def _dims_product(dims: Any) -> int | None:
     return None
 
 
-def is_call_name(name: str) -> bool:
-    """True for the names of the events that make up a collective call."""
-    return name.startswith(_CALL_PREFIXES)
-
-
 def rank_collectives(names: list[str], tids: list[Any], args: list[Any], order: list[int], stop: list[int],
                      members: list[int], start: list[int], end: list[int],
                      gpu_launch: list[tuple[int, int, int, int, str]], steps: list[tuple[int, int, int]], base: int,
@@ -112,7 +106,7 @@ def rank_collectives(names: list[str], tids: list[Any], args: list[Any], order: 
         The call tree: the host event at each position (each thread's parents before
         their children), and where each position's subtree ends (exclusive).
     members
-        The positions, ascending, of the events whose name ``is_call_name``.
+        The positions, ascending, of the events whose name ``is_collective_call``.
     gpu_launch
         ``(position of the launching host event, gpu start, gpu end, stream, name)`` per GPU event.
     steps
@@ -137,7 +131,7 @@ def rank_collectives(names: list[str], tids: list[Any], args: list[Any], order: 
         _gather(calls[r], names[order[k]], args[order[k]])
     for k, s, e, stream, name in gpu_launch:
         r = order[root[k]] if root[k] >= 0 else -1
-        if r in calls and _COMM_KERNEL.search(name):
+        if r in calls and is_comm_kernel(name):
             c = calls[r]
             c["gpu_start_ns"] = min(c.get("gpu_start_ns", s + base), s + base)
             c["gpu_end_ns"] = max(c.get("gpu_end_ns", e + base), e + base)

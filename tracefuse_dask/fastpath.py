@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from itertools import compress
 from operator import attrgetter
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import msgspec
 import numpy as np
@@ -25,6 +25,7 @@ import orjson
 from msgspec import UNSET, Meta, Raw, Struct, UnsetType
 
 from .errors import MergeError
+from .kineto.vocabulary import KnownCategory, KnownPhase
 from .model import MergeOptions
 from .rewrite import (
     _EXACT_FLOAT,
@@ -46,7 +47,7 @@ from .rewrite import (
     us_text,
 )
 
-__all__ = ["Duration", "KnownCategory", "KnownPhase", "Micros", "decode_or_none", "handles", "rewrite_fast"]
+__all__ = ["Duration", "Micros", "decode_or_none", "handles", "rewrite_fast"]
 
 # The times the general path accepts: µs within ±2**63 ns, durations not negative.
 Micros = Annotated[int, Meta(gt=-_MAX_US, lt=_MAX_US)] | Annotated[float, Meta(gt=-_MAX_US, lt=_MAX_US)]
@@ -73,21 +74,9 @@ class _Trace(Struct, gc=False):
     traceEvents: list[_Event]
 
 
-# The Trace Event Format's phases and the categories Kineto writes (its activity types, as some versions spelled
-# them, flows, the Trace span). Decoded as these types, an event's ph and cat are the Literal's own string
-# objects, not two new strings per event to create, hash, compare and free: a 20 MB rank's rewrite took 10-11%
-# less time (docs/performance.md). A rank with another phase or category decodes again with plain strings.
-KnownPhase = Literal["B", "E", "X", "i", "I", "C", "b", "n", "e", "S", "T", "p", "F", "s", "t", "f", "P", "N", "O",
-                     "D", "M", "V", "v", "R", "c", "(", ")"]
-KnownCategory = Literal["cpu_op", "user_annotation", "gpu_user_annotation", "gpu_user_Annotation", "gpu_memcpy",
-                        "gpu_memset", "kernel", "external_correlation", "cuda_runtime", "cuda_driver",
-                        "cpu_instant_event", "python_function", "overhead", "cuda_sync", "cuda_profiler_range",
-                        "glow_runtime", "mtia_runtime", "mtia_ccp_events", "hpu_op", "xpu_runtime", "xpu_driver",
-                        "privateuse1_runtime", "privateuse1_driver", "collective_comm", "ac2g", "fwdbwd", "Trace",
-                        "gpu_mem"]
-
-
 class _KinetoEvent(_Event):
+    """An event whose ph and cat are among the vocabulary's Literals: decoded as their shared strings."""
+
     ph: KnownPhase  # type: ignore[assignment]
     cat: KnownCategory | UnsetType = UNSET  # type: ignore[assignment]
 

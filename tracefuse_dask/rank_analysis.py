@@ -11,7 +11,6 @@ name, cat or pid, and subtree totals are prefix sums over the call tree's order.
 """
 from __future__ import annotations
 
-import re
 from bisect import bisect_right
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
@@ -25,66 +24,32 @@ import orjson
 import pandas as pd
 from msgspec import UNSET, Raw, Struct, UnsetType
 
-from .collectives import group_spec, is_call_name, rank_collectives
-from .fastpath import Duration, KnownCategory, KnownPhase, Micros, decode_or_none
+from .collectives import group_spec, rank_collectives
+from .fastpath import Duration, Micros, decode_or_none
+from .kineto.vocabulary import (
+    KERNEL_WAIT_NS,
+    STEP,
+    KnownCategory,
+    KnownPhase,
+    device_kind,
+    is_collective_call,
+    is_correlation_flow,
+    is_op_category,
+    kernel_category,
+    kernel_type,
+)
 from .model import MergeOptions
 from .rewrite import RankEvents, is_device_event, map_tid, to_ns, to_ns_array
 
-__all__ = ["RankTables", "Trace", "analyze_events", "analyze_rank", "decode_trace", "kernel_category", "kernel_type",
-           "union_length"]
+__all__ = ["RankTables", "Trace", "analyze_events", "analyze_rank", "decode_trace", "union_length"]
 
-_STEP = re.compile(r"ProfilerStep#(\d+)$")
-# GPU activity: kernels, memcpy, memset, and the waits of a stream (cuda_sync "Stream Sync"/"Stream Wait
-# Event", which carry the stream they block), as HTA counts them; "Event/Context Sync" carry no stream.
-_GPU_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset", "cuda_sync": "sync"}
-_OP_CATS = frozenset({"cpu_op", "user_annotation"})
 _FLOW_OR_M = frozenset({"s", "t", "f", "M"})
 _ARG_KEYS = {"collective": "Collective name", "pg_name": "Process Group Name",
              "pg_desc": "Process Group Description", "group_ranks": "Process Group Ranks", "group_size": "Group size",
              "in_nelems": "In msg nelems", "out_nelems": "Out msg nelems", "seq": "Seq", "comms_id": "Comms Id",
              "input_dims": "Input Dims", "input_types": "Input type"}
-_CATEGORY_RULES = [  # first match wins; names are lower-cased
-    ("communication", re.compile(r"nccl|rccl|gloo|all_?reduce|all_?gather|reduce_?scatter|alltoall|broadcast")),
-    ("memory", re.compile(r"^memcpy|^memset|memcpy|memset")),
-    ("attention", re.compile(r"flash|fmha|attn|attention|sdpa|mha_")),
-    ("GEMM", re.compile(r"gemm|matmul|cutlass|cublas|xmma|wgmma|nvjet|cijk_|triton_tem|_mm_|^mm_|bmm")),
-    ("reduce", re.compile(r"reduce|reduction|softmax|norm|triton_red|triton_per|argmax|argmin|scan|sum_")),
-    ("elementwise", re.compile(r"elementwise|vectorized|unrolled|pointwise|triton_poi|fill|copy|cat_|index|"
-                               r"scatter|gather|where|add|mul|div|sub|relu|gelu|silu|sigmoid|tanh|exp|neg")),
-]
-# HTA 0.5.0's kernel classes (hta/utils/utils.py), by name alone.
-_HTA_COMM = re.compile(r"^nccl.*Kernel")
-_HTA_MEMORY = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
-_HTA_NOT_COMPUTE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
-# HTA's consecutive_kernel_delay=30, compared with µs timestamps (its docstring says ns): shorter gaps
-# between kernels of a stream are launch overhead.
-KERNEL_WAIT_NS = 30_000
 TABLES = ("breakdown", "breakdown_by_step", "kernels", "kernel_categories", "ops", "kernel_launchers", "idle",
           "collectives")
-
-
-def kernel_type(name: str) -> str:
-    """HTA's kernel type of a GPU event name: COMMUNICATION, MEMORY, COMPUTATION or OTHER."""
-    if _HTA_COMM.match(name):
-        return "COMMUNICATION"
-    if _HTA_MEMORY.match(name):
-        return "MEMORY"
-    if not _HTA_NOT_COMPUTE.match(name):
-        return "COMPUTATION"
-    return "OTHER"
-
-
-def kernel_category(name: str, gpu_kind: str) -> str:
-    """The finer category of the kernel summary: GEMM, attention, elementwise, reduce, communication, memory, other."""
-    if gpu_kind in ("memcpy", "memset"):
-        return "memory"
-    if gpu_kind == "sync":
-        return "other"
-    low = name.lower()
-    for category, rule in _CATEGORY_RULES:
-        if rule.search(low):
-            return category
-    return "other"
 
 
 def _merged(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -389,7 +354,7 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
     host = np.flatnonzero(~dev)
     tree = _call_tree(pids, tids, host, start, end)
     g = _gpu_arrays(events, xs, dev, host, cat_code, cats, name_code, names, args, tids, start, end)
-    step_of = np.array([int(m.group(1)) if (m := _STEP.match(nm)) else -1 for nm in names], dtype=np.int64)
+    step_of = np.array([int(m.group(1)) if (m := STEP.match(nm)) else -1 for nm in names], dtype=np.int64)
     step_spans = sorted((int(step_of[name_code[i]]), int(start[i]), int(end[i]))
                         for i in host[step_of[name_code[host]] >= 0])
     tables: dict[str, pd.DataFrame] = {}
@@ -397,7 +362,7 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
     tables["breakdown"] = pd.DataFrame([numbers])
     tables["breakdown_by_step"] = _by_step(g, step_spans, start)
     tables["kernels"], tables["kernel_categories"] = _kernel_tables(g)
-    is_op = np.array([c in _OP_CATS for c in cats], dtype=bool)[cat_code] & (step_of[name_code] < 0)
+    is_op = np.array([is_op_category(c) for c in cats], dtype=bool)[cat_code] & (step_of[name_code] < 0)
     tables["ops"], tables["kernel_launchers"] = _op_tables(tree, is_op, cats[cat_code] == "cpu_op", name_code, names,
                                                            durs, args, g)
     tables["idle"] = _idle_table(g, start)
@@ -407,7 +372,7 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
            if isinstance(pg, dict) and "pg_name" in pg and (spec := group_spec(pg.get("ranks")))}
     gpu_launch = [(j, a, b, s, nm) for j, a, b, s, nm in zip(tree.pos[g.launch].tolist(), g.start.tolist(),
                                                                g.end.tolist(), g.stream, g.name) if j >= 0]
-    members = np.flatnonzero(np.array([is_call_name(nm) for nm in names], dtype=bool)[name_code[tree.order]])
+    members = np.flatnonzero(np.array([is_collective_call(nm) for nm in names], dtype=bool)[name_code[tree.order]])
     tables["collectives"] = rank_collectives(names[name_code].tolist(), tids.tolist(), args, tree.order.tolist(),
                                              tree.stop.tolist(), members.tolist(), start.tolist(), end.tolist(),
                                              gpu_launch, step_spans, base, pgs)
@@ -433,7 +398,7 @@ def _in_steps(events: list[_Event], xs: list[_Event], steps: tuple[int, int]) ->
     for e in events:
         if e.cat == "python_function" or (e.ph not in _FLOW_OR_M and _on_gpu(e.cat, e.pid, device)):
             continue
-        if e.ph == "X" and (m := _STEP.match(e.name)) and lo <= int(m.group(1)) <= hi:
+        if e.ph == "X" and (m := STEP.match(e.name)) and lo <= int(m.group(1)) <= hi:
             s = to_ns(e.ts)
             spans.append((s, s + to_ns(e.dur)))
         c = e.args.correlation if type(e.args) is _Args else None
@@ -474,7 +439,7 @@ def _gpu_arrays(events: list[_Event], xs: list[_Event], dev: np.ndarray, host: n
                 cats: np.ndarray, name_code: np.ndarray, names: np.ndarray, args: list[_Args], tids: np.ndarray,
                 start: np.ndarray, end: np.ndarray) -> _Gpu:
     """The GPU events (a stream, not -1: ``args.stream``, else the tid) and the host events that launched them."""
-    kinds = np.array([_GPU_CATS.get(c.lower()) for c in cats], dtype=object)
+    kinds = np.array([device_kind(c) for c in cats], dtype=object)
     gpu: list[int] = []
     streams: list[Any] = []
     for i in np.flatnonzero(dev & (kinds != None)[cat_code]).tolist():  # noqa: E711 (elementwise)
@@ -520,7 +485,7 @@ def _flow_launches(events: list[_Event], xs: list[_Event], host: list[int], gpu:
     starts: dict[Any, int] = {}
     ends: dict[Any, int] = {}
     for ev in events:
-        if ev.ph in ("s", "f") and ev.cat == "ac2g":
+        if ev.ph in ("s", "f") and is_correlation_flow(ev.cat):
             key = (ev.pid, ev.tid, ev.ts)
             if ev.ph == "s" and key in at:
                 starts[ev.id] = at[key]

@@ -16,6 +16,7 @@ import numpy as np
 import orjson
 
 from .errors import MergeError, TraceFormatError
+from .kineto.vocabulary import STEP, host_category, is_collective_call
 from .model import MergeOptions
 
 __all__ = [
@@ -46,12 +47,9 @@ _U32 = (1 << 32) - 1
 _EXACT_FLOAT = float(1 << 43)  # below this a float's µs fraction still resolves 1 ns
 _EXACT_NS = (1 << 43) * 1000
 _MAX_US = 2**63 // 1000  # ns must fit Perfetto's int64
-_DEVICE_CATS = frozenset({"kernel", "memcpy", "memset", "cuda_sync"})
 _FLOW_PH = frozenset({"s", "t", "f"})
 _PROCESS_M = frozenset({"process_name", "process_labels", "process_sort_index"})
-_STEP = re.compile(r"ProfilerStep#(\d+)$")
 _STREAM = re.compile(r"(\d+)\s*$")
-_COMM_PREFIXES = ("c10d::", "nccl:", "gloo:", "rccl:", "record_param_comms")
 _ID_FIELDS = ("External id", "correlation")
 
 
@@ -140,11 +138,7 @@ def map_tid(tid: Any) -> Any:
 
 def is_device_event(ev: dict[str, Any]) -> bool:
     """True for events that live on a GPU's timeline: kernels, memcpy/memset, GPU annotations."""
-    cat = ev.get("cat")
-    if not isinstance(cat, str):
-        return False
-    cat = cat.lower()
-    return cat in _DEVICE_CATS or cat.startswith("gpu_")
+    return host_category(ev.get("cat")) is False
 
 
 def is_gpu_label(name: Any, args: Any) -> bool:
@@ -157,7 +151,7 @@ def _is_comm(ev: dict[str, Any], dev: bool) -> bool:
     name = ev.get("name")
     if not isinstance(name, str):
         return False
-    if name.startswith(_COMM_PREFIXES):
+    if is_collective_call(name):
         return True
     low = name.lower()
     return dev and ("nccl" in low or "rccl" in low)
@@ -289,7 +283,7 @@ class RankEvents:
         for i, ev in enumerate(self.events):
             name = ev.get("name")
             if self.keep[i] and ev["ph"] == "X" and type(name) is str and not self.dev[i]:
-                m = _STEP.match(name)
+                m = STEP.match(name)
                 if m and lo <= int(m.group(1)) <= hi:
                     start = to_ns(ev["ts"])
                     spans.append((start, start + to_ns(ev.get("dur", 0))))

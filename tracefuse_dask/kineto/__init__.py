@@ -1,0 +1,1 @@
+"""The Kineto trace format: its vocabulary (categories, flows, collective and kernel names)."""

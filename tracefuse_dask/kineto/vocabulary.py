@@ -1,0 +1,167 @@
+"""The Kineto vocabulary: every category, flow, collective and kernel name that the merge and the analysis read.
+
+One place, so that the merge, the analysis and the collective matching read a trace the same way whatever
+its Kineto vintage or accelerator:
+
+- categories match case-insensitively: 2021-era Kineto wrote ``Kernel``, ``Memcpy``, ``Memset``, ``Runtime``
+  and ``Operator``, and ``async`` for the launch flow that later became ``ac2g``;
+- device work is what runs on a device stream: the GPU categories, and any event of a category that is not a
+  host category and carries an integer ``args.stream`` (MTIA's ``mtia_ccp_events``), as HTA counts it;
+- collective kernels go by every name in use (``ncclKernel_*``, ``ncclDevKernel_*``, RCCL's ``rccl*``) or by
+  the ``Collective name`` that newer Kineto copies onto them.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
+
+__all__ = [
+    "COLLECTIVE_CALL_PREFIXES",
+    "KERNEL_WAIT_NS",
+    "KnownCategory",
+    "KnownPhase",
+    "STEP",
+    "device_kind",
+    "host_category",
+    "is_collective_call",
+    "is_comm_kernel",
+    "is_correlation_flow",
+    "is_graph_launch",
+    "is_op_category",
+    "kernel_category",
+    "kernel_type",
+]
+
+# The Trace Event Format's phases and the categories Kineto writes (its activity types, as its versions spelled
+# them, flows, the Trace span). The fast path and the analysis decode ph and cat as these Literals, so that an
+# event's ph and cat are the Literal's own string objects (docs/performance.md).
+KnownPhase = Literal["B", "E", "X", "i", "I", "C", "b", "n", "e", "S", "T", "p", "F", "s", "t", "f", "P", "N", "O",
+                     "D", "M", "V", "v", "R", "c", "(", ")"]
+KnownCategory = Literal["cpu_op", "user_annotation", "gpu_user_annotation", "gpu_user_Annotation", "gpu_memcpy",
+                        "gpu_memset", "kernel", "external_correlation", "cuda_runtime", "cuda_driver",
+                        "cpu_instant_event", "python_function", "overhead", "cuda_sync", "cuda_profiler_range",
+                        "glow_runtime", "mtia_runtime", "mtia_ccp_events", "hpu_op", "xpu_runtime", "xpu_driver",
+                        "privateuse1_runtime", "privateuse1_driver", "collective_comm", "ac2g", "fwdbwd", "Trace",
+                        "gpu_mem", "Operator", "Runtime", "Kernel", "Memcpy", "Memset", "async"]
+
+STEP = re.compile(r"ProfilerStep#(\d+)$")
+
+# Device work by category (lower-cased), as the analysis names its kinds. A stream wait (cuda_sync "Stream Sync",
+# "Stream Wait Event") blocks the stream it names, so HTA counts it as GPU activity.
+_DEVICE_KINDS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "memcpy": "memcpy", "gpu_memset": "memset",
+                 "memset": "memset", "cuda_sync": "sync"}
+# Categories that live on a device's timeline but are not its work: annotations and counters.
+_DEVICE_OTHER = ("gpu_",)
+# Host categories: never device work, whatever their args say (Inductor's Triton launcher is a cpu_op with a
+# stream; ROCm's runtime calls carry the stream they target).
+_HOST = frozenset({"cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver", "operator",
+                   "runtime", "cpu_instant_event", "overhead", "external_correlation", "cuda_profiler_range",
+                   "glow_runtime", "mtia_runtime", "hpu_op", "xpu_runtime", "xpu_driver", "privateuse1_runtime",
+                   "privateuse1_driver", "collective_comm", "trace", "ac2g", "fwdbwd", "async",
+                   "async_cpu_to_gpu"})
+_OP = frozenset({"cpu_op", "user_annotation", "operator"})
+_CORRELATION_FLOWS = frozenset({"ac2g", "async", "async_cpu_to_gpu"})
+
+COLLECTIVE_CALL_PREFIXES = ("c10d::", "record_param_comms", "nccl:", "rccl:", "gloo:")
+_COMM_KERNEL = re.compile(r"nccl|rccl", re.IGNORECASE)
+_GRAPH_LAUNCH = re.compile(r"^(cuda|hip)GraphLaunch")
+
+# The finer kernel categories of the kernel summary; first match wins, names lower-cased.
+_CATEGORY_RULES = [
+    ("communication", re.compile(r"nccl|rccl|gloo|all_?reduce|all_?gather|reduce_?scatter|alltoall|broadcast")),
+    ("memory", re.compile(r"^memcpy|^memset|memcpy|memset|^dma")),
+    ("attention", re.compile(r"flash|fmha|attn|attention|sdpa|mha_")),
+    ("GEMM", re.compile(r"gemm|matmul|cutlass|cublas|xmma|wgmma|nvjet|cijk_|triton_tem|_mm_|^mm_|bmm")),
+    ("reduce", re.compile(r"reduce|reduction|softmax|norm|triton_red|triton_per|argmax|argmin|scan|sum_")),
+    ("elementwise", re.compile(r"elementwise|vectorized|unrolled|pointwise|triton_poi|fill|copy|cat_|index|"
+                               r"scatter|gather|where|add|mul|div|sub|relu|gelu|silu|sigmoid|tanh|exp|neg")),
+]
+# HTA 0.5.0's kernel classes (hta/utils/utils.py), by name alone: where parity with HTA's breakdowns needs them.
+_HTA_COMM = re.compile(r"^nccl.*Kernel")
+_HTA_MEMORY = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
+_HTA_NOT_COMPUTE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
+# HTA's consecutive_kernel_delay=30, compared with µs timestamps (its docstring says ns): shorter gaps between
+# kernels of a stream are launch overhead.
+KERNEL_WAIT_NS = 30_000
+
+
+@functools.lru_cache(maxsize=1024)
+def host_category(cat: Any) -> bool | None:
+    """True for a host category, False for a device one, None for one whose events are device work only
+    when they carry an integer ``args.stream`` (a category this list does not know, such as MTIA's)."""
+    if not isinstance(cat, str):
+        return True
+    low = cat.lower()
+    if low in _DEVICE_KINDS or low.startswith(_DEVICE_OTHER):
+        return False
+    return True if low in _HOST else None
+
+
+def device_kind(cat: Any, name: Any = "", args: Any = None) -> str | None:
+    """The kind of device work an event is (``kernel``, ``memcpy``, ``memset``, ``sync``), or None.
+
+    A GPU category gives its kind; an event of another non-host category is device work when it carries an
+    integer ``args.stream``, and then it is memory when its name starts with ``dma`` (HTA's rule), else a
+    kernel. GPU annotations live on a device's timeline but are not its work: None.
+    """
+    host = host_category(cat)
+    if host is None:
+        stream = args.get("stream") if isinstance(args, Mapping) else getattr(args, "stream", None)
+        if type(stream) is not int:
+            return None
+        return "memcpy" if isinstance(name, str) and name.startswith("dma") else "kernel"
+    return None if host else _DEVICE_KINDS.get(cat.lower())
+
+
+def is_op_category(cat: Any) -> bool:
+    """True for the categories of the host ops the call tree reports: CPU ops and user annotations."""
+    return isinstance(cat, str) and cat.lower() in _OP
+
+
+def is_correlation_flow(cat: Any) -> bool:
+    """True for the flow categories that link a launch to its device work (``ac2g``; 2021's ``async``)."""
+    return isinstance(cat, str) and cat.lower() in _CORRELATION_FLOWS
+
+
+def is_collective_call(name: str) -> bool:
+    """True for the names of the host events that make up a collective call."""
+    return name.startswith(COLLECTIVE_CALL_PREFIXES)
+
+
+def is_comm_kernel(name: str, args: Any = None) -> bool:
+    """True for a collective's device work: NCCL and RCCL kernels by any of their names, or device work whose
+    args carry ``Collective name``."""
+    if _COMM_KERNEL.search(name):
+        return True
+    return isinstance(args, Mapping) and "Collective name" in args
+
+
+def is_graph_launch(name: Any) -> bool:
+    """True for a CUDA or HIP graph launch: one runtime call whose correlation id all the graph's kernels share."""
+    return isinstance(name, str) and _GRAPH_LAUNCH.match(name) is not None
+
+
+def kernel_type(name: str) -> str:
+    """HTA's kernel type of a device event's name: COMMUNICATION, MEMORY, COMPUTATION or OTHER."""
+    if _HTA_COMM.match(name):
+        return "COMMUNICATION"
+    if _HTA_MEMORY.match(name):
+        return "MEMORY"
+    if not _HTA_NOT_COMPUTE.match(name):
+        return "COMPUTATION"
+    return "OTHER"
+
+
+def kernel_category(name: str, kind: str) -> str:
+    """The finer category of the kernel summary: GEMM, attention, elementwise, reduce, communication, memory, other."""
+    if kind in ("memcpy", "memset"):
+        return "memory"
+    if kind == "sync":
+        return "other"
+    low = name.lower()
+    for category, rule in _CATEGORY_RULES:
+        if rule.search(low):
+            return category
+    return "other"
