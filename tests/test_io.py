@@ -121,11 +121,40 @@ def test_read_header_stops_at_trace_events(tmp_path, suffix):
     assert nbytes < 200_000  # the events were not read
 
 
-def test_read_header_reports_keys_after_the_events(tmp_path):
-    p = tmp_path / "late.json"
-    p.write_text('{"schemaVersion": 1, "traceEvents": [], "baseTimeNanoseconds": 5}')
-    header, reached, _ = read_header(str(p))
-    assert reached and "baseTimeNanoseconds" not in header
+EVENT = '{"ph": "X", "name": "a]", "pid": 1, "tid": 1, "ts": 1.0, "args": {"Input Dims": [[1, 2], []]}}'
+
+
+@pytest.mark.parametrize("text, keys", [
+    pytest.param('{"schemaVersion": 1, "traceEvents": [], "baseTimeNanoseconds": 5}',
+                 {"schemaVersion": 1, "baseTimeNanoseconds": 5}, id="empty-events"),
+    pytest.param('{"deviceProperties": [{"id": 0}], "traceEvents": [E, E], "baseTimeNanoseconds": 5, '
+                 '"distributedInfo": {"rank": 3, "pg_config": [{"ranks": [0, 1]}]}, "x": [1]}',
+                 {"deviceProperties": [{"id": 0}], "baseTimeNanoseconds": 5,
+                  "distributedInfo": {"rank": 3, "pg_config": [{"ranks": [0, 1]}]}, "x": [1]},
+                 id="lists-before-inside-and-after-the-events"),
+    pytest.param('{"schemaVersion": 1, "traceEvents": [E]\n}\n', {"schemaVersion": 1}, id="nothing-after"),
+    pytest.param('{"traceEvents": [E], "traceName": "t"}', {"traceName": "t"}, id="no-head"),
+])
+@pytest.mark.parametrize("size", ["small", "big"])
+@pytest.mark.parametrize("suffix", [".json", ".json.gz"])
+def test_read_header_reads_the_keys_after_the_events_from_the_end(tmp_path, text, keys, size, suffix):
+    events = ", ".join([EVENT] * (1 if size == "small" else 40_000))  # big: the head and tail reads are apart
+    p = write_trace(tmp_path / f"late{suffix}", text.replace("E, E", events).replace("[E]", f"[{events}]").encode())
+    header, complete, nbytes = read_header(str(p))
+    assert complete and header == keys
+    if suffix == ".json":
+        assert nbytes <= 1 << 20  # a ranged read of the end, not the events
+
+
+def test_read_header_is_incomplete_when_the_end_cannot_be_told(tmp_path):
+    truncated = write_trace(tmp_path / "cut.json", ('{"traceEvents": [' + ", ".join([EVENT] * 40_000)).encode())
+    assert read_header(str(truncated))[1] is False
+    # keys after the events longer than the tail read: their lists must not pass for the events' end
+    long_tail = ('{"traceEvents": [' + EVENT + '], "deviceProperties": [' + ", ".join(['{"id": 1}'] * 200_000)
+                 + '], "baseTimeNanoseconds": 5}')
+    header, complete, nbytes = read_header(str(write_trace(tmp_path / "long.json", long_tail.encode())))
+    assert not complete and nbytes <= 1 << 20
+    assert read_header(str(write_trace(tmp_path / "long.json.gz", long_tail.encode())))[1] is False
 
 
 def test_expand_folder_skips_own_artifacts(tmp_path):

@@ -200,11 +200,9 @@ def _read_header_rank(
     f: InputFile, storage_options: Mapping[str, Any] | None, earliest: MergeOptions | None, repair: bool = False
 ) -> RankHeader:
     """Phase A task: the header of one file; the whole file only where it must."""
-    header, reached, nbytes = read_header(f.path, storage_options)
+    header, complete, _ = read_header(f.path, storage_options)
     merged = is_merged(header.get("metadata"))
-    need_rank = f.hint_source != "key" and not isinstance((header.get("distributedInfo") or {}).get("rank"), int)
-    full = not reached or "baseTimeNanoseconds" not in header or (need_rank and f.rank_hint is None)
-    if merged or not (full or earliest is not None):
+    if merged or (complete and earliest is None):
         return RankHeader(f.path, None, None, header.get("baseTimeNanoseconds"), header,
                           is_merged=merged, bytes_in=f.size or 0)
     with paused_gc():
