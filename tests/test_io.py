@@ -171,3 +171,12 @@ def test_relative_sources_drop_the_common_prefix():
     got = relative_sources(["s3://b/job/a/rank0.json", "s3://b/job/b/rank1.json"])
     assert got == {"s3://b/job/a/rank0.json": "a/rank0.json", "s3://b/job/b/rank1.json": "b/rank1.json"}
     assert relative_sources(["/x/y/rank0.json"]) == {"/x/y/rank0.json": "rank0.json"}
+
+
+def test_a_folder_of_one_trace_without_a_rank_is_rank_0(tmp_path):
+    write_trace(tmp_path / "one" / "trace.json", make_trace(None, []))
+    files, _ = expand_inputs(str(tmp_path / "one"))
+    assert [(f.rank_hint, f.hint_source) for f in files] == [(0, "order")]
+    write_trace(tmp_path / "one" / "other.json", make_trace(None, []))
+    files, _ = expand_inputs(str(tmp_path / "one"))  # two: which is which cannot be guessed
+    assert [f.rank_hint for f in files] == [None, None]

@@ -6,6 +6,7 @@ alone, because trace files are often misnamed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import json
 import os
@@ -331,6 +332,8 @@ def expand_inputs(
                 f"{'*.json and *.json.gz' if names is TRACE_NAME else 'names matching ' + names.pattern}); "
                 "check the path or glob"
             )
+    if len(files) == 1 and files[0].rank_hint is None:  # a folder of one trace: a single-GPU job is rank 0
+        files[0] = dataclasses.replace(files[0], rank_hint=0, hint_source="order")
     return _in_subset(files, subset), skipped
 
 
