@@ -14,9 +14,6 @@ from .errors import (
     TraceFormatError,
     TraceFuseError,
 )
-from .merge import merge_traces
-from .model import MergeSummary
-from .tracefuse import TraceFuse
 
 __all__ = [
     "Analysis",
@@ -38,10 +35,18 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    """``analyze`` and ``Analysis`` load pandas; import them only when asked, so merges stay lean."""
-    if name in ("analyze", "Analysis"):
-        from . import analysis
+_LAZY = {"merge_traces": "merge", "TraceFuse": "tracefuse", "MergeSummary": "model", "analyze": "analysis",
+         "Analysis": "analysis"}
 
-        return getattr(analysis, name)
+
+def __getattr__(name: str) -> object:
+    """The API loads Dask and pandas: import it when first asked, so ``tracefuse --version`` and ``--help`` are quick."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
