@@ -160,3 +160,11 @@ def test_the_package_and_version_load_no_dask_nor_pandas():
     code = "import tracefuse_dask as t; print(t.TraceFuse.__name__, t.merge_traces.__name__, t.analyze.__name__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["TraceFuse", "merge_traces", "analyze"]
+
+
+def test_a_quiet_merge_from_a_fresh_process_prints_nothing(tmp_path):
+    write_trace(tmp_path / "in" / "rank0.json", make_trace(0, [{"ph": "X", "name": "a", "pid": 1, "tid": 1,
+                                                                 "ts": 1.0, "dur": 1.0}]))
+    proc = subprocess.run([sys.executable, "-m", "tracefuse_dask", "merge", str(tmp_path / "in"), "-o",
+                           str(tmp_path / "m.json"), "-q", "--workers", "1"], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stderr == "" and proc.stdout == ""

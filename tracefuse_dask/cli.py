@@ -180,6 +180,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # --help, --version and argparse's usage errors
         return int(e.code or 0)
     debug = getattr(args, "debug", False)
+    if args.command != "example":
+        # Imported before logging is configured, distributed gives its loggers a handler of their own, which the
+        # embedded cluster silences; imported after, they would log every start and stop through ours.
+        import distributed  # noqa: F401
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
