@@ -158,49 +158,68 @@ class _Rank:
 
     def step(self, n: int, t0: int, arrive: int, coll_end: int, layers: int, comm: dict[str, Any]) -> int:
         """One ``ProfilerStep#n`` from ``t0``; the all-reduce starts at ``arrive``; returns the step's end."""
-        rng, tid = self.rng, self.tid
         self.gpu, self.s7_first = [], 0
         k = (arrive - t0 - _PRE - _POST - (_STRAGGLE if self.straggling else 0)) / (layers * (_FWD_SLOT + _BWD_SLOT))
         fslot, bslot = int(_FWD_SLOT * k), int(_BWD_SLOT * k)
-        step_ext = self.op("user_annotation", f"ProfilerStep#{n}", t0, t0, tid)
+        step_ext = self.op("user_annotation", f"ProfilerStep#{n}", t0, t0, self.tid)
         step_ev = self.ev[-1]
         root = self.py("train.py(57): train_step", t0 + 2_000, t0 + 2_000, 0)
         root_ev = self.ev[-1]
-        e = self.op("cpu_op", "aten::zero_", t0 + 5_000, t0 + 18_000, tid,
+        self._inputs(t0)
+        fwd = [self._forward_layer(i, t0 + _PRE + i * fslot, fslot, root) for i in range(layers)]
+        self._backward(t0 + _PRE + layers * fslot + 20_000, bslot, fwd, root)
+        if self.straggling:
+            self.op("user_annotation", "straggler_sleep", arrive - _STRAGGLE - 10_000, arrive - 20_000, self.tid)
+        end = self._all_reduce_and_optimizer(arrive, coll_end, comm)
+        step_ev["dur"] = (end + 15_000 - t0) / 1000
+        root_ev["dur"] = (end + 11_000 - t0) / 1000
+        self.gpu.append({"ph": "X", "cat": "gpu_user_annotation", "name": f"ProfilerStep#{n}", "pid": self.dev,
+                         "tid": 7, "ts": self.us(self.s7_first - 1), "dur": (self.s7_end - self.s7_first + 2) / 1000,
+                         "args": {"External id": step_ext}})
+        self.ev.extend(self.gpu)
+        return end + 15_000
+
+    def _inputs(self, t0: int) -> None:
+        """The step's first ops: zero a buffer and copy the batch to the GPU."""
+        e = self.op("cpu_op", "aten::zero_", t0 + 5_000, t0 + 18_000, self.tid,
                     {"Input Dims": [[4096, 4096]], "Input type": ["float"]})
-        self.launch("cudaMemsetAsync", e, t0 + 8_000, t0 + 15_000, tid, "gpu_memset", "Memset (Device)", 3_104,
+        self.launch("cudaMemsetAsync", e, t0 + 8_000, t0 + 15_000, self.tid, "gpu_memset", "Memset (Device)", 3_104,
                     extra={"bytes": 67108864, "memory bandwidth (GB/s)": 21620.1})
-        e = self.op("cpu_op", "aten::copy_", t0 + 22_000, t0 + 50_000, tid,
+        e = self.op("cpu_op", "aten::copy_", t0 + 22_000, t0 + 50_000, self.tid,
                     {"Input Dims": [[8, 4096], [8, 4096], []], "Input type": ["float", "float", "Scalar"]})
-        self.launch("cudaMemcpyAsync", e, t0 + 30_000, t0 + 45_000, tid, "gpu_memcpy", "Memcpy HtoD (Pinned -> Device)",
-                    2_080, extra={"bytes": 131072, "memory bandwidth (GB/s)": 63.01})
-        fwd = []
-        for i in range(layers):
-            a, layer = t0 + _PRE + i * fslot, _LAYERS[i % 3]
-            p = root
-            for depth, name in enumerate((*_CHAIN, f"nn.Module: {layer[0]}_{i // 3}", layer[1]), 1):
-                p = self.py(name, a + 200 * depth, a + fslot - 200 * depth, p)
-            b = a + 1_200
-            for _ in range(rng.randint(3, 7)):
-                self.py(rng.choice(_LEAVES), b, b + 600 + rng.randint(0, 600), p)
-                b += 1_400 + rng.randint(0, 400)
-            op_t, op_end = b + 500, a + fslot - 1_500
-            self.seq += 1
-            self.flow_id += 1
-            fargs = {"Input Dims": layer[5], "Input type": ["float"] * len(layer[5]), "Sequence number": self.seq,
-                     "Fwd thread id": 0}
-            self.py(f"<built-in method {layer[2][6:]} of type object at 0x7f3c2a8e1f40>", b, a + fslot - 1_000, p)
-            e = self.op("cpu_op", layer[2], op_t, op_end, tid, fargs)
-            self.flow("s", self.flow_id, "fwdbwd", self.pid, tid, op_t)
-            if layer[3]:
-                e = self.op("cpu_op", layer[3], op_t + 2_000, op_end - 1_000, tid, fargs)
-            lt = op_end - 10_000 - rng.randint(0, 3_000)
-            self.launch("cudaLaunchKernel", e, lt, lt + 6_000 + rng.randint(0, 2_000), tid, "kernel", layer[4],
-                        int(fslot * (0.2 + 0.25 * rng.random())))
-            fwd.append((self.flow_id, layer, self.seq))
-        bw0 = t0 + _PRE + layers * fslot + 20_000
-        p = self.py("torch/_tensor.py(648): backward", bw0 - 10_000, bw0 + layers * bslot + 5_000, root)
-        self.py("torch/autograd/graph.py(829): _engine_run_backward", bw0 - 5_000, bw0 + layers * bslot + 2_000, p)
+        self.launch("cudaMemcpyAsync", e, t0 + 30_000, t0 + 45_000, self.tid, "gpu_memcpy",
+                    "Memcpy HtoD (Pinned -> Device)", 2_080, extra={"bytes": 131072, "memory bandwidth (GB/s)": 63.01})
+
+    def _forward_layer(self, i: int, a: int, fslot: int, root: int) -> tuple[int, tuple[Any, ...], int]:
+        """Layer ``i``'s forward op from ``a``: its Python stack, the op, its fwdbwd flow start and its kernel."""
+        rng, tid, layer = self.rng, self.tid, _LAYERS[i % 3]
+        p = root
+        for depth, name in enumerate((*_CHAIN, f"nn.Module: {layer[0]}_{i // 3}", layer[1]), 1):
+            p = self.py(name, a + 200 * depth, a + fslot - 200 * depth, p)
+        b = a + 1_200
+        for _ in range(rng.randint(3, 7)):
+            self.py(rng.choice(_LEAVES), b, b + 600 + rng.randint(0, 600), p)
+            b += 1_400 + rng.randint(0, 400)
+        op_t, op_end = b + 500, a + fslot - 1_500
+        self.seq += 1
+        self.flow_id += 1
+        fargs = {"Input Dims": layer[5], "Input type": ["float"] * len(layer[5]), "Sequence number": self.seq,
+                 "Fwd thread id": 0}
+        self.py(f"<built-in method {layer[2][6:]} of type object at 0x7f3c2a8e1f40>", b, a + fslot - 1_000, p)
+        e = self.op("cpu_op", layer[2], op_t, op_end, tid, fargs)
+        self.flow("s", self.flow_id, "fwdbwd", self.pid, tid, op_t)
+        if layer[3]:
+            e = self.op("cpu_op", layer[3], op_t + 2_000, op_end - 1_000, tid, fargs)
+        lt = op_end - 10_000 - rng.randint(0, 3_000)
+        self.launch("cudaLaunchKernel", e, lt, lt + 6_000 + rng.randint(0, 2_000), tid, "kernel", layer[4],
+                    int(fslot * (0.2 + 0.25 * rng.random())))
+        return self.flow_id, layer, self.seq
+
+    def _backward(self, bw0: int, bslot: int, fwd: list[tuple[int, tuple[Any, ...], int]], root: int) -> None:
+        """The backward pass from ``bw0`` on the autograd thread, one op and kernel per forward layer, reversed."""
+        rng = self.rng
+        p = self.py("torch/_tensor.py(648): backward", bw0 - 10_000, bw0 + len(fwd) * bslot + 5_000, root)
+        self.py("torch/autograd/graph.py(829): _engine_run_backward", bw0 - 5_000, bw0 + len(fwd) * bslot + 2_000, p)
         for i, (fid, layer, seq) in enumerate(reversed(fwd)):
             a = bw0 + i * bslot
             bargs = {"Input Dims": [[8, 4096]], "Input type": ["float"], "Sequence number": seq, "Fwd thread id": 1}
@@ -212,8 +231,10 @@ class _Rank:
             lt = a + bslot - 15_000 - rng.randint(0, 4_000)
             self.launch("cudaLaunchKernel", e, lt, lt + 7_000, self.tid2, "kernel", layer[8],
                         int(bslot * (0.25 + 0.2 * rng.random())))
-        if self.straggling:
-            self.op("user_annotation", "straggler_sleep", arrive - _STRAGGLE - 10_000, arrive - 20_000, tid)
+
+    def _all_reduce_and_optimizer(self, arrive: int, coll_end: int, comm: dict[str, Any]) -> int:
+        """The gradient all-reduce from ``arrive``, the optimizer step and the ``.item()`` that ends the step."""
+        tid = self.tid
         dims = {"Input Dims": [[_NELEMS]], "Input type": ["float"]}
         e = self.op("cpu_op", "record_param_comms", arrive, arrive + 60_000, tid,
                     {**comm, "Global rank start": 0, "Global rank stride": 1, "Rank": self.rank, **dims})
@@ -225,7 +246,7 @@ class _Rank:
         e = self.op("cpu_op", "aten::_foreach_add_", arrive + 80_000, arrive + 125_000, tid,
                     {"Input Dims": [[], []], "Input type": ["TensorList", "TensorList"]})
         end = self.launch("cudaLaunchKernel", e, arrive + 95_000, arrive + 110_000, tid, "kernel", _FOREACH,
-                          150_000 + rng.randint(0, 100_000), coll_end + 2_000)
+                          150_000 + self.rng.randint(0, 100_000), coll_end + 2_000)
         # .item() blocks the CPU until the GPU is done, which ends the step on every rank alike.
         e = self.op("cpu_op", "aten::_local_scalar_dense", arrive + 140_000, arrive + 140_000, tid,
                     {"Input Dims": [[]], "Input type": ["float"]})
@@ -234,13 +255,7 @@ class _Rank:
                           "Memcpy DtoH (Device -> Pageable)", 1_952, end + 1_000,
                           extra={"bytes": 4, "memory bandwidth (GB/s)": 0.002})
         item_ev["dur"] = (end + 9_000 - arrive - 140_000) / 1000
-        step_ev["dur"] = (end + 15_000 - t0) / 1000
-        root_ev["dur"] = (end + 11_000 - t0) / 1000
-        self.gpu.append({"ph": "X", "cat": "gpu_user_annotation", "name": f"ProfilerStep#{n}", "pid": self.dev,
-                         "tid": 7, "ts": self.us(self.s7_first - 1), "dur": (self.s7_end - self.s7_first + 2) / 1000,
-                         "args": {"External id": step_ext}})
-        self.ev.extend(self.gpu)
-        return end + 15_000
+        return end
 
     def metadata(self, ts: float) -> list[dict[str, Any]]:
         pid = self.pid
