@@ -114,6 +114,10 @@ EV = {"ph": "X", "cat": "cpu_op", "name": "a", "pid": 7, "tid": 7, "ts": 11.0, "
                  id="flow-id-beyond-32-bits"),
     pytest.param(orjson.dumps(make_trace(0, [dict(EV, ts=1682725897226747)], base=None)), id="absolute-int-ts"),
     pytest.param(doc_with(dict(EV, cat="my_category"), dict(EV, ph="Z")), id="unknown-category-and-phase"),
+    pytest.param(doc_with(dict(EV, pid=3), dict(EV, pid=3, tid=9, cat="kernel", ts=20.0),
+                          dict(EV, ph="s", id=1, pid=3, cat="ac2g"), dict(EV, ph="f", id=1, pid=3, tid=9, ts=20.0, cat="ac2g"),
+                          dict(EV, ph="f", id=1, pid=3, tid=9, ts=21.0, cat="ac2g")),
+                 id="flows-on-a-pid-with-host-and-device-events"),
 ])
 @pytest.mark.parametrize("shift", [0, 5_000_123, 2**44 * 1000], ids=["same-base", "later-base", "past-2-43-us"])
 def test_fast_path_equals_general_path_on_odd_events(data, shift):
@@ -130,8 +134,6 @@ def test_fast_path_equals_general_path_on_odd_events(data, shift):
     pytest.param(doc_with(dict(EV, name=5)), BASE, BASE, id="int-name"),
     pytest.param(doc_with(dict(EV, args={"x": "MARK"})).replace(b"MARK", b"\xff"), BASE, BASE,
                  id="non-utf8-in-args"),
-    pytest.param(doc_with(dict(EV, pid=3), dict(EV, pid=3, cat="kernel"), dict(EV, ph="s", id=1, pid=3, cat="ac2g")),
-                 BASE, BASE, id="flow-on-a-pid-with-host-and-device-events"),
     pytest.param(doc_with(), BASE, BASE + 11_000, id="lands-before-the-base"),
     pytest.param(b'{"traceEvents": [', BASE, BASE, id="truncated"),
     pytest.param(b'{"traceEvents": {}}', BASE, BASE, id="events-not-a-list"),

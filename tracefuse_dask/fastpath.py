@@ -196,25 +196,30 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
     for pid, is_gpu in labelled.items():
         if pid not in host and pid not in device:
             (device if is_gpu else host).add(pid)
+    both: set[Any] = set()  # pids with host and device events: their flows go where their anchor is
     for pid in flow_pids:  # a pid that carries only flow events still needs a process
         if type(pid) is str or pid < 0:
             other.add(pid)
         elif pid not in host and pid not in device:
             host.add(pid)
         elif pid in host and pid in device:
-            return None  # the flow's process is that of the event it is anchored to: the general path links them
+            both.add(pid)
     slots = order_slots(host, device, other, who)
     host_map, dev_map = pid_maps(rank, slots)
 
     pid_map = host_map if host_map == dev_map else None  # None: a pid carries both host and device events
     if pid_map is None:
         by_cat = {cat: dev_map if is_dev else host_map for cat, is_dev in cat_dev.items()}
+        anchor_dev = _anchor_kinds(events, both, cat_dev) if both else {}
         for e in events:
-            e.pid = host_map[e.pid] if e.ph in _FLOW_PH else by_cat[e.cat][e.pid]
+            if e.ph not in _FLOW_PH:
+                e.pid = by_cat[e.cat][e.pid]
+            else:
+                e.pid = (dev_map if anchor_dev.get((e.pid, e.tid, e.ts)) else host_map)[e.pid]
     for e in metas:
         e.pid = (dev_map if (e.pid, e.tid) in dev_tids else host_map)[e.pid]
     used = ({pid_map[pid] for _, pid, _, _ in keys} if pid_map is not None else
-            {host_map[pid] if ph in _FLOW_PH else by_cat[cat][pid] for ph, pid, _, cat in keys})
+            {e.pid for e in events})
     head, shown = process_metadata(rank, slots, used, options.keep_empty_processes)
 
     odd_tids = {t for t in {k[2] for k in keys} | set(map(_TID, metas))
@@ -260,6 +265,16 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
     text = bytearray()
     _encoder.encode_into(body, text)
     return orjson.dumps(head), text, n_in, len(head) + len(body)
+
+
+def _anchor_kinds(events: list[_Event], pids: set[Any], cat_dev: dict[Any, bool]) -> dict[tuple[Any, Any, Any], bool]:
+    """Whether the first complete event at each ``(pid, tid, ts)`` of ``pids`` is device work: the process of a flow
+    event there, as ``RankEvents`` links it (a flow without an anchor stays with the host)."""
+    kinds: dict[tuple[Any, Any, Any], bool] = {}
+    for e in events:
+        if e.ph == "X" and e.pid in pids:
+            kinds.setdefault((e.pid, e.tid, e.ts), cat_dev[e.cat])
+    return kinds
 
 
 def _shifted(ts: list[Any], shift: int) -> list[Any] | None:
