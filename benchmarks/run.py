@@ -979,7 +979,7 @@ def main_analyze(args: argparse.Namespace) -> int:
     """The analysis benchmark (``--analyze``): one row per dataset; 1 if a row failed or disagrees."""
     import pandas as pd
 
-    from tracefuse_dask.merge import connect
+    from tracefuse_dask.cluster import connect
 
     hta = hta_versions(args.hta_python)
     ctx = multiprocessing.get_context("spawn")
@@ -1110,7 +1110,7 @@ def main_scale(args: argparse.Namespace) -> int:
     """
 
     from tracefuse_dask import merge_traces
-    from tracefuse_dask.merge import connect
+    from tracefuse_dask.cluster import connect
 
     ctx = multiprocessing.get_context("spawn")
     print(environment() + f"Every merge runs on a pre-started LocalCluster of {args.workers} single-threaded "
@@ -1193,7 +1193,7 @@ def main_scaling(args: argparse.Namespace) -> int:
     the speed-ups as the median (and range) of the rounds' own."""
 
     from tracefuse_dask import merge_traces
-    from tracefuse_dask.merge import connect
+    from tracefuse_dask.cluster import connect
 
     ctx = multiprocessing.get_context("spawn")
     repeat = max(args.repeat, 3)
@@ -1337,7 +1337,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
     from tracefuse_dask import merge_traces
-    from tracefuse_dask.merge import connect
+    from tracefuse_dask.cluster import connect
 
     ctx = multiprocessing.get_context("spawn")  # never fork a process that runs a Dask client
     header = (environment() +

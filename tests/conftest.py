@@ -56,7 +56,7 @@ def write_trace(path: Path, doc: dict[str, Any] | bytes) -> Path:
 @pytest.fixture(scope="session")
 def client():
     """A real process-based LocalCluster with two single-threaded workers: tracefuse's embedded cluster."""
-    from tracefuse_dask.merge import connect
+    from tracefuse_dask.cluster import connect
 
     with connect(workers=2) as c:
         yield c

@@ -90,7 +90,7 @@ def test_output_is_identical_with_one_and_two_workers(client, tmp_path):
                          ids=["dask-default-dropped", "environment-wins"])
 def test_the_embedded_cluster_leaves_malloc_trimming_to_glibc(env, expected):
     """Dask's nannies set MALLOC_TRIM_THRESHOLD_=65536 in their workers; those tracefuse starts keep glibc's default."""
-    code = ("import os\nfrom tracefuse_dask.merge import connect\nwith connect(workers=1) as c:\n"
+    code = ("import os\nfrom tracefuse_dask.cluster import connect\nwith connect(workers=1) as c:\n"
             "    print(list(c.run(lambda: os.environ.get('MALLOC_TRIM_THRESHOLD_')).values()))")
     environ = {k: v for k, v in os.environ.items() if k != "MALLOC_TRIM_THRESHOLD_"} | env
     done = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=120)
@@ -100,7 +100,7 @@ def test_the_embedded_cluster_leaves_malloc_trimming_to_glibc(env, expected):
 
 def test_the_embedded_cluster_starts_no_dashboard():
     """Nobody is told its port, and Bokeh's server costs start-up time and memory; nor does it take :8787."""
-    code = ("import sys\nfrom tracefuse_dask.merge import connect\nwith connect(workers=1) as c:\n"
+    code = ("import sys\nfrom tracefuse_dask.cluster import connect\nwith connect(workers=1) as c:\n"
             "    print('bokeh' in sys.modules, c.scheduler_info()['services']['dashboard'])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -157,7 +157,7 @@ def test_disk_full_is_a_clear_error_and_leaves_nothing(client, tmp_path, capsys)
 
 
 def test_a_killed_worker_is_retried_and_the_output_is_identical(tmp_path):
-    from tracefuse_dask.merge import connect
+    from tracefuse_dask.cluster import connect
 
     inputs = tmp_path / "in"
     for r in range(4):

@@ -34,7 +34,7 @@ from .io import (
     resolve_rank,
     storage_errors,
 )
-from .merge import connect
+from .cluster import connect
 from .model import InputFile, parse_steps, rank_subset
 from .collective_trace import CALL_COLUMNS as CT_COLUMNS
 from .collective_trace import looks_like_collective_trace, parse_collective_trace, summarize

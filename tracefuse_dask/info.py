@@ -7,7 +7,8 @@ from typing import Any
 
 from .errors import RankError
 from .io import DEFAULT_RANK_REGEX, check_document, expand_inputs, parse_json, paused_gc, resolve_rank
-from .merge import batches, connect
+from .cluster import connect
+from .merge import batches
 from .model import InputFile
 from .rewrite import is_device_event, is_merged, split_merged, to_ns
 

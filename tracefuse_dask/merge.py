@@ -25,9 +25,10 @@ import dask
 import fsspec
 import orjson
 from dask.base import tokenize
-from distributed import CancelledError, Client, LocalCluster, progress
+from distributed import CancelledError, Client, progress
 
 from ._version import __version__
+from .cluster import connect
 from .errors import (
     MergeError,
     OutputExistsError,
@@ -73,7 +74,7 @@ from .fastpath import handles, rewrite_fast
 from .rewrite import RankEvents, is_merged
 from .storage import MIN_PART, Piece, abort_uploads, join, plan_groups, protocol_of, write_group
 
-__all__ = ["connect", "merge_traces", "build_options"]
+__all__ = ["merge_traces", "build_options"]
 
 log = logging.getLogger("tracefuse_dask")
 
@@ -85,70 +86,6 @@ _INLINE_HEADS = 1 << 20  # headers up to this many bytes travel in the task grap
 _SEP = b",\n"
 _FOOT = b"\n]}\n"
 PERFETTO_MANIFEST = "perfetto_manifest.json"
-# The Dask config of the clusters tracefuse starts. Dask's nannies set MALLOC_TRIM_THRESHOLD_=65536 in their
-# workers, which also fixes glibc's mmap threshold at 128 kB: every large buffer of a task (a rank's text,
-# its output) is then mapped and unmapped again, page faults included. A rank's task took ~10% more time
-# and CPU with it, in a pool as in a worker (benchmarks/, README). Without it glibc trims above its own
-# threshold (2x the largest freed mapping, at most 64 MiB per worker). An OS environment variable wins.
-WORKER_CONFIG = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}
-
-
-@contextlib.contextmanager
-def connect(
-    client: Client | None = None,
-    *,
-    scheduler: str | None = None,
-    scheduler_file: str | None = None,
-    workers: int | None = None,
-    timeout: float = 10.0,
-    in_process: bool = False,
-) -> Iterator[Client]:
-    """Yield a Dask client: the one given, an existing cluster's, or an embedded LocalCluster.
-
-    An existing cluster comes from ``scheduler``, ``scheduler_file`` or the
-    ``scheduler-address`` Dask config (``DASK_SCHEDULER_ADDRESS``). Otherwise a
-    process-based ``LocalCluster`` with ``workers`` single-threaded workers
-    (default: one per core), configured with ``WORKER_CONFIG`` and without a
-    dashboard, is started and closed on exit; with ``in_process`` its workers are
-    threads of this process (what ``memory://`` paths need).
-
-    Raises
-    ------
-    SchedulerConnectionError
-        When the scheduler does not answer within ``timeout`` seconds.
-    """
-    if client is not None:
-        yield client
-        return
-    address = scheduler or dask.config.get("scheduler-address", None)
-    where = scheduler_file or address
-    try:
-        if scheduler_file:
-            c = Client(scheduler_file=scheduler_file, timeout=timeout)
-        elif address:
-            c = Client(address, timeout=timeout)
-        else:
-            c = None
-    except (OSError, TimeoutError, ValueError) as e:
-        raise SchedulerConnectionError(
-            f"could not connect to the Dask scheduler at {where} within {timeout:g} s ({e}); check "
-            "--scheduler/--scheduler-file/DASK_SCHEDULER_ADDRESS, or omit them to use a local cluster"
-        ) from None
-    if c is not None:
-        with c:
-            yield c
-        return
-    n = workers or os.cpu_count() or 1
-    with dask.config.set(WORKER_CONFIG):  # read as the nannies start, and kept for their restarts
-        # No dashboard: on a port nobody is told about, Bokeh's would cost 0.6-0.8 s of start-up and 18 MiB here.
-        # The scheduler's plain HTTP server (health, metrics) stays on a free port of the loopback, not :8787.
-        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=not in_process,
-                               dashboard_address="127.0.0.1:0", scheduler_kwargs={"dashboard": False},
-                               silence_logs=logging.CRITICAL)
-    with cluster, Client(cluster) as c:
-        yield c
-
-
 def build_options(
     *,
     include_pyfunc: bool = False,

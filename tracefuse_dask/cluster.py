@@ -1,0 +1,147 @@
+"""``connect()``: the one place that starts or joins a Dask cluster.
+
+The embedded cluster's workers are programs of their own (``python -m dask spec``, as
+``distributed.deploy.subprocess`` starts them), not ``multiprocessing`` children of the
+caller. Dask's ``LocalCluster`` starts its workers through nannies with the ``spawn``
+method, which re-imports the caller's ``__main__`` in every worker: a script without an
+``if __name__ == "__main__":`` guard starts its merge again inside each worker and dies
+("bootstrapping phase"), and code read from ``python -`` cannot be re-imported at all
+("'<stdin>'"). ``fork`` and ``forkserver`` do not help: forkserver children re-import
+``__main__`` too, and fork copies a process whose Dask event loop runs in a thread.
+A worker started as its own program has ``dask.__main__`` as its main module, so it never
+sees the caller's, from a script, stdin, ``-c``, IPython, a notebook or a
+``multiprocessing`` child alike.
+
+They are plain ``distributed.Worker`` programs, without a nanny: a nanny would be one
+more interpreter to start per worker, before its worker's (~0.8 s more on 2 cores). What
+a nanny would add, a restart after a worker dies, the embedded cluster does without: the
+scheduler gives a lost worker's tasks to the others (``distributed.scheduler.allowed-failures``).
+The scheduler runs in this process, as ``LocalCluster``'s does.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import dask
+from distributed import Client, LocalCluster, Scheduler, SpecCluster
+from distributed.deploy.subprocess import Subprocess
+from distributed.worker_memory import parse_memory_limit
+
+from .errors import SchedulerConnectionError
+
+__all__ = ["connect"]
+
+log = logging.getLogger("tracefuse_dask")
+
+_WORKER_START_TIMEOUT = 60.0  # seconds for the embedded cluster's workers to start and join the scheduler
+_WORKER_STOP_TIMEOUT = 10.0  # seconds for one to close before it is killed
+
+
+class _WorkerProgram(Subprocess):
+    """One ``distributed.Worker`` run as ``python -m dask spec``, with this process's Dask config.
+
+    The config travels as ``DASK_INTERNAL_INHERIT_CONFIG``, Dask's own way of handing it to
+    a child, so that a ``dask.config.set`` around ``connect`` reaches the workers, with
+    their logs silenced. Its output goes to this process's stderr, its stdin is closed.
+    """
+
+    def __init__(self, scheduler: str, name: str, worker_kwargs: dict) -> None:
+        self.scheduler = scheduler
+        self.spec = {"cls": "distributed.Worker", "opts": {**worker_kwargs, "name": name}}
+        super().__init__()
+
+    async def _start(self) -> None:
+        with dask.config.set({"logging.distributed": "critical"}):
+            config = dask.config.serialize(dask.config.global_config)
+        self.process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "dask", "spec", self.scheduler, "--spec", json.dumps(self.spec),
+            stdin=subprocess.DEVNULL, env={**os.environ, "DASK_INTERNAL_INHERIT_CONFIG": config},
+        )
+
+    async def close(self) -> None:
+        # SIGTERM first: 'dask spec' then closes its worker, which says goodbye to the scheduler. The base class
+        # kills at once, and the scheduler would log each broken connection, traceback included.
+        if self.process and self.process.returncode is None:
+            self.process.terminate()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.process.wait(), _WORKER_STOP_TIMEOUT)
+        await super().close()
+
+
+def _embedded(n: int, in_process: bool) -> SpecCluster:
+    # No dashboard: on a port nobody is told about, Bokeh's would cost 0.6-0.8 s of start-up and 18 MiB here.
+    # The scheduler's plain HTTP server (health, metrics) stays on a free port of the loopback, not :8787.
+    if in_process:
+        return LocalCluster(n_workers=n, threads_per_worker=1, processes=False, dashboard_address="127.0.0.1:0",
+                            scheduler_kwargs={"dashboard": False}, silence_logs=logging.CRITICAL)
+    scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "port": 0, "dashboard": False,
+                                               "dashboard_address": "127.0.0.1:0"}}
+    kwargs = {"host": "127.0.0.1", "nthreads": 1, "memory_limit": parse_memory_limit("auto", 1, n, logger=log)}
+    worker = {"cls": _WorkerProgram, "options": {"worker_kwargs": kwargs}}
+    return SpecCluster(workers=dict.fromkeys(range(n), worker), scheduler=scheduler, worker=worker,
+                       silence_logs=logging.CRITICAL, name="tracefuse")
+
+
+@contextlib.contextmanager
+def connect(
+    client: Client | None = None,
+    *,
+    scheduler: str | None = None,
+    scheduler_file: str | None = None,
+    workers: int | None = None,
+    timeout: float = 10.0,
+    in_process: bool = False,
+) -> Iterator[Client]:
+    """Yield a Dask client: the one given, an existing cluster's, or an embedded cluster's.
+
+    An existing cluster comes from ``scheduler``, ``scheduler_file`` or the
+    ``scheduler-address`` Dask config (``DASK_SCHEDULER_ADDRESS``). Otherwise a cluster of
+    ``workers`` single-threaded worker processes (default: one per core) on 127.0.0.1, without
+    a dashboard, is started, its workers awaited, and closed on exit; with ``in_process`` its
+    workers are threads of this process (what ``memory://`` paths need).
+
+    Raises
+    ------
+    SchedulerConnectionError
+        When the scheduler does not answer within ``timeout`` seconds, or the embedded
+        cluster's workers do not start.
+    """
+    if client is not None:
+        yield client
+        return
+    address = scheduler or dask.config.get("scheduler-address", None)
+    where = scheduler_file or address
+    try:
+        if scheduler_file:
+            c = Client(scheduler_file=scheduler_file, timeout=timeout)
+        elif address:
+            c = Client(address, timeout=timeout)
+        else:
+            c = None
+    except (OSError, TimeoutError, ValueError) as e:
+        raise SchedulerConnectionError(
+            f"could not connect to the Dask scheduler at {where} within {timeout:g} s ({e}); check "
+            "--scheduler/--scheduler-file/DASK_SCHEDULER_ADDRESS, or omit them to use a local cluster"
+        ) from None
+    if c is not None:
+        with c:
+            yield c
+        return
+    n = workers or os.cpu_count() or 1
+    with _embedded(n, in_process) as cluster, Client(cluster) as c:
+        try:
+            c.wait_for_workers(n, timeout=_WORKER_START_TIMEOUT)
+        except TimeoutError:
+            raise SchedulerConnectionError(
+                f"the embedded Dask cluster's {n} worker(s) did not start within {_WORKER_START_TIMEOUT:g} s "
+                f"(each runs '{sys.executable} -m dask spec'); check that this Python can run it, or pass "
+                "--scheduler to use a running cluster"
+            ) from None
+        yield c
