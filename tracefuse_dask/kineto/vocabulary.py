@@ -32,6 +32,7 @@ __all__ = [
     "is_op_category",
     "kernel_category",
     "kernel_type",
+    "on_device",
 ]
 
 # The Trace Event Format's phases and the categories Kineto writes (its activity types, as its versions spelled
@@ -99,6 +100,17 @@ def host_category(cat: Any) -> bool | None:
     return True if low in _HOST else None
 
 
+def _stream(args: Any) -> Any:
+    return args.get("stream") if isinstance(args, Mapping) else getattr(args, "stream", None)
+
+
+def on_device(cat: Any, args: Any = None) -> bool:
+    """True for an event that lives on a device's timeline: a GPU category (work or annotation), or an event of
+    a category this list does not know that carries an integer ``args.stream`` (MTIA's ``mtia_ccp_events``)."""
+    host = host_category(cat)
+    return host is False or (host is None and type(_stream(args)) is int)
+
+
 def device_kind(cat: Any, name: Any = "", args: Any = None) -> str | None:
     """The kind of device work an event is (``kernel``, ``memcpy``, ``memset``, ``sync``), or None.
 
@@ -108,8 +120,7 @@ def device_kind(cat: Any, name: Any = "", args: Any = None) -> str | None:
     """
     host = host_category(cat)
     if host is None:
-        stream = args.get("stream") if isinstance(args, Mapping) else getattr(args, "stream", None)
-        if type(stream) is not int:
+        if type(_stream(args)) is not int:
             return None
         return "memcpy" if isinstance(name, str) and name.startswith("dma") else "kernel"
     return None if host else _DEVICE_KINDS.get(cat.lower())
