@@ -92,6 +92,18 @@ def test_a_plain_script_without_a_main_guard(inputs, cli_outputs, tmp_path):
     check(out, cli_outputs[str(inputs)])
 
 
+def test_a_filter_from_a_module_beside_the_script(tmp_path):
+    """Pickled by reference, it imports in the workers as it would in multiprocessing's children."""
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "myfilters.py").write_text(
+        "import os\ndef no_python(event):\n    return event.get('cat') != 'python_function'\n")
+    (tmp_path / "job" / "job.py").write_text(
+        "from myfilters import no_python\nfrom tracefuse_dask import merge_traces\n"
+        f"print(merge_traces({str(JOB)!r}, 'merged.json', filter_fn=no_python).events_out)\n")
+    run([sys.executable, "job/job.py"], tmp_path)
+    assert (tmp_path / "merged.json").stat().st_size > 0
+
+
 def test_code_piped_to_python_stdin(cli_outputs, tmp_path):
     out, code = snippet_for(JOB, tmp_path)
     run([sys.executable, "-"], tmp_path, stdin=code)

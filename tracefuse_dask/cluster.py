@@ -45,11 +45,14 @@ _WORKER_STOP_TIMEOUT = 10.0  # seconds for one to close before it is killed
 
 
 class _WorkerProgram(Subprocess):
-    """One ``distributed.Worker`` run as ``python -m dask spec``, with this process's Dask config.
+    """One ``distributed.Worker`` run as ``python -m dask spec``, with this process's Dask config and import path.
 
     The config travels as ``DASK_INTERNAL_INHERIT_CONFIG``, Dask's own way of handing it to
     a child, so that a ``dask.config.set`` around ``connect`` reaches the workers, with
-    their logs silenced. Its output goes to this process's stderr, its stdin is closed.
+    their logs silenced. The import path travels as ``PYTHONPATH``, as ``multiprocessing``
+    hands ``sys.path`` to its children: a ``filter_fn`` from a module beside the caller's
+    script is pickled by reference and must import in the worker. Its output goes to this
+    process's stderr, its stdin is closed.
     """
 
     def __init__(self, scheduler: str, name: str, worker_kwargs: dict) -> None:
@@ -62,7 +65,8 @@ class _WorkerProgram(Subprocess):
             config = dask.config.serialize(dask.config.global_config)
         self.process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "dask", "spec", self.scheduler, "--spec", json.dumps(self.spec),
-            stdin=subprocess.DEVNULL, env={**os.environ, "DASK_INTERNAL_INHERIT_CONFIG": config},
+            stdin=subprocess.DEVNULL, env={**os.environ, "DASK_INTERNAL_INHERIT_CONFIG": config,
+                                           "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)},
         )
 
     async def close(self) -> None:
