@@ -221,3 +221,28 @@ def test_real_traces_merge_with_debug_off_and_no_tracebacks(client, tmp_path, ca
     assert main(["merge", str(path), "-o", str(tmp_path / "m.json"),
                  "--scheduler", client.scheduler.address]) == 0
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_filter_the_workers_cannot_import_is_a_clear_error_not_a_hang(tmp_path):
+    """Pickled by reference to a module on the client's path only: once, the workers could not read the task
+    and the merge waited forever."""
+    (tmp_path / "hidden").mkdir()
+    (tmp_path / "hidden" / "hidden_filter.py").write_text("def keep_all(event):\n    return True\n")
+    inputs = tmp_path / "in"
+    for r in range(2):
+        write_trace(inputs / f"rank{r}.json", make_rank_trace(r, 2, target_bytes=100_000))
+    out = tmp_path / "out" / "m.json"
+    out.parent.mkdir()
+    code = ("import sys\nfrom tracefuse_dask import merge_traces\nfrom tracefuse_dask.cluster import connect\n"
+            "with connect(workers=1) as c:\n"
+            f"    sys.path.insert(0, {str(tmp_path / 'hidden')!r})\n"
+            "    from hidden_filter import keep_all\n"
+            "    try:\n"
+            f"        merge_traces({str(inputs)!r}, {str(out)!r}, client=c, filter_fn=keep_all)\n"
+            "    except Exception as e:\n"
+            "        print(type(e).__name__, e)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("MergeError filter_fn keep_all cannot be loaded in a Dask worker (ModuleNotFoundError")
+    assert "importable on every worker" in done.stdout
+    assert list(out.parent.iterdir()) == []

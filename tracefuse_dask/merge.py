@@ -63,6 +63,7 @@ from .model import (
     InputFile,
     MergeOptions,
     MergeSummary,
+    PortableFilter,
     RankHeader,
     RankResult,
     RankTask,
@@ -120,17 +121,16 @@ def build_options(
             window_ns = None
     except ValueError as e:
         raise MergeError(str(e)) from None
+    portable = None
     if filter_fn is not None:
-        import cloudpickle
-
         try:
-            cloudpickle.dumps(filter_fn)
+            portable = PortableFilter(filter_fn)
         except Exception as e:
             raise MergeError(
                 f"filter_fn cannot be pickled ({type(e).__name__}: {e}); it runs in the Dask workers, so "
                 "use a module-level function or a lambda that captures only picklable values"
             ) from None
-    return MergeOptions(include_pyfunc, presets, step_range, window_ns, filter_fn, rewrite_ids, keep_empty_processes)
+    return MergeOptions(include_pyfunc, presets, step_range, window_ns, portable, rewrite_ids, keep_empty_processes)
 
 
 def _read_header_rank(

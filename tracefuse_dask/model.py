@@ -12,6 +12,7 @@ __all__ = [
     "InputFile",
     "MergeOptions",
     "MergeSummary",
+    "PortableFilter",
     "RankHeader",
     "RankResult",
     "RankSet",
@@ -135,6 +136,50 @@ class InputFile:
     stamp: str | None = None  # the storage's etag, or else its mtime: changes when the file does
 
 
+class PortableFilter:
+    """A ``filter_fn`` that travels to the workers as cloudpickle bytes and is loaded in the task that uses it.
+
+    Dask unpickles a task's arguments as it receives the task: a function pickled by reference to a module
+    the worker cannot import broke the worker's whole message, and the merge waited forever. Loaded in the
+    task, the same failure is a ``MergeError`` that names the function and the fix.
+    """
+
+    def __init__(self, fn: Callable[[dict[str, Any]], bool]) -> None:
+        import cloudpickle
+
+        self.name = getattr(fn, "__qualname__", repr(fn))
+        self.blob = cloudpickle.dumps(fn)
+        self._fn: Callable[[dict[str, Any]], bool] | None = fn
+
+    def __call__(self, event: dict[str, Any]) -> bool:
+        fn = self._fn
+        if fn is None:
+            import cloudpickle
+
+            from .errors import MergeError
+
+            try:
+                fn = self._fn = cloudpickle.loads(self.blob)
+            except Exception as e:
+                raise MergeError(
+                    f"filter_fn {self.name} cannot be loaded in a Dask worker ({type(e).__name__}: {e}); define "
+                    "it in the calling script, or make its module importable on every worker") from None
+        return fn(event)
+
+    def __getstate__(self) -> tuple[str, bytes]:
+        return self.name, self.blob
+
+    def __setstate__(self, state: tuple[str, bytes]) -> None:
+        self.name, self.blob = state
+        self._fn = None
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PortableFilter) and other.blob == self.blob
+
+    def __hash__(self) -> int:
+        return hash(self.blob)
+
+
 @dataclass(frozen=True)
 class MergeOptions:
     """What to keep and how to rewrite it; the same for every rank."""
@@ -143,7 +188,7 @@ class MergeOptions:
     keep: frozenset[str] | None = None
     steps: tuple[int, int] | None = None
     window_ns: tuple[int, int] | None = None
-    filter_fn: Callable[[dict[str, Any]], bool] | None = None
+    filter_fn: PortableFilter | None = None
     rewrite_ids: bool = False
     keep_empty_processes: bool = False
 
@@ -154,9 +199,7 @@ class MergeOptions:
             "keep": sorted(self.keep) if self.keep else None,
             "steps": list(self.steps) if self.steps else None,
             "window_ns": list(self.window_ns) if self.window_ns else None,
-            "filter_fn": getattr(self.filter_fn, "__qualname__", repr(self.filter_fn))
-            if self.filter_fn
-            else None,
+            "filter_fn": self.filter_fn.name if self.filter_fn else None,
             "rewrite_ids": self.rewrite_ids,
             "keep_empty_processes": self.keep_empty_processes,
         }

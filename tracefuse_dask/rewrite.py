@@ -328,6 +328,8 @@ class RankEvents:
         if opts.filter_fn is not None:
             try:
                 return bool(opts.filter_fn(ev))
+            except MergeError:
+                raise
             except Exception as e:
                 raise MergeError(f"{self.who}: filter_fn raised {type(e).__name__}: {e} on event #{i}; "
                                  "fix the filter function") from e
