@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from itertools import compress
 from operator import attrgetter
-from typing import Annotated, Any
+from typing import Annotated, Any, Callable
 
 import msgspec
 import numpy as np
@@ -25,7 +25,7 @@ import orjson
 from msgspec import UNSET, Meta, Raw, Struct, UnsetType
 
 from .errors import MergeError
-from .kineto.vocabulary import KnownCategory, KnownPhase
+from .kineto.vocabulary import KnownCategory, KnownPhase, host_category, on_device
 from .model import MergeOptions
 from .rewrite import (
     _EXACT_FLOAT,
@@ -36,7 +36,6 @@ from .rewrite import (
     _U32,
     MAX_RANK,
     IdMap,
-    is_device_event,
     is_gpu_label,
     map_tid,
     order_slots,
@@ -167,22 +166,44 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
     device: set[int] = set()
     other: set[Any] = set()
     dev_tids: set[tuple[Any, Any]] = set()
-    cat_dev: dict[Any, bool] = {}
+    cat_dev: dict[Any, bool | None] = {}  # None: device work by each event's args.stream (an unknown category)
     flow_pids: set[Any] = set()
+    by_args = False
     for ph, pid, tid, cat in keys:
         if ph in _FLOW_PH:
             flow_pids.add(pid)
             continue
-        is_dev = cat_dev.get(cat)
+        if cat not in cat_dev:
+            host_cat = host_category(cat)
+            cat_dev[cat] = None if host_cat is None else not host_cat
+        is_dev = cat_dev[cat]
         if is_dev is None:
-            is_dev = cat_dev[cat] = cat is not UNSET and is_device_event({"cat": cat})
-        if type(pid) is str or pid < 0:
+            by_args = True
+        elif type(pid) is str or pid < 0:
             other.add(pid)
         elif is_dev:
             device.add(pid)
             dev_tids.add((pid, tid))
         else:
             host.add(pid)
+    streamed: set[int] = set()  # id() of the events of an unknown category that run on a device stream
+    if by_args:
+        for e in events:
+            if e.ph in _FLOW_PH or cat_dev[e.cat] is not None:
+                continue
+            try:
+                is_dev = on_device(e.cat, orjson.loads(bytes(e.args)) if e.args is not UNSET else None)
+            except orjson.JSONDecodeError:
+                return None
+            if is_dev:
+                streamed.add(id(e))
+            if type(e.pid) is str or e.pid < 0:
+                other.add(e.pid)
+            elif is_dev:
+                device.add(e.pid)
+                dev_tids.add((e.pid, e.tid))
+            else:
+                host.add(e.pid)
     labelled: dict[int, bool] = {}
     for e in metas:
         if type(e.pid) is str or e.pid < 0:
@@ -209,11 +230,14 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
 
     pid_map = host_map if host_map == dev_map else None  # None: a pid carries both host and device events
     if pid_map is None:
-        by_cat = {cat: dev_map if is_dev else host_map for cat, is_dev in cat_dev.items()}
-        anchor_dev = _anchor_kinds(events, both, cat_dev) if both else {}
+        def on_dev(e: _Event) -> bool:
+            is_dev = cat_dev[e.cat]
+            return id(e) in streamed if is_dev is None else is_dev
+
+        anchor_dev = _anchor_kinds(events, both, on_dev) if both else {}
         for e in events:
             if e.ph not in _FLOW_PH:
-                e.pid = by_cat[e.cat][e.pid]
+                e.pid = (dev_map if on_dev(e) else host_map)[e.pid]
             else:
                 e.pid = (dev_map if anchor_dev.get((e.pid, e.tid, e.ts)) else host_map)[e.pid]
     for e in metas:
@@ -267,13 +291,14 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
     return orjson.dumps(head), text, n_in, len(head) + len(body)
 
 
-def _anchor_kinds(events: list[_Event], pids: set[Any], cat_dev: dict[Any, bool]) -> dict[tuple[Any, Any, Any], bool]:
-    """Whether the first complete event at each ``(pid, tid, ts)`` of ``pids`` is device work: the process of a flow
-    event there, as ``RankEvents`` links it (a flow without an anchor stays with the host)."""
+def _anchor_kinds(events: list[_Event], pids: set[Any],
+                  on_dev: Callable[[_Event], bool]) -> dict[tuple[Any, Any, Any], bool]:
+    """Whether the first complete event at each ``(pid, tid, ts)`` of ``pids`` is on a device: the process of a
+    flow event there, as ``RankEvents`` links it (a flow without an anchor stays with the host)."""
     kinds: dict[tuple[Any, Any, Any], bool] = {}
     for e in events:
         if e.ph == "X" and e.pid in pids:
-            kinds.setdefault((e.pid, e.tid, e.ts), cat_dev[e.cat])
+            kinds.setdefault((e.pid, e.tid, e.ts), on_dev(e))
     return kinds
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import orjson
 
 from .errors import MergeError, TraceFormatError
-from .kineto.vocabulary import STEP, host_category, is_collective_call
+from .kineto.vocabulary import STEP, host_category, is_collective_call, is_comm_kernel, on_device
 from .model import MergeOptions
 
 __all__ = [
@@ -137,8 +137,9 @@ def map_tid(tid: Any) -> Any:
 
 
 def is_device_event(ev: dict[str, Any]) -> bool:
-    """True for events that live on a GPU's timeline: kernels, memcpy/memset, GPU annotations."""
-    return host_category(ev.get("cat")) is False
+    """True for events that live on a device's timeline: kernels, memcpy/memset, GPU annotations, and events of
+    another accelerator's category on a device stream (``vocabulary.on_device``)."""
+    return on_device(ev.get("cat"), ev.get("args"))
 
 
 def is_gpu_label(name: Any, args: Any) -> bool:
@@ -151,10 +152,7 @@ def _is_comm(ev: dict[str, Any], dev: bool) -> bool:
     name = ev.get("name")
     if not isinstance(name, str):
         return False
-    if is_collective_call(name):
-        return True
-    low = name.lower()
-    return dev and ("nccl" in low or "rccl" in low)
+    return is_collective_call(name) or (dev and is_comm_kernel(name, ev.get("args")))
 
 
 @dataclass
@@ -204,7 +202,7 @@ class RankEvents:
         other: set[Any] = set()  # string and negative pids
         labelled: dict[int, bool] = {}  # pids seen in M events -> labelled "GPU n"
         dev_tids: set[tuple[Any, Any]] = set()
-        cat_dev: dict[Any, bool] = {}
+        cat_dev: dict[Any, bool | None] = {}
         self.keep = keep = [True] * n
         drop_pyfunc = not self.options.include_pyfunc
         anchors: dict[tuple[Any, Any, Any], int] = {}
@@ -251,9 +249,12 @@ class RankEvents:
                 flows.append(i)
                 continue
             cat = ev.get("cat")
-            is_dev = cat_dev.get(cat)
-            if is_dev is None:
-                is_dev = cat_dev[cat] = is_device_event(ev)
+            if cat not in cat_dev:
+                host_cat = host_category(cat)
+                cat_dev[cat] = None if host_cat is None else not host_cat
+            is_dev = cat_dev[cat]
+            if is_dev is None:  # a category the vocabulary does not know: device work on a device stream
+                is_dev = on_device(cat, ev.get("args"))
             if type(pid) is str or pid < 0:
                 pass
             elif is_dev:

@@ -1,0 +1,124 @@
+"""The merge on what real traces of every Kineto vintage and accelerator hold: MTIA device work, 2021-era
+categories and flows, graph launches under --steps; and the same bytes with one worker as with two."""
+from __future__ import annotations
+
+import copy
+import gzip
+from collections import Counter
+from pathlib import Path
+
+import orjson
+import pytest
+
+from conftest import REAL_SETS, shared, write_trace
+from perfetto_rules import assert_perfetto_rules, load_exact
+from tracefuse_dask import merge_traces
+
+pytestmark = pytest.mark.integration
+
+SETS = ["gloo_4ranks", "gloo_2ranks_tb_nostraggler"] + [f"real/{s}" for s in REAL_SETS]
+
+
+def only_trace(name: str) -> Path:
+    (path,) = [p for p in shared("real", name).iterdir() if p.name.endswith((".json", ".json.gz"))]
+    return path
+
+
+def read(path: Path) -> dict:
+    raw = path.read_bytes()
+    return orjson.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+
+
+def process_names(merged: dict) -> dict[int, str]:
+    return {e["pid"]: e["args"]["name"] for e in merged["traceEvents"]
+            if e["ph"] == "M" and e["name"] == "process_name"}
+
+
+@pytest.fixture(scope="module")
+def one_worker():
+    from tracefuse_dask.cluster import connect
+
+    with connect(workers=1) as c:
+        yield c
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_one_worker_and_two_give_the_same_bytes(name, one_worker, client, tmp_path):
+    folder = str(shared(*name.split("/")))
+    for suffix in ("json", "json.gz"):
+        one, two = tmp_path / f"one.{suffix}", tmp_path / f"two.{suffix}"
+        merge_traces(folder, str(one), client=one_worker)
+        merge_traces(folder, str(two), client=client)
+        assert one.read_bytes() == two.read_bytes(), suffix
+
+
+def test_mtia_device_work_goes_to_a_device_process(client, tmp_path):
+    """MTIA puts its device work under mtia_ccp_events with an integer args.stream, on the device's pid (17),
+    beside host mtia_runtime calls: the pid splits into a host and a device process, as the spec says."""
+    path = only_trace("hta_mtia_inference")
+    streamed = sum(1 for e in read(path)["traceEvents"]
+                   if e.get("cat") == "mtia_ccp_events" and type((e.get("args") or {}).get("stream")) is int)
+    out = tmp_path / "m.json"
+    merge_traces([str(path)], str(out), client=client)
+    merged = load_exact(out)
+    assert_perfetto_rules(merged)
+    names = process_names(merged)
+    where = Counter((names[e["pid"]], e.get("cat")) for e in merged["traceEvents"] if e["ph"] != "M")
+    assert streamed > 1000 and where[("rank 0 · GPU 17", "mtia_ccp_events")] == streamed
+    assert where[("rank 0 · CPU (pid 17)", "mtia_runtime")] > 0 and not where[("rank 0 · GPU 17", "mtia_runtime")]
+
+
+def test_2021_kineto_categories_flows_and_stream_tids(client, tmp_path):
+    """Kernel/Memcpy/Memset on devices, Runtime/Operator on the host, string tids mapped to ints, and the async
+    launch flows of two ranks (the same file twice) each kept within their rank."""
+    path = only_trace("kineto_2021_resnet50")
+    doc = read(path)
+    folder = tmp_path / "in"
+    for r in range(2):
+        write_trace(folder / f"rank{r}.json.gz", doc)
+    out = tmp_path / "m.json"
+    merge_traces(str(folder), str(out), client=client)
+    merged = load_exact(out)
+    pid_rank = assert_perfetto_rules(merged)  # flows never cross ranks, every tid an int
+    names = process_names(merged)
+    kinds = Counter((names[e["pid"]].split(" · ")[1].split(" ")[0], e.get("cat"))
+                    for e in merged["traceEvents"] if e["ph"] != "M")
+    cats = Counter(e.get("cat") for e in doc["traceEvents"])
+    for cat in ("Kernel", "Memcpy", "Memset"):
+        assert kinds[("GPU", cat)] == 2 * cats[cat] and not kinds[("CPU", cat)]
+    for cat in ("Runtime", "Operator"):
+        assert kinds[("CPU", cat)] == 2 * cats[cat] and not kinds[("GPU", cat)]
+    flows = [e for e in merged["traceEvents"] if e.get("cat") == "async"]
+    assert len(flows) == 2 * cats["async"]
+    ids = {r: {e["id"] for e in flows if pid_rank[e["pid"]] == r} for r in range(2)}
+    assert ids[0] and not ids[0] & ids[1]
+    assert any(type(e.get("tid")) is str for e in doc["traceEvents"])
+
+
+def test_steps_keep_every_kernel_of_a_graph_launch_with_its_launch(client, tmp_path):
+    """A graph launch's kernels share its correlation and run after it, here in the next step's time: --steps
+    keeps all of them with the launch's step, and none with the next one. The real ROCm graph-capture trace,
+    with two steps and a hipGraphLaunch of 12 kernels added (its capture itself launches none)."""
+    doc = read(only_trace("tracelens_vllm_cudagraph"))
+    events = doc["traceEvents"]
+    host = next(e for e in events if e.get("cat") == "cpu_op")
+    kernel = next(e for e in events if e.get("cat") == "kernel")
+    times = sorted(e["ts"] for e in events if e.get("ph") == "X")
+    t0, t1 = times[0], times[-1]
+    mid = (t0 + t1) / 2
+    step = {**host, "cat": "user_annotation", "args": {}}
+    corr = 10**9
+    launch = {**host, "cat": "cuda_runtime", "name": "hipGraphLaunch", "ts": mid - 50, "dur": 10,
+              "args": {"correlation": corr}}
+    graph = [{**copy.deepcopy(kernel), "ts": mid + 10 + 5 * i, "dur": 4} for i in range(12)]
+    for k in graph:
+        k["args"]["correlation"] = corr
+    events += [{**step, "name": "ProfilerStep#1", "ts": t0, "dur": mid - t0},
+               {**step, "name": "ProfilerStep#2", "ts": mid, "dur": t1 - mid + 1}, launch, *graph]
+    folder = tmp_path / "in"
+    write_trace(folder / "rank0.json.gz", doc)
+    for steps, expected in (("1", 12), ("2", 0)):
+        out = tmp_path / f"steps{steps}.json"
+        merge_traces(str(folder), str(out), client=client, steps=steps)
+        kept = [e for e in load_exact(out)["traceEvents"] if (e.get("args") or {}).get("correlation") == corr]
+        assert sum(e.get("cat") == "kernel" for e in kept) == expected, steps
