@@ -32,14 +32,16 @@ from .kineto.vocabulary import (
     KnownCategory,
     KnownPhase,
     device_kind,
+    host_category,
     is_collective_call,
     is_correlation_flow,
     is_op_category,
     kernel_category,
     kernel_type,
+    on_device,
 )
 from .model import MergeOptions
-from .rewrite import RankEvents, is_device_event, map_tid, to_ns, to_ns_array
+from .rewrite import RankEvents, map_tid, to_ns, to_ns_array
 
 __all__ = ["RankTables", "Trace", "analyze_events", "analyze_rank", "decode_trace", "union_length"]
 
@@ -350,7 +352,7 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
     args = [a if type(a) is _Args else _NO_ARGS for a in map(_ARGS, xs)]
     pids = np.array(list(map(_PID, xs)), dtype=object)
     tids = np.array(list(map(_TID, xs)), dtype=object)
-    dev = _device(cat_code, cats, pids)
+    dev = _device(cat_code, cats, pids, args)
     host = np.flatnonzero(~dev)
     tree = _call_tree(pids, tids, host, start, end)
     g = _gpu_arrays(events, xs, dev, host, cat_code, cats, name_code, names, args, tids, start, end)
@@ -381,12 +383,16 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
                       host=host_name if isinstance(host_name, str) else None, pg_config=pgs)
 
 
-def _device(cat_code: np.ndarray, cats: np.ndarray, pids: np.ndarray) -> np.ndarray:
-    """Which X events are on a GPU's timeline (``_on_gpu``), decided once per distinct ``cat`` and pid."""
+def _device(cat_code: np.ndarray, cats: np.ndarray, pids: np.ndarray, args: list[_Args]) -> np.ndarray:
+    """Which X events are on a device's timeline (``_on_gpu``), decided once per distinct ``cat`` and pid, and by
+    each event's ``args.stream`` for a category the vocabulary does not know."""
     pid_code, distinct = pd.factorize(pids)
-    device: dict[Any, bool] = {}
-    on_gpu = np.array([[_on_gpu(c, p, device) for p in distinct] for c in cats], dtype=bool)
-    return on_gpu.reshape(len(cats), len(distinct))[cat_code, pid_code]
+    device: dict[Any, bool | None] = {}
+    on_gpu = np.array([[_on_gpu(c, p, device) for p in distinct] for c in cats], dtype=object)
+    dev = on_gpu.reshape(len(cats), len(distinct))[cat_code, pid_code]
+    for i in np.flatnonzero(dev == None).tolist():  # noqa: E711 (elementwise)
+        dev[i] = on_device(cats[cat_code[i]], args[i])
+    return dev.astype(bool)
 
 
 def _in_steps(events: list[_Event], xs: list[_Event], steps: tuple[int, int]) -> list[_Event]:
@@ -396,7 +402,7 @@ def _in_steps(events: list[_Event], xs: list[_Event], steps: tuple[int, int]) ->
     launches: dict[Any, int] = {}
     device: dict[Any, bool] = {}
     for e in events:
-        if e.cat == "python_function" or (e.ph not in _FLOW_OR_M and _on_gpu(e.cat, e.pid, device)):
+        if e.cat == "python_function" or (e.ph not in _FLOW_OR_M and _is_gpu(e, device)):
             continue
         if e.ph == "X" and (m := STEP.match(e.name)) and lo <= int(m.group(1)) <= hi:
             s = to_ns(e.ts)
@@ -414,7 +420,7 @@ def _in_steps(events: list[_Event], xs: list[_Event], steps: tuple[int, int]) ->
     out = []
     for e in xs:
         t = to_ns(e.ts)
-        c = e.args.correlation if type(e.args) is _Args and _on_gpu(e.cat, e.pid, device) else None
+        c = e.args.correlation if type(e.args) is _Args and _is_gpu(e, device) else None
         if type(c) is int or type(c) is str:
             t = launches.get(c, t)
         k = bisect_right(starts, t) - 1
@@ -423,26 +429,37 @@ def _in_steps(events: list[_Event], xs: list[_Event], steps: tuple[int, int]) ->
     return out
 
 
-def _on_gpu(cat: Any, pid: Any, device: dict[Any, bool]) -> bool:
-    """As ``RankEvents`` decides for an event that is not metadata or a flow: a device ``cat``, a pid int >= 0.
+def _on_gpu(cat: Any, pid: Any, device: dict[Any, bool | None]) -> bool | None:
+    """As ``RankEvents`` decides for an event that is not metadata or a flow: a device ``cat``, a pid int >= 0;
+    None for a category the vocabulary does not know, whose events are device work by their ``args.stream``.
 
-    ``device`` caches ``is_device_event`` by ``cat``.
+    ``device`` caches the category's answer.
     """
     if type(pid) is not int or pid < 0:
         return False
     if cat not in device:
-        device[cat] = is_device_event({"cat": cat})
+        host = host_category(cat)
+        device[cat] = None if host is None else not host
     return device[cat]
+
+
+def _is_gpu(e: _Event, device: dict[Any, bool | None]) -> bool:
+    """``_on_gpu`` of one event, its ``args.stream`` included."""
+    dev = _on_gpu(e.cat, e.pid, device)
+    return on_device(e.cat, e.args if type(e.args) is _Args else None) if dev is None else dev
 
 
 def _gpu_arrays(events: list[_Event], xs: list[_Event], dev: np.ndarray, host: np.ndarray, cat_code: np.ndarray,
                 cats: np.ndarray, name_code: np.ndarray, names: np.ndarray, args: list[_Args], tids: np.ndarray,
                 start: np.ndarray, end: np.ndarray) -> _Gpu:
     """The GPU events (a stream, not -1: ``args.stream``, else the tid) and the host events that launched them."""
-    kinds = np.array([device_kind(c) for c in cats], dtype=object)
+    kinds = np.array([device_kind(c) for c in cats], dtype=object)[cat_code]
+    by_name = np.array([host_category(c) is None for c in cats], dtype=bool)[cat_code] & dev
+    for i in np.flatnonzero(by_name).tolist():  # another accelerator's work: its kind by name (dma*: memory)
+        kinds[i] = device_kind(cats[cat_code[i]], names[name_code[i]], args[i])
     gpu: list[int] = []
     streams: list[Any] = []
-    for i in np.flatnonzero(dev & (kinds != None)[cat_code]).tolist():  # noqa: E711 (elementwise)
+    for i in np.flatnonzero(dev & (kinds != None)).tolist():  # noqa: E711 (elementwise)
         s = args[i].stream
         s = s if type(s) is int else map_tid(tids[i])
         if s != -1:
@@ -454,7 +471,7 @@ def _gpu_arrays(events: list[_Event], xs: list[_Event], dev: np.ndarray, host: n
         end=end[gpu],
         stream=streams,
         name=names[code],
-        kind=kinds[cat_code[gpu]],
+        kind=kinds[gpu],
         ktype=np.array([kernel_type(nm) for nm in names], dtype=object)[code],
         launch=np.array(_launches(events, xs, host.tolist(), gpu, args), dtype=np.int64),
     )
