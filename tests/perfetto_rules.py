@@ -47,8 +47,9 @@ def assert_perfetto_rules(merged: dict[str, Any]) -> dict[int, int]:
         assert pid in pid_rank, f"pid {pid} has no process_name"
         if "ts" in ev:
             assert ev["ts"] >= 0, f"negative ts in {ev}"
-        if ev["ph"] != "M":
+        if ev["ph"] != "M" and "rank" in (ev.get("args") or {}):  # --annotate-rank
             assert ev["args"]["rank"] == pid_rank[pid], f"args.rank disagrees with the process name: {ev}"
+        assert (pid - 2**22) // 64 == pid_rank[pid], f"pid {pid} does not encode rank {pid_rank[pid]}"
         if ev["ph"] in ("s", "t", "f"):
             key = (ev["id"], ev.get("cat"), ev.get("name"))
             assert flow_rank.setdefault(key, pid_rank[pid]) == pid_rank[pid], f"flow {key} spans ranks"

@@ -23,7 +23,8 @@ from tracefuse_dask.synth import make_rank_trace
 TRACE_FILES = sorted(str(p.relative_to(SHARED)) for p in SHARED.glob("**/*.json*")
                      if p.name != "generation_info.json") if SHARED.is_dir() else []
 OPTIONS = [pytest.param(MergeOptions(), id="default"),
-           pytest.param(MergeOptions(include_pyfunc=True, keep_empty_processes=True), id="pyfunc-empty")]
+           pytest.param(MergeOptions(include_pyfunc=True, keep_empty_processes=True, annotate_rank=True),
+                        id="pyfunc-empty-annotate")]
 
 
 def exact(text: bytes) -> Any:
@@ -120,8 +121,10 @@ EV = {"ph": "X", "cat": "cpu_op", "name": "a", "pid": 7, "tid": 7, "ts": 11.0, "
                  id="flows-on-a-pid-with-host-and-device-events"),
 ])
 @pytest.mark.parametrize("shift", [0, 5_000_123, 2**44 * 1000], ids=["same-base", "later-base", "past-2-43-us"])
-def test_fast_path_equals_general_path_on_odd_events(data, shift):
-    assert fast(data, 2, BASE + shift, BASE, MergeOptions()) == general(data, 2, BASE + shift, BASE, MergeOptions())
+@pytest.mark.parametrize("annotate", [False, True], ids=["plain", "annotate-rank"])
+def test_fast_path_equals_general_path_on_odd_events(data, shift, annotate):
+    opts = MergeOptions(annotate_rank=annotate)
+    assert fast(data, 2, BASE + shift, BASE, opts) == general(data, 2, BASE + shift, BASE, opts)
 
 
 @pytest.mark.parametrize("data, base, base_out", [
@@ -157,10 +160,10 @@ def test_fast_path_handles_only_unfiltered_merges(opts, window, ok):
 
 @settings(max_examples=150, deadline=None)
 @given(events=rank_events(), rank=st.integers(0, 5000), shift=st.sampled_from([0, 1, QUARTER]),
-       include_pyfunc=st.booleans())
-def test_fast_path_equals_general_path_on_generated_ranks(events, rank, shift, include_pyfunc):
+       include_pyfunc=st.booleans(), annotate=st.booleans())
+def test_fast_path_equals_general_path_on_generated_ranks(events, rank, shift, include_pyfunc, annotate):
     data = orjson.dumps({"traceEvents": events})
-    opts = MergeOptions(include_pyfunc=include_pyfunc)
+    opts = MergeOptions(include_pyfunc=include_pyfunc, annotate_rank=annotate)
     got = fast(data, rank, BASE + shift, BASE, opts)
     if got is not None:
         assert got == general(data, rank, BASE + shift, BASE, opts)

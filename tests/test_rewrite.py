@@ -167,7 +167,7 @@ def test_pid_with_cpu_and_gpu_events_is_split():
 
 def test_time_is_aligned_exactly_to_the_output_base():
     events = [x("a", 1, 1, 4462667662984.309, 39.018)]
-    sel = RankEvents(events, 1790857026000000000, MergeOptions(), "r")
+    sel = RankEvents(events, 1790857026000000000, MergeOptions(annotate_rank=True), "r")
     raw = orjson.dumps(sel.rewrite(3, 1790857026000000000 - 5_000_000_001)[1][-1])
     assert b'"ts":4462672662984.31,' in raw and b'"dur":39.018' in raw and b'"rank":3' in raw
 
@@ -281,6 +281,8 @@ def test_bad_fields_name_the_file_rank_and_event(event, message):
 def test_args_values_pass_through_untouched():
     big = 2**64 - 1
     out = run([x("c10d::allreduce_", 1, 1, 1.0, **{"Comms Id": big, "Seq": 3})])
+    assert out[-1]["args"] == {"Comms Id": big, "Seq": 3}
+    out = run([x("c10d::allreduce_", 1, 1, 1.0, **{"Comms Id": big, "Seq": 3})], annotate_rank=True)
     assert out[-1]["args"] == {"Comms Id": big, "Seq": 3, "rank": 3}
 
 

@@ -32,7 +32,7 @@ def events_by_rank(doc):
     out = {}
     for ev in doc["traceEvents"]:
         if ev["ph"] != "M":
-            out.setdefault(ev["args"]["rank"], []).append(ev)
+            out.setdefault((ev["pid"] - 2**22) // 64, []).append(ev)
     return out
 
 

@@ -282,8 +282,8 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
                 continue
             named.add((e.pid, e.tid))
         threads.append(e)
-    if not _rewrite_events(events, rank, pid_map, id_map, any(k[0] in _INSTANT_PH for k in keys),
-                           b"\\" not in data):
+    _rewrite_events(events, pid_map, id_map, any(k[0] in _INSTANT_PH for k in keys))
+    if options.annotate_rank and not _annotate_rank(events, rank, b"\\" not in data):
         return None
     body = threads + events
     text = bytearray()
@@ -320,18 +320,14 @@ def _shifted(ts: list[Any], shift: int) -> list[Any] | None:
     return [t / 1000 if t < _EXACT_NS else Raw(us_text(t)) for t in out]
 
 
-def _rewrite_events(events: list[_Event], rank: int, pid_map: dict[Any, int] | None, id_map: IdMap | None,
-                    instants: bool, plain: bool) -> bool:
-    """One pass over the non-metadata events: pids, ids, global instants (if ``instants``) and ``args.rank``.
+def _rewrite_events(events: list[_Event], pid_map: dict[Any, int] | None, id_map: IdMap | None,
+                    instants: bool) -> None:
+    """One pass over the non-metadata events: pids, ids and global instants (if ``instants``).
 
-    ``pid_map`` is None when the pids were mapped already. ``args`` get ``"rank": rank``
-    spliced into their raw text, unless they may hold a rank already (``"rank"``, or an
-    escape that may spell it): those are parsed. ``plain`` says that the rank's text has no
-    escape at all (one scan of it, cheaper than one per ``args``). Returns False when the general
-    path must run.
+    ``pid_map`` is None when the pids were mapped already.
     """
-    only = Raw(b'{"rank":%d}' % rank)
-    first = b'{"rank":%d,' % rank
+    if pid_map is None and id_map is None and not instants:
+        return
     high = id_map.high if id_map is not None else 0
     dense = id_map.dense if id_map is not None else None
     for e in events:
@@ -342,6 +338,18 @@ def _rewrite_events(events: list[_Event], rank: int, pid_map: dict[Any, int] | N
             e.id = high | (i if dense is None else dense[i])
         if instants and e.s == "g" and e.ph in _INSTANT_PH:
             e.s = "p"
+
+
+def _annotate_rank(events: list[_Event], rank: int, plain: bool) -> bool:
+    """``"rank": rank`` spliced into the raw text of every event's ``args`` (``--annotate-rank``).
+
+    ``args`` that may hold a rank already (``"rank"``, or an escape that may spell it) are
+    parsed. ``plain`` says that the rank's text has no escape at all (one scan of it, cheaper
+    than one per ``args``). Returns False when the general path must run.
+    """
+    only = Raw(b'{"rank":%d}' % rank)
+    first = b'{"rank":%d,' % rank
+    for e in events:
         a = e.args
         if a is UNSET:
             e.args = only

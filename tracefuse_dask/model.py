@@ -191,6 +191,7 @@ class MergeOptions:
     filter_fn: PortableFilter | None = None
     rewrite_ids: bool = False
     keep_empty_processes: bool = False
+    annotate_rank: bool = False  # "rank" in every event's args (TraceLens's TraceFuse wrote it)
 
     def describe(self) -> dict[str, Any]:
         """The options that shape the output, for the output's metadata."""
@@ -202,6 +203,7 @@ class MergeOptions:
             "filter_fn": self.filter_fn.name if self.filter_fn else None,
             "rewrite_ids": self.rewrite_ids,
             "keep_empty_processes": self.keep_empty_processes,
+            "annotate_rank": self.annotate_rank,
         }
 
 

@@ -409,6 +409,7 @@ class RankEvents:
             if self.options.rewrite_ids
             else None
         )
+        annotate = self.options.annotate_rank
         used: set[int] = set()
         body: list[Any] = []
         threads: list[Any] = []
@@ -452,16 +453,17 @@ class RankEvents:
             if (ph == "i" or ph == "I") and ev.get("s") == "g":
                 ev["s"] = "p"
             args = ev.get("args")
-            if args is None:
-                ev["args"] = {"rank": rank}
-            elif type(args) is dict:
-                args["rank"] = rank
-                if field_maps is not None:
-                    for f, m in field_maps.items():
-                        v = args.get(f)
-                        if type(v) is int or type(v) is str:
-                            args[f + "_raw"] = v
-                            args[f] = m[v]
+            if annotate:
+                if args is None:
+                    ev["args"] = {"rank": rank}
+                elif type(args) is dict:
+                    args["rank"] = rank
+            if field_maps is not None and type(args) is dict:
+                for f, m in field_maps.items():
+                    v = args.get(f)
+                    if type(v) is int or type(v) is str:
+                        args[f + "_raw"] = v
+                        args[f] = m[v]
             body.append(ev)
         head, shown_pids = process_metadata(rank, slots, used, self.options.keep_empty_processes)
         return head, [ev for ev in threads if ev["pid"] in shown_pids] + body
