@@ -122,3 +122,24 @@ def test_steps_keep_every_kernel_of_a_graph_launch_with_its_launch(client, tmp_p
         merge_traces(str(folder), str(out), client=client, steps=steps)
         kept = [e for e in load_exact(out)["traceEvents"] if (e.get("args") or {}).get("correlation") == corr]
         assert sum(e.get("cat") == "kernel" for e in kept) == expected, steps
+
+
+def test_annotate_rank_from_the_cli(tmp_path):
+    """Off by default (the pid says the rank); --annotate-rank writes it into every event's args."""
+    import subprocess
+    import sys
+
+    folder = str(shared("gloo_4ranks"))
+    for flag in ([], ["--annotate-rank"]):
+        out = tmp_path / f"m{len(flag)}.json"
+        done = subprocess.run([sys.executable, "-m", "tracefuse_dask", "merge", folder, "-o", str(out), "-q", *flag],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        merged = load_exact(out)
+        pid_rank = assert_perfetto_rules(merged)
+        ranks = [(e.get("args") or {}).get("rank") for e in merged["traceEvents"] if e["ph"] != "M"]
+        if flag:
+            assert ranks == [pid_rank[e["pid"]] for e in merged["traceEvents"] if e["ph"] != "M"]
+        else:
+            assert set(ranks) == {None}
+        assert merged["metadata"]["tracefuse"]["options"]["annotate_rank"] is bool(flag)
