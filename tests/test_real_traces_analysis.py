@@ -91,3 +91,117 @@ def test_every_kernel_of_a_graph_launch_is_attributed_to_it(client, tmp_path):
     launch = got.kernel_launchers[got.kernel_launchers["name"] == "graph_replay"]
     assert launch["kernel_count"].tolist() == [12] and launch["gpu_time_us"].tolist() == [48.0]
     shutil.rmtree(tmp_path / "in")
+
+
+# --- the temporal breakdown against an independent interval union over the raw JSON, with HTA's rules -----------
+
+_DEVICE_CATS = {"kernel", "gpu_memcpy", "memcpy", "gpu_memset", "memset", "cuda_sync"}
+_HOST_CATS = {"cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver", "operator", "runtime",
+              "cpu_instant_event", "overhead", "external_correlation", "cuda_profiler_range", "glow_runtime",
+              "mtia_runtime", "hpu_op", "xpu_runtime", "xpu_driver", "privateuse1_runtime", "privateuse1_driver",
+              "collective_comm", "trace", "ac2g", "fwdbwd", "async"}
+
+
+def _union(spans: list[tuple[int, int]]) -> int:
+    total, end = 0, None
+    for a, b in sorted(spans):
+        if end is None or a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total
+
+
+def independent_breakdown(path: Path) -> dict[str, float]:
+    """GPU span, idle, compute and non-compute (µs) of one rank file, from its text: device work is a GPU
+    category's event, or an event of another non-host category with an integer args.stream; HTA's kernel types
+    by name (^nccl.*Kernel communication, ^Memcpy|^Memset|^dma memory, *Sync not compute)."""
+    import json
+    import re
+    from decimal import Decimal
+
+    raw = path.read_bytes()
+    doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw, parse_float=Decimal)
+    spans, compute = [], []
+    for e in doc["traceEvents"]:
+        cat = str(e.get("cat", "")).lower()
+        stream = (e.get("args") or {}).get("stream") if isinstance(e.get("args"), dict) else None
+        if e.get("ph") != "X" or not (cat in _DEVICE_CATS or (cat not in _HOST_CATS and not cat.startswith("gpu_")
+                                                               and type(stream) is int)):
+            continue
+        a = int(Decimal(e["ts"]) * 1000)
+        span = (a, a + int(Decimal(e.get("dur", 0)) * 1000))
+        if (stream if type(stream) is int else 0) < 0:
+            continue
+        spans.append(span)
+        name = e["name"]
+        if not re.match(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)", name) and not re.match(r"^dma", name):
+            compute.append(span)
+    if not spans:
+        return {}
+    total = max(b for _, b in spans) - min(a for a, _ in spans)
+    busy, comp = _union(spans), _union(compute)
+    return {"gpu_span_us": total / 1e3, "idle_us": (total - busy) / 1e3, "computation_us": comp / 1e3,
+            "non_compute_us": (busy - comp) / 1e3}
+
+
+REAL_FILES = sorted(str(p.relative_to(shared("real"))) for p in shared("real").glob("*/*.json*")) \
+    if shared("real").is_dir() else []
+
+
+@pytest.mark.parametrize("name", REAL_FILES)
+def test_breakdown_equals_an_independent_interval_union(name, client):
+    path = shared("real", *name.split("/"))
+    want = independent_breakdown(path)
+    got = analyze({0: str(path)}, client=client).breakdown.iloc[0]
+    if not want:
+        assert got["kernel_count"] == 0
+        return
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-6), (name, key)
+
+
+def test_gpu_work_whose_launch_is_not_in_the_trace_is_left_out_as_hta_does(client, tmp_path):
+    """A real two-step trace (hta_trace_filter rank 0) with device work HTA leaves out added: 5 kernels before the
+    first step whose correlation no host event has (queued before the profiler started), and 3 kernels without a
+    correlation after the last step. They are counted, said in the summary, the CLI and the report, and kept with
+    --keep-unlaunched-gpu."""
+    import subprocess
+    import sys
+
+    src = shared("real", "hta_trace_filter", "sampled_rank-0.json.gz")
+    doc = read(src)
+    events = doc["traceEvents"]
+    kernel = next(e for e in events if e.get("cat") == "kernel")
+    steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    first, last = min(e["ts"] for e in steps), max(e["ts"] + e["dur"] for e in steps)
+    for i in range(5):
+        k = copy.deepcopy(kernel)
+        k.update(ts=first - 1000 + 10 * i, dur=5)
+        k["args"]["correlation"] = 10**9 + i
+        events.append(k)
+    for i in range(3):
+        k = copy.deepcopy(kernel)
+        k.update(ts=last + 1000 + 10 * i, dur=5)
+        del k["args"]["correlation"]
+        events.append(k)
+    write_trace(tmp_path / "in" / "rank0.json.gz", doc)
+    base = analyze(str(src), client=client)
+    got = analyze(str(tmp_path / "in"), str(tmp_path / "report"), client=client)
+    kept = analyze(str(tmp_path / "in"), client=client, keep_unlaunched_gpu=True)
+    left_out = got.summary["gpu_events_left_out"]
+    assert left_out["count"] == 8 and "ProfilerStep" in left_out["why"]
+    assert got.breakdown.iloc[0]["kernel_count"] == base.breakdown.iloc[0]["kernel_count"]
+    assert got.breakdown.iloc[0]["gpu_span_us"] == base.breakdown.iloc[0]["gpu_span_us"]
+    assert kept.breakdown.iloc[0]["kernel_count"] == base.breakdown.iloc[0]["kernel_count"] + 8
+    assert kept.summary["gpu_events_left_out"] is None
+    assert "8 GPU events left out" in (tmp_path / "report" / "report.html").read_text()
+    done = subprocess.run([sys.executable, "-m", "tracefuse_dask", "analyze", str(tmp_path / "in"), "-o",
+                           str(tmp_path / "cli")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "note: 8 GPU events left out" in done.stderr, done.stderr
+    done = subprocess.run([sys.executable, "-m", "tracefuse_dask", "analyze", str(tmp_path / "in"), "-o",
+                           str(tmp_path / "cli-kept"), "--keep-unlaunched-gpu"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and "left out" not in done.stderr, done.stderr

@@ -84,7 +84,7 @@ class Analysis:
 
 
 def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps: tuple[int, int] | None,
-                  subset: Any, rank_regex: str) -> dict[str, Any]:
+                  subset: Any, rank_regex: str, keep_unlaunched_gpu: bool) -> dict[str, Any]:
     """Task: parse one file and analyse each rank it holds (one, or all of a merged trace).
 
     A collective_trace log or CSV export (recognised by its content) gives its calls instead.
@@ -101,7 +101,8 @@ def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps
             header = {"distributedInfo": trace.distributedInfo, "host_name": trace.host_name}
             rank, world_size, note = resolve_rank(f, header, rank_regex)
             ranks = [analyze_events(trace.traceEvents, rank, f.path, steps, base=_base(trace.baseTimeNanoseconds),
-                                    header=header)] if subset is None or rank in subset else []
+                                    header=header, keep_unlaunched_gpu=keep_unlaunched_gpu)
+                     ] if subset is None or rank in subset else []
             return {"ranks": ranks, "world_size": world_size, "notes": [note] if note else []}
         del trace
         doc, _, _ = decode_json(data, f.path, rank=f.rank_hint)
@@ -124,7 +125,8 @@ def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps
             notes += [note] if note else []
             headers = {rank: {k: v for k, v in doc.items() if k != "traceEvents"}}
         del doc
-        ranks = [analyze_rank(events, rank, f.path, steps, base=base, header=headers.get(rank))
+        ranks = [analyze_rank(events, rank, f.path, steps, base=base, header=headers.get(rank),
+                              keep_unlaunched_gpu=keep_unlaunched_gpu)
                  for rank, events in sorted(parts.items()) if subset is None or rank in subset]
         return {"ranks": ranks, "world_size": world_size, "notes": notes}
 
@@ -227,6 +229,7 @@ def analyze(
     scheduler_file: str | None = None,
     timeout: float = 10.0,
     show_progress: bool = False,
+    keep_unlaunched_gpu: bool = False,
 ) -> Analysis:
     """Analyse per-rank traces, one Dask task per file, and reduce the small per-rank tables.
 
@@ -253,6 +256,10 @@ def analyze(
         Replace an existing report folder.
     show_progress
         Draw a progress bar on stderr.
+    keep_unlaunched_gpu
+        Keep the device work whose launch is not in the trace, which HTA leaves out when a rank has two or
+        more ``ProfilerStep#N`` (work queued before the profiler started; see ``rank_analysis._launched_only``).
+        By default it is left out, as HTA does, and ``summary["gpu_events_left_out"]`` counts it.
 
     Returns
     -------
@@ -279,7 +286,7 @@ def analyze(
     with connect(client, scheduler=scheduler, scheduler_file=scheduler_file, workers=workers,
                  timeout=timeout) as c:
         futures = c.map(_analyze_file, files, storage_options=so, steps=step_range, subset=subset,
-                        rank_regex=rank_regex, pure=False)
+                        rank_regex=rank_regex, keep_unlaunched_gpu=keep_unlaunched_gpu, pure=False)
         if show_progress:
             with contextlib.redirect_stdout(sys.stderr):
                 progress(futures, scheduler=c.scheduler.address)
@@ -287,14 +294,15 @@ def analyze(
                   for i in range(0, len(futures), _COMBINE)]
         del futures  # each file's result is freed once its reduce task has it
         results = c.gather(joined)
-    analysis = _reduce(results, skipped_names, step_range)
+    analysis = _reduce(results, skipped_names, step_range, keep_unlaunched_gpu)
     analysis.summary["seconds"] = round(time.perf_counter() - started, 3)
     if out_dir is not None:
         write_report(analysis, out_dir, so, format=format, force=force)
     return analysis
 
 
-def _reduce(results: list[dict[str, Any]], skipped_names: list[str], steps: tuple[int, int] | None) -> Analysis:
+def _reduce(results: list[dict[str, Any]], skipped_names: list[str], steps: tuple[int, int] | None,
+            keep_unlaunched_gpu: bool) -> Analysis:
     warnings: list[str] = []
     ignored = [f"{p}: not a trace or collective_trace file by name, or written by tracefuse" for p in skipped_names]
     per_rank: list[RankTables] = []
@@ -347,6 +355,12 @@ def _reduce(results: list[dict[str, Any]], skipped_names: list[str], steps: tupl
         "why_no_gpu": None if gpu else "no GPU kernels, memcpy or memset in the traces: a CPU-only job (such as "
                                        "gloo); the GPU tables are empty, the ops and step tables are not",
         "per_rank": {str(rt.rank): _plain(rt.numbers) for rt in per_rank},
+        "gpu_events_left_out": {
+            "count": sum(rt.numbers["gpu_events_left_out"] for rt in per_rank),
+            "why": "HTA's rule, for parity with its figures: in a rank with two or more ProfilerStep#N, device "
+                   "work whose launch (correlation) is not among the host events up to the end of the last step, "
+                   "such as work queued before the profiler started, is left out; --keep-unlaunched-gpu keeps it",
+        } if not keep_unlaunched_gpu else None,
         "outliers": [n for n in stats["note"] if n],
         "collectives": {"calls": len(tables["collectives"]), "matched": len(instances), "problems": len(problems),
                         "problem_examples": problems[:20]},

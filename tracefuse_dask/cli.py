@@ -122,6 +122,9 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--ranks", metavar="SPEC", help="analyse a subset of ranks: A-B, :S stride, commas")
     a.add_argument("--steps", metavar="A-B", help="only ProfilerStep#A to #B inclusive; GPU work follows its launch")
     a.add_argument("--format", choices=("parquet", "csv"), default="parquet", help="table files (default: parquet)")
+    a.add_argument("--keep-unlaunched-gpu", action="store_true",
+                   help="keep device work whose launch is not in the trace (queued before the profiler started), "
+                        "which HTA, and by default this analysis, leave out when a rank has 2+ ProfilerStep#N")
     a.add_argument("-f", "--force", action="store_true", help="replace an existing report folder")
     a.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary on stderr")
     a.add_argument("-v", "--verbose", action="store_true", help="log what happens on stderr")
@@ -249,12 +252,16 @@ def _analyze(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
     result = analyze(args.inputs, args.output, storage_options=so, ranks=args.ranks, steps=args.steps,
                      rank_regex=args.rank_regex, format=args.format, force=args.force, workers=args.workers,
                      scheduler=args.scheduler, scheduler_file=args.scheduler_file, timeout=args.timeout,
-                     show_progress=not args.quiet and sys.stderr.isatty())
+                     show_progress=not args.quiet and sys.stderr.isatty(),
+                     keep_unlaunched_gpu=args.keep_unlaunched_gpu)
     if not args.quiet:
         s = result.summary
         print(f"analysed {len(s['ranks'])} ranks, {len(s['steps'])} steps in {s['seconds']:.2f} s", file=sys.stderr)
         if not s["gpu"]:
             print(f"note: {s['why_no_gpu']}", file=sys.stderr)
+        if s["gpu_events_left_out"] and s["gpu_events_left_out"]["count"]:
+            print(f"note: {s['gpu_events_left_out']['count']:,} GPU events left out: "
+                  f"{s['gpu_events_left_out']['why']}", file=sys.stderr)
         for line in s["outliers"]:
             print(f"outlier: {line}", file=sys.stderr)
         if s["collective_trace"]:

@@ -289,7 +289,7 @@ def _top(counter: Counter[str], n: int = 3) -> str:
 
 
 def analyze_rank(events: list[Any], rank: int, path: str, steps: tuple[int, int] | None = None, *, base: int = 0,
-                 header: Mapping[str, Any] | None = None) -> RankTables:
+                 header: Mapping[str, Any] | None = None, keep_unlaunched_gpu: bool = False) -> RankTables:
     """Analyse one rank's events (``traceEvents``, as parsed).
 
     The events are validated as ``merge`` validates them, then analysed as
@@ -310,6 +310,8 @@ def analyze_rank(events: list[Any], rank: int, path: str, steps: tuple[int, int]
         The file's ``baseTimeNanoseconds``: collective times are absolute.
     header
         The file's other top-level keys (``distributedInfo.pg_config``, ``host_name``).
+    keep_unlaunched_gpu
+        Keep the device work that HTA leaves out (``_launched_only``).
 
     Returns
     -------
@@ -322,18 +324,20 @@ def analyze_rank(events: list[Any], rank: int, path: str, steps: tuple[int, int]
     """
     sel = RankEvents(events, 0, MergeOptions(), f"{path} (rank {rank})", link_flows=False)
     used = [ev for ev, keep in zip(events, sel.keep) if keep and ev.get("ts") is not None]
-    return analyze_events(_events_decoder.decode(orjson.dumps(used)), rank, path, steps, base=base, header=header)
+    return analyze_events(_events_decoder.decode(orjson.dumps(used)), rank, path, steps, base=base, header=header,
+                          keep_unlaunched_gpu=keep_unlaunched_gpu)
 
 
 def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int, int] | None = None, *,
-                   base: int = 0, header: Mapping[str, Any] | None = None) -> RankTables:
+                   base: int = 0, header: Mapping[str, Any] | None = None,
+                   keep_unlaunched_gpu: bool = False) -> RankTables:
     """Analyse one rank's events as ``decode_trace`` gives them: already validated, with ``args`` as structs.
 
     Parameters
     ----------
     events
         ``Trace.traceEvents``; ``python_function`` events are skipped.
-    rank, path, steps, base, header
+    rank, path, steps, base, header, keep_unlaunched_gpu
         As for ``analyze_rank``.
 
     Returns
@@ -343,6 +347,9 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
     xs = [e for e in events if e.ph == "X" and e.cat != "python_function"]
     if steps is not None:
         xs = _in_steps(events, xs, steps)
+    left_out = 0
+    if not keep_unlaunched_gpu:
+        xs, left_out = _launched_only(xs)
     n = len(xs)
     durs = np.array(list(map(_DUR, xs)), dtype=object)  # as parsed: ops sum them as Python does
     start = to_ns_array(np.fromiter(map(_TS, xs), np.float64, n))
@@ -360,7 +367,7 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
     step_spans = sorted((int(step_of[name_code[i]]), int(start[i]), int(end[i]))
                         for i in host[step_of[name_code[host]] >= 0])
     tables: dict[str, pd.DataFrame] = {}
-    numbers = _breakdown(g)
+    numbers = _breakdown(g) | {"gpu_events_left_out": left_out}
     tables["breakdown"] = pd.DataFrame([numbers])
     tables["breakdown_by_step"] = _by_step(g, step_spans, start)
     tables["kernels"], tables["kernel_categories"] = _kernel_tables(g)
@@ -427,6 +434,33 @@ def _in_steps(events: list[_Event], xs: list[_Event], steps: tuple[int, int]) ->
         if k >= 0 and t < union[k][1]:
             out.append(e)
     return out
+
+
+def _launched_only(xs: list[_Event]) -> tuple[list[_Event], int]:
+    """The events without the device work HTA leaves out, and how many device events that is.
+
+    HTA's rule (``hta/common/trace.py``, ``_filter_irrelevant_gpu_kernels``, as ``TraceAnalysis`` calls it with
+    ``include_last_profiler_step=True``): when a trace has two or more ``ProfilerStep#N``, device work with a
+    correlation is kept only when a host event that starts by the end of the last step has that correlation
+    (work queued before the profiler started has none), and device work without one only when it starts by
+    that end. Host events are all kept.
+    """
+    device: dict[Any, bool | None] = {}
+    on_gpu = [_is_gpu(e, device) for e in xs]
+    steps = [(e.name, to_ns(e.ts) + to_ns(e.dur)) for e, dev in zip(xs, on_gpu) if not dev and STEP.match(e.name)]
+    if len({name for name, _ in steps}) < 2:
+        return xs, 0
+    last = max(end for _, end in steps)
+    launched = {c for e, dev in zip(xs, on_gpu) if not dev and type(e.args) is _Args
+                and (type(c := e.args.correlation) is int or type(c) is str) and to_ns(e.ts) <= last}
+    kept = []
+    for e, dev in zip(xs, on_gpu):
+        if dev:
+            c = e.args.correlation if type(e.args) is _Args else None
+            if not (c in launched if type(c) is int or type(c) is str else to_ns(e.ts) <= last):
+                continue
+        kept.append(e)
+    return kept, len(xs) - len(kept)
 
 
 def _on_gpu(cat: Any, pid: Any, device: dict[Any, bool | None]) -> bool | None:

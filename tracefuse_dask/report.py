@@ -170,6 +170,10 @@ def _header(page: Page) -> str:
     if not page.gpu:
         why = s.get("why_no_gpu") or "the traces have no GPU events"
         parts.append(f'<p class="note">No GPU plots: {html.escape(str(why))}.</p>')
+    left_out = s.get("gpu_events_left_out") or {}
+    if left_out.get("count"):
+        parts.append(f'<p class="note">{left_out["count"]:,} GPU events left out: '
+                     f'{html.escape(str(left_out.get("why", "")))}.</p>')
     warnings = [str(w) for w in s.get("warnings") or []]
     if warnings:
         items = "".join(f"<li>{html.escape(w)}</li>" for w in warnings[:MAX_LISTED])

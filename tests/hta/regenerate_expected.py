@@ -14,7 +14,8 @@ variable has to be exported. Output is deterministic: rerunning gives an identic
 
 Options: --traces DIR (default: ../shared/traces beside the repository, i.e. /work/shared/traces),
 --out FILE (default tests/data/hta_expected.json), --timings FILE (default tests/hta/hta_timings.json),
---only NAME (repeatable; job keys such as real/hta_amd_trace).
+--only NAME (repeatable; job keys such as real/hta_amd_trace): recompute only those jobs; the others are kept
+as the existing --out and --timings files have them.
 
 What it writes, per job folder and per rank (see /work/notes/hta_semantics.md for the semantics):
   * temporal_breakdown      get_temporal_breakdown(visualize=False), one row per rank, as returned
@@ -98,6 +99,11 @@ JOBS: Dict[str, str] = {
     "real/hta_triton_example": "gpu",
     "real/kineto_docs": "gpu",
     "real/tracelens_b200": "gpu",
+    "real/tracelens_h100_qwen": "gpu",
+    "real/tracelens_vllm_cudagraph": "gpu",
+    "real/hta_alexnet": "gpu",
+    "real/kineto_2021_resnet50": "gpu",
+    "real/hta_mtia_inference": "gpu",
     "real/hta_cpu_only": "cpu",
     "real/hta_cpu_only_full": "cpu",
     "gloo_4ranks": "cpu",
@@ -404,6 +410,10 @@ def main() -> None:
             if entry["errors"]:
                 print(f"   errors: {entry['errors']}", file=sys.stderr)
 
+    if args.only:  # the other jobs stay as they were
+        for path, new in ((args.out, doc), (args.timings, timings)):
+            if path.exists():
+                new["jobs"] = {**json.loads(path.read_text())["jobs"], **new["jobs"]}
     doc = jsonable(doc)
     shrink_if_needed(doc)
     args.out.parent.mkdir(parents=True, exist_ok=True)
