@@ -197,6 +197,8 @@ class _Gpu:
     kind: np.ndarray
     ktype: np.ndarray  # HTA kernel type per event
     launch: np.ndarray  # index of the launching host event, or -1
+    dur: np.ndarray  # per-event duration (ns), clipped at the next start on its stream (``_clipped``)
+    clipped: int  # how many durations were clipped
 
 
 @dataclass
@@ -367,7 +369,7 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
     step_spans = sorted((int(step_of[name_code[i]]), int(start[i]), int(end[i]))
                         for i in host[step_of[name_code[host]] >= 0])
     tables: dict[str, pd.DataFrame] = {}
-    numbers = _breakdown(g) | {"gpu_events_left_out": left_out}
+    numbers = _breakdown(g) | {"gpu_events_left_out": left_out, "kernels_clipped": g.clipped}
     tables["breakdown"] = pd.DataFrame([numbers])
     tables["breakdown_by_step"] = _by_step(g, step_spans, start)
     tables["kernels"], tables["kernel_categories"] = _kernel_tables(g)
@@ -500,6 +502,7 @@ def _gpu_arrays(events: list[_Event], xs: list[_Event], dev: np.ndarray, host: n
             gpu.append(i)
             streams.append(s)
     code = name_code[gpu]
+    dur, clipped = _clipped(start[gpu], end[gpu], streams)
     return _Gpu(
         start=start[gpu],
         end=end[gpu],
@@ -508,7 +511,31 @@ def _gpu_arrays(events: list[_Event], xs: list[_Event], dev: np.ndarray, host: n
         kind=kinds[gpu],
         ktype=np.array([kernel_type(nm) for nm in names], dtype=object)[code],
         launch=np.array(_launches(events, xs, host.tolist(), gpu, args), dtype=np.int64),
+        dur=dur,
+        clipped=clipped,
     )
+
+
+def _clipped(start: np.ndarray, end: np.ndarray, streams: list[Any]) -> tuple[np.ndarray, int]:
+    """Each event's duration, ended at the next start on its stream where it runs past it, and how many were.
+
+    A stream runs one thing at a time, so an end after the next start is a clock quirk (thousands of them in
+    a real MTIA trace; TraceLens issue #669). Per-kernel durations (the kernel and op tables, the launch
+    statistics) use these; the interval unions of the breakdowns keep the raw ends, as HTA does.
+    """
+    n = len(start)
+    if n < 2:
+        return end - start, 0
+    stream = pd.factorize(pd.Series(streams, dtype=object))[0]
+    order = np.lexsort((start, stream))
+    s, e, st = start[order], end[order], stream[order]
+    limit = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    same = st[1:] == st[:-1]
+    limit[:-1][same] = s[1:][same]
+    over = e > limit
+    dur = np.empty(n, dtype=np.int64)
+    dur[order] = np.minimum(e, limit) - s
+    return dur, int(over.sum())
 
 
 def _launches(events: list[_Event], xs: list[_Event], host: list[int], gpu: list[int], args: list[_Args]) -> list[int]:
@@ -560,18 +587,20 @@ def _by_step(g: _Gpu, spans: list[tuple[int, int, int]], start: np.ndarray) -> p
 def _kernel_tables(g: _Gpu) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per kernel name and per category, over HTA's kernel breakdown set: every GPU event but type OTHER."""
     use = g.ktype != "OTHER"
-    dur = (g.end[use] - g.start[use]) / 1e3
-    df = pd.DataFrame({"name": g.name[use], "kind": g.kind[use], "dur": dur})
+    dur = g.dur[use] / 1e3
+    cut = (g.end[use] - g.start[use] - g.dur[use]) / 1e3
+    df = pd.DataFrame({"name": g.name[use], "kind": g.kind[use], "dur": dur, "cut": cut})
     if df.empty:
         kernels = pd.DataFrame(columns=["name", "category", "count", "total_us", "mean_us", "min_us", "max_us",
-                                        "pct"])
+                                        "pct", "clipped_us"])
         return kernels, pd.DataFrame(columns=["category", "count", "total_us", "pct"])
     total = dur.sum()
-    kernels = df.groupby(["name", "kind"], sort=False)["dur"].agg(
-        count="count", total_us="sum", mean_us="mean", min_us="min", max_us="max").reset_index()
+    kernels = df.groupby(["name", "kind"], sort=False).agg(
+        count=("dur", "count"), total_us=("dur", "sum"), mean_us=("dur", "mean"), min_us=("dur", "min"),
+        max_us=("dur", "max"), clipped_us=("cut", "sum")).reset_index()
     kernels.insert(1, "category", [kernel_category(n, k) for n, k in zip(kernels["name"], kernels["kind"])])
     kernels = kernels.drop(columns="kind")
-    kernels["pct"] = 100.0 * kernels["total_us"] / total if total else 0.0
+    kernels.insert(len(kernels.columns) - 1, "pct", 100.0 * kernels["total_us"] / total if total else 0.0)
     kernels = kernels.sort_values(["total_us", "name"], ascending=[False, True], ignore_index=True)
     cats = kernels.groupby("category")[["count", "total_us"]].sum().reset_index()
     cats["pct"] = 100.0 * cats["total_us"] / total if total else 0.0
@@ -585,7 +614,7 @@ def _op_tables(tree: _Tree, is_op: np.ndarray, is_cpu_op: np.ndarray, name_code:
     m = len(order)
     launched = g.launch >= 0
     at = tree.pos[g.launch[launched]]  # the launches' positions
-    kernel_ns = (g.end - g.start)[launched]
+    kernel_ns = g.dur[launched]
     # Subtree totals from prefix sums over the tree order, where every subtree is a run of positions.
     gpu_ns = np.zeros(m + 1, dtype=np.int64)
     np.add.at(gpu_ns, at + 1, kernel_ns)
@@ -623,7 +652,7 @@ def _op_tables(tree: _Tree, is_op: np.ndarray, is_cpu_op: np.ndarray, name_code:
     for (k, name), d in by_path.items():
         for op in paths[k]:
             op_kernels[op][name] += d
-    total_gpu = int((g.end - g.start).sum())
+    total_gpu = int(g.dur.sum())
     ops = pd.DataFrame(
         [(names[code], c, cpu, gns / 1e3, 100.0 * gns / total_gpu if total_gpu else 0.0, k,
           _top(op_kernels.get(code, Counter()))) for code, c, cpu, gns, k in _per_op(
