@@ -1,4 +1,5 @@
-"""Time HolisticTraceAnalysis's temporal breakdown of one trace folder; ``benchmarks/run.py --analyze`` runs it.
+"""Time HolisticTraceAnalysis's temporal breakdown of one trace folder; ``benchmarks/analyze.py`` and
+``benchmarks/merge.py`` run it.
 
 Usage: ``HTA_DISABLE_NS_ROUNDING=1 /work/hta-venv/bin/python benchmarks/hta_breakdown.py FOLDER``
 

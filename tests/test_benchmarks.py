@@ -1,4 +1,4 @@
-"""The benchmark script runs, and compares rows the way it says it does."""
+"""The benchmark scripts run, and compare rows the way they say they do."""
 from __future__ import annotations
 
 import importlib.util
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-RUN = Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-def _run_module():
-    spec = importlib.util.spec_from_file_location("benchmark_run", RUN)
+def _common_module():
+    spec = importlib.util.spec_from_file_location("benchmark_common", BENCHMARKS / "common.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
@@ -21,7 +21,7 @@ def _run_module():
 
 
 def test_paired_takes_the_median_of_the_rounds_own_ratios():
-    paired = _run_module().paired
+    paired = _common_module().paired
     floor = [2.0, 1.0, 3.0]
     # Round by round the row is 1.25x, 0.5x and 1.5x the floor's speed; best against best would say 0.5x.
     assert paired(floor, [1.6, 2.0, 2.0]) == "1.25× (0.50-1.50)"
@@ -32,8 +32,8 @@ def test_paired_takes_the_median_of_the_rounds_own_ratios():
 @pytest.mark.integration
 def test_the_merge_benchmark_prints_its_table(tmp_path):
     out = tmp_path / "report.md"
-    done = subprocess.run([sys.executable, str(RUN), "--ranks", "2", "--rank-mb", "0.2", "--repeat", "2",
-                           "--no-naive", "--no-hta", "--tmp-dir", str(tmp_path), "--out", str(out)],
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "merge.py"), "--ranks", "2", "--rank-mb", "0.2",
+                           "--repeat", "2", "--no-naive", "--no-hta", "--tmp-dir", str(tmp_path), "--out", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [line for line in out.read_text().splitlines() if line.startswith("| ") and "2×0.2 MB" in line]

@@ -1,0 +1,207 @@
+"""Benchmark tracefuse_dask at scale: memory as the rank count grows, the cost of many small ranks.
+
+Usage: ``python benchmarks/scale.py [--memory-ranks 8,64,512] [--rank-mb 20] [--small-ranks 10000] [--small-kb 50]``
+
+On one pre-started cluster, merges to ``.json.gz``: first ``--memory-ranks`` ranks of ``--rank-mb`` MB (hard links
+to 8 distinct generated ranks, the rank from the file name), with the tree's and the client's peak memory against
+the bound of the performance issue; then ``--small-ranks`` ranks of ``--small-kb`` kB against the same bytes in 8
+large ranks (the per-rank overhead), and the same small ranks with each rank's default process group listing every
+rank. Last, ``analyze`` of every rank of a generated job of ``--small-ranks`` ranks, its client in a process of
+its own.
+
+Takes 10-17 minutes on 2 cores with the defaults (most of it the analysis of 10,000 ranks);
+``--memory-ranks 8 --rank-mb 1 --small-ranks 100 --small-kb 20`` takes under a minute.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import time
+from typing import Any
+
+import orjson
+from common import (
+    MB,
+    TreeRSS,
+    at_least_one,
+    cleanup,
+    environment,
+    in_child,
+    make_root,
+    make_synthetic,
+    measure_one,
+    parser,
+    warm,
+    write_report,
+)
+
+from tracefuse_dask.synth import make_rank_trace
+
+
+def _write_copies(args: tuple[bytes, int, int, int, str, bool]) -> int:
+    """Write ranks ``first..last-1`` as copies of one template trace, each with its own rank; with
+    ``full_groups`` the default process group lists all ``world_size`` ranks, as a real job's does."""
+    template, first, last, world_size, folder, full_groups = args
+    doc = orjson.loads(template)
+    if full_groups:
+        doc["distributedInfo"]["pg_config"][0].update(pg_size=world_size, ranks=list(range(world_size)))
+    for r in range(first, last):
+        doc["distributedInfo"].update(rank=r, world_size=world_size)
+        with open(os.path.join(folder, f"rank{r}.pt.trace.json"), "wb") as f:
+            f.write(orjson.dumps(doc))
+    return (last - first) * len(orjson.dumps(doc))
+
+
+def make_small_ranks(pool: Any, root: str, ranks: int, rank_kb: float, full_groups: bool = False) -> tuple[str, int]:
+    folder = os.path.join(root, f"in_{ranks}x{rank_kb:g}kB{'_groups' if full_groups else ''}")
+    os.makedirs(folder)
+    template = orjson.dumps(make_rank_trace(0, 8, target_bytes=int(rank_kb * 1000), seed=0))
+    step = 500
+    jobs = [(template, a, min(a + step, ranks), ranks, folder, full_groups) for a in range(0, ranks, step)]
+    return folder, sum(pool.map(_write_copies, jobs, chunksize=1))
+
+
+def _write_nameless(args: tuple[int, int, str]) -> int:
+    rank, rank_bytes, path = args
+    doc = make_rank_trace(rank, 8, target_bytes=rank_bytes, seed=0)
+    del doc["distributedInfo"]  # the rank comes from the file name, so that copies can stand for other ranks
+    data = orjson.dumps(doc)
+    with open(path, "wb") as f:
+        f.write(data)
+    return len(data)
+
+
+def _analyze_client(address: str, folder: str) -> tuple[float, int, int, int]:
+    """In a process of its own, a client that analyses ``folder``: (seconds, its peak RSS in bytes, ranks,
+    collective calls)."""
+    import resource
+
+    from distributed import Client
+
+    from tracefuse_dask import analyze
+
+    with Client(address) as client:
+        t = time.perf_counter()
+        a = analyze(folder, client=client)
+        seconds = time.perf_counter() - t
+    return seconds, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, len(a.breakdown), len(a.collectives)
+
+
+def make_linked_ranks(pool: Any, root: str, counts: list[int], rank_mb: float) -> list[tuple[int, str, int]]:
+    """Folders of ``n`` ranks each, hard links to 8 distinct generated ranks (no disk space per rank)."""
+    base = os.path.join(root, "distinct")
+    os.makedirs(base)
+    paths = [os.path.join(base, f"r{r}.json") for r in range(8)]
+    sizes = pool.map(_write_nameless, [(r, int(rank_mb * MB), p) for r, p in enumerate(paths)], chunksize=1)
+    out = []
+    for n in counts:
+        folder = os.path.join(root, f"linked_{n}")
+        os.makedirs(folder)
+        for r in range(n):
+            os.link(paths[r % 8], os.path.join(folder, f"rank{r}.pt.trace.json"))
+        out.append((n, folder, sum(sizes[r % 8] for r in range(n))))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The memory of merges from 8 to many ranks of 20 MB, then the per-rank overhead of many small ranks,
+    then the analysis of every rank of a job of that many ranks (its client in a process of its own).
+
+    The memory rows come first: a process keeps the memory it once used, so the client's peak of the
+    many-ranks row would hide theirs.
+    """
+    ap = parser(__doc__)
+    ap.add_argument("--memory-ranks", default="8,64,512",
+                    help="rank counts of the memory rows, hard links to 8 distinct ranks (default 8,64,512)")
+    ap.add_argument("--rank-mb", type=float, default=20,
+                    help="uncompressed MB per rank of the memory rows (default 20)")
+    ap.add_argument("--small-ranks", type=int, default=10_000,
+                    help="ranks of the per-rank overhead rows and of the analysed job (default 10000)")
+    ap.add_argument("--small-kb", type=float, default=50, help="kB per small rank (default 50)")
+    ap.add_argument("--workers", type=int, default=2, help="worker processes of the cluster (default 2)")
+    ap.add_argument("--repeat", type=at_least_one, default=1,
+                    help="runs per merge row; its time is its best (default 1)")
+    args = ap.parse_args(argv)
+
+    from tracefuse_dask import merge_traces
+    from tracefuse_dask.cluster import connect
+
+    ctx = multiprocessing.get_context("spawn")
+    print(environment() + f"Every merge runs on a pre-started LocalCluster of {args.workers} single-threaded "
+          "worker processes and writes .json.gz. RSS = summed over the process tree, sampled every 25 ms; the "
+          "client is this process.\n", flush=True)
+    root = make_root("tracefuse-scale-", args.tmp_dir)
+    lines: list[str] = []
+
+    def emit(line: str) -> None:
+        lines.append(line)
+        print(line, flush=True)
+
+    try:
+        with ctx.Pool(args.workers) as pool:
+            t = time.perf_counter()
+            small, small_bytes = make_small_ranks(pool, root, args.small_ranks, args.small_kb)
+            grouped, grouped_bytes = make_small_ranks(pool, root, args.small_ranks, args.small_kb, full_groups=True)
+            # every rank of one job: its pg_config lists all the job's ranks (its calls the first 30, as Kineto)
+            job, _, job_bytes = make_synthetic(pool, root, args.small_ranks, args.small_kb / 1000)
+            large, _, large_bytes = make_synthetic(pool, root, 8, small_bytes / 8 / MB)
+            linked = make_linked_ranks(pool, root, [int(x) for x in args.memory_ranks.split(",")], args.rank_mb)
+            print(f"generated the datasets in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
+        with connect(workers=args.workers) as client:
+            client.run(warm)
+
+            def merge(folder: str, name: str) -> tuple[float, TreeRSS, Any]:
+                out = os.path.join(root, f"{name}.json.gz")
+                seconds, mem, res = measure_one(lambda: merge_traces(folder, out, client=client, force=True),
+                                                args.repeat)
+                os.remove(out)
+                return seconds, mem, res
+
+            bound = (args.workers * 4 * args.rank_mb * MB + 0.5e9) / 2**20
+            emit("")
+            emit(f"Memory bound of the performance issue: workers × 4 × {args.rank_mb:g} MB + 0.5 GB = "
+                 f"{bound:,.0f} MiB (whole tree); the client under 300 MB.")
+            emit("")
+            emit("| dataset | s | MB/s | peak RSS MiB | Δ peak RSS MiB | client peak RSS MiB | within bound |")
+            emit("|---|---|---|---|---|---|---|")
+            for n, folder, size in linked:
+                s, mem, res = merge(folder, f"linked_{n}")
+                ok = mem.peak / 2**20 <= bound and mem.self_peak < 300e6
+                emit(f"| {n} × {args.rank_mb:g} MB | {s:.2f} | {size / MB / s:.1f} | {mem.peak / 2**20:,.0f} | "
+                     f"{(mem.peak - mem.baseline) / 2**20:,.0f} | {mem.self_peak / 2**20:,.0f} | "
+                     f"{'yes' if ok else 'NO'} |")
+            emit("")
+            emit("| dataset | ranks | MB | s | MB/s | per-rank overhead ms | peak RSS MiB | client peak RSS MiB | "
+                 "events in → out |")
+            emit("|---|---|---|---|---|---|---|---|---|")
+            big_s, mem, res = merge(large, "large")
+            emit(f"| 8 large ranks, same bytes | 8 | {large_bytes / MB:,.0f} | {big_s:.2f} | "
+                 f"{large_bytes / MB / big_s:.1f} | – | {mem.peak / 2**20:,.0f} | {mem.self_peak / 2**20:,.0f} | "
+                 f"{res.events_in:,} → {res.events_out:,} |")
+            s, mem, res = merge(small, "small")
+            over = (s - big_s * small_bytes / large_bytes) / args.small_ranks * 1000
+            emit(f"| {args.small_ranks:,} × {args.small_kb:g} kB | {args.small_ranks:,} | {small_bytes / MB:,.0f} | "
+                 f"{s:.2f} | {small_bytes / MB / s:.1f} | {over:.2f} | {mem.peak / 2**20:,.0f} | "
+                 f"{mem.self_peak / 2**20:,.0f} | {res.events_in:,} → {res.events_out:,} |")
+            s, mem, res = merge(grouped, "grouped")
+            emit(f"| the same, each rank's default process group listing all {args.small_ranks:,} ranks | "
+                 f"{args.small_ranks:,} | {grouped_bytes / MB:,.0f} | {s:.2f} | {grouped_bytes / MB / s:.1f} | – | "
+                 f"{mem.peak / 2**20:,.0f} | {mem.self_peak / 2**20:,.0f} | {res.events_in:,} → {res.events_out:,} |")
+            emit("")
+            emit("| analysis (`analyze`, the client in a process of its own) | ranks | MB | s | per rank ms | "
+                 "peak RSS MiB | client peak RSS MiB | collective calls |")
+            emit("|---|---|---|---|---|---|---|---|")
+            with TreeRSS() as mem:
+                s, client_peak, ranks, calls = in_child(ctx, _analyze_client, client.scheduler.address, job)
+            emit(f"| every rank of a {args.small_ranks:,}-rank job, each listing all ranks in its pg_config | "
+                 f"{ranks:,} | {job_bytes / MB:,.0f} | {s:.2f} | {s / ranks * 1000:.1f} | {mem.peak / 2**20:,.0f} | "
+                 f"{client_peak / 2**20:,.0f} | {calls:,} |")
+    finally:
+        cleanup(root, args.keep)
+    write_report(args.out, lines)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
