@@ -24,10 +24,10 @@ import traceback
 from typing import Any
 
 from common import (
-    HERE,
     HTA_PYTHON,
     HTA_SETUP,
     MB,
+    SHARED,
     Table,
     at_least_one,
     chunks,
@@ -44,7 +44,7 @@ from common import (
 
 from tracefuse_dask.synth import write_example
 
-REAL_TRACES = os.path.join(os.path.dirname(os.path.dirname(HERE)), "shared", "traces", "real", "hta_trace_filter")
+REAL_TRACES = os.path.join(SHARED, "traces", "real", "hta_trace_filter")
 # per rank, tracefuse's breakdown column -> HTA's temporal breakdown column
 AGREE = {"gpu_span_us": "kernel_time(us)", "idle_us": "idle_time(us)", "computation_us": "compute_time(us)"}
 ANALYZE_COLUMNS = ["dataset", "ranks", "MB", "tracefuse s", "HTA s", "speedup", "tracefuse Δ peak RSS MiB",

@@ -33,6 +33,7 @@ from tracefuse_dask.synth import make_rank_trace
 
 MB = 1_000_000
 HERE = os.path.dirname(os.path.abspath(__file__))
+SHARED = os.path.join(os.path.dirname(os.path.dirname(HERE)), "shared")  # ../shared beside the repository
 HTA_PYTHON = "/work/hta-venv/bin/python"
 HTA_SETUP = ("python3 -m venv /work/hta-venv && /work/hta-venv/bin/pip install HolisticTraceAnalysis==0.5.0 "
              "pandas==2.2.3 numpy==2.2.6")
@@ -121,6 +122,45 @@ def make_synthetic(pool: Any, root: str, ranks: int, rank_mb: float) -> tuple[st
     paths = [os.path.join(folder, f"rank{r}.pt.trace.json") for r in range(ranks)]
     sizes = pool.map(_write_rank, [(r, ranks, int(rank_mb * MB), p) for r, p in enumerate(paths)], chunksize=1)
     return folder, paths, sum(sizes)
+
+
+MAKE_DATASET = os.path.join(SHARED, "tools", "make_dataset.py")
+# name -> (the one real trace its ranks are built from, under ../shared/traces/real, what it exercises)
+REAL_SHAPES = {
+    "a100": ("hta_trace_filter/sampled_rank-0.json.gz", "A100/NCCL, old format, no baseTimeNanoseconds"),
+    "h100": ("tracelens_h100_qwen/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz",
+             "H100, baseTimeNanoseconds after traceEvents, a quarter python_function"),
+    "b200": ("tracelens_b200/eager_trace.json.gz", "B200, modern format, base before the events, "
+             "python_function heavy"),
+}
+
+
+def real_source(shape: str) -> str:
+    """The real trace that ``shape``'s ranks are built from."""
+    return os.path.join(SHARED, "traces", "real", REAL_SHAPES[shape][0])
+
+
+def check_real_shapes(shapes: list[str]) -> None:
+    """Raise ``SystemExit`` with the fix when the dataset tool or a shape's source trace is missing."""
+    missing = [p for p in [MAKE_DATASET, *(real_source(s) for s in shapes)] if not os.path.isfile(p)]
+    if shapes and missing:
+        raise SystemExit(f"error: {' and '.join(missing)} missing: the real shapes ({', '.join(shapes)}) are "
+                         f"built from a trace in ../shared/traces/real by ../shared/tools/make_dataset.py, "
+                         f"both beside the repository ({os.path.dirname(HERE)}); put them there, or pass "
+                         f"--shapes synthetic")
+
+
+def make_real(shape: str, root: str, ranks: int, rank_mb: float) -> tuple[str, list[str], int]:
+    """``ranks`` ranks of about ``rank_mb`` MB as plain ``.json`` files built from a real trace by
+    ``make_dataset.py`` (run as a program of its own) in a new folder under ``root``; (folder, paths, bytes)."""
+    folder = os.path.join(root, f"{shape}_{ranks}x{rank_mb:g}MB")
+    proc = subprocess.run([sys.executable, MAKE_DATASET, "--source", real_source(shape), "--ranks", str(ranks),
+                           "--mb-per-rank", f"{rank_mb:g}", "--no-gzip", "--out", folder],
+                          capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"make_dataset.py failed for {shape}:\n{proc.stderr[-3000:]}")
+    paths = sorted(os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".json"))
+    return folder, paths, sum(os.path.getsize(p) for p in paths)
 
 
 def chunks(f: Any, size: int = 1 << 22) -> Iterator[bytes]:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import SHARED
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -32,8 +33,9 @@ def test_paired_takes_the_median_of_the_rounds_own_ratios():
 @pytest.mark.integration
 def test_the_merge_benchmark_prints_its_table(tmp_path):
     out = tmp_path / "report.md"
-    done = subprocess.run([sys.executable, str(BENCHMARKS / "merge.py"), "--ranks", "2", "--rank-mb", "0.2",
-                           "--repeat", "2", "--no-naive", "--no-hta", "--tmp-dir", str(tmp_path), "--out", str(out)],
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "merge.py"), "--shapes", "synthetic", "--ranks", "2",
+                           "--rank-mb", "0.2", "--repeat", "2", "--no-naive", "--no-hta", "--tmp-dir", str(tmp_path),
+                           "--out", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [line for line in out.read_text().splitlines() if line.startswith("| ") and "2×0.2 MB" in line]
@@ -44,3 +46,33 @@ def test_the_merge_benchmark_prints_its_table(tmp_path):
         assert re.fullmatch(r"\d+\.\d\d× \(\d+\.\d\d-\d+\.\d\d\)", cells[5]), row  # paired against the GC-off floor
         assert "→" in cells[-1] and "FAILED" not in row
     assert [p.name for p in tmp_path.iterdir()] == ["report.md"]  # the datasets and outputs are removed
+
+
+@pytest.mark.integration
+def test_the_merge_benchmark_measures_each_real_shape_against_its_own_floor(tmp_path):
+    if not (SHARED.parent / "tools" / "make_dataset.py").is_file() or not (SHARED / "real").is_dir():
+        pytest.skip("../shared/tools/make_dataset.py or ../shared/traces/real is missing beside the repository")
+    out = tmp_path / "report.md"
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "merge.py"), "--shapes", "a100,h100,b200", "--ranks", "2",
+                           "--rank-mb", "0.2", "--repeat", "2", "--no-naive", "--no-hta", "--tmp-dir", str(tmp_path),
+                           "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = out.read_text().splitlines()
+    rows = [line.split(" | ") for line in report if line.startswith("| ") and " 2×" in line]
+    # one source window per rank is more than 0.2 MB, so the dataset says what make_dataset.py wrote
+    assert [(r[0], r[1].split(" ")[0]) for r in rows] == [
+        (row, shape) for shape in ("a100", "h100", "b200")
+        for row in ("| orjson floor (GC on)", "| orjson floor (GC off)", "| tracefuse merge → .json",
+                    "| tracefuse merge → .json.gz")]
+    gc_off = {}
+    for cells in rows:
+        assert "FAILED" not in " | ".join(cells), cells
+        if cells[0].startswith("| tracefuse"):
+            assert re.fullmatch(r"\d+\.\d\d× \(\d+\.\d\d-\d+\.\d\d\)", cells[5]), cells  # its own GC-off floor
+            gc_off[f"{cells[1]}, {cells[0][2:]}"] = cells[5]
+        elif cells[0] == "| orjson floor (GC off)":
+            assert cells[5] == "1.00×"  # each shape's rows are against that shape's floor
+    worst = min(gc_off, key=lambda k: float(gc_off[k].split("×")[0]))
+    assert report[-1].endswith(f"rounds): {worst}: {gc_off[worst]}"), report[-1]
+    assert [p.name for p in tmp_path.iterdir()] == ["report.md"]
