@@ -70,6 +70,7 @@ def test_the_merge_benchmark_measures_each_real_shape_against_its_own_floor(tmp_
         assert "FAILED" not in " | ".join(cells), cells
         if cells[0].startswith("| tracefuse"):
             assert re.fullmatch(r"\d+\.\d\d× \(\d+\.\d\d-\d+\.\d\d\)", cells[5]), cells  # its own GC-off floor
+            assert re.search(r"header pass \d+% of the merge, reads [\d,]+ kB per file", cells[-1]), cells
             gc_off[f"{cells[1]}, {cells[0][2:]}"] = cells[5]
         elif cells[0] == "| orjson floor (GC off)":
             assert cells[5] == "1.00×"  # each shape's rows are against that shape's floor
