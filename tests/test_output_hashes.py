@@ -1,0 +1,74 @@
+"""The merged output and the analysis tables of every shared trace set and of the example jobs, pinned by sha256.
+
+A change that alters any output fails here, so that it is a decision, not an accident: a refactoring must
+leave every hash as it is; a change of behaviour regenerates them on purpose and says why in its commit:
+
+    TRACEFUSE_REGENERATE_HASHES=1 python -m pytest tests/test_output_hashes.py
+
+Each folder of ``../shared/traces`` (and of ``real/``) is one job, merged and analysed on its own. Tables are
+hashed as CSV text (``repr`` of floats, so a change in the last bit shows), not as Parquet, whose bytes carry
+the writer's version.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import REAL_SETS, SHARED
+from tracefuse_dask import analyze, merge_traces
+from tracefuse_dask.synth import write_example
+
+EXPECTED_FILE = Path(__file__).parent / "data" / "output_hashes.json"
+REGENERATE = os.environ.get("TRACEFUSE_REGENERATE_HASHES") == "1"
+SETS = ["gloo_4ranks", "gloo_2ranks_tb_nostraggler", *(f"real/{name}" for name in REAL_SETS)]
+EXAMPLES = {"example": None, "example-straggler-5": 5}
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def hashes(inputs: str, tmp: Path, client) -> dict[str, str]:
+    """sha256 of the merged trace (``.json`` and ``.json.gz``) and of every analysis table of ``inputs``."""
+    got = {}
+    for suffix in ("json", "json.gz"):
+        out = tmp / f"merged.{suffix}"
+        merge_traces(inputs, str(out), client=client, force=True)
+        got[f"merge.{suffix}"] = sha256(out.read_bytes())
+    for name, df in analyze(inputs, client=client).tables().items():
+        got[f"analysis.{name}"] = sha256(df.to_csv(index=False, float_format="%r").encode())
+    return got
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    if not SHARED.is_dir():
+        pytest.skip("../shared/traces is missing")
+    folders = {name: str(SHARED / name) for name in SETS}
+    for name, straggler in EXAMPLES.items():
+        out = tmp_path_factory.mktemp(name) / "traces"
+        write_example(str(out), ranks=4, rank_bytes=500_000, straggler=straggler)
+        folders[name] = str(out)
+    return folders
+
+
+@pytest.fixture(scope="module")
+def computed(jobs, client, tmp_path_factory):
+    got = {name: hashes(path, tmp_path_factory.mktemp("out"), client) for name, path in jobs.items()}
+    if REGENERATE:
+        EXPECTED_FILE.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
+    return got
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("job", [*SETS, *EXAMPLES])
+def test_outputs_are_unchanged(computed, job):
+    expected = json.loads(EXPECTED_FILE.read_text())
+    assert job in expected, f"{job} has no pinned hashes: regenerate them (see this module's docstring)"
+    changed = sorted(k for k in computed[job].keys() | expected[job].keys()
+                     if computed[job].get(k) != expected[job].get(k))
+    assert not changed, f"{job}: these outputs changed: {changed}"
