@@ -77,3 +77,16 @@ def test_the_merge_benchmark_measures_each_real_shape_against_its_own_floor(tmp_
     worst = min(gc_off, key=lambda k: float(gc_off[k].split("×")[0]))
     assert report[-1].endswith(f"rounds): {worst}: {gc_off[worst]}"), report[-1]
     assert [p.name for p in tmp_path.iterdir()] == ["report.md"]
+
+
+@pytest.mark.integration
+def test_the_cli_benchmark_times_fresh_processes(tmp_path):
+    out = tmp_path / "report.md"
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "cli.py"), "--repeat", "2", "--tmp-dir", str(tmp_path),
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line.split(" | ") for line in out.read_text().splitlines() if "example 8 × 1 MB" in line]
+    assert [r[0] for r in rows] == ["| tracefuse merge (CLI, embedded cluster)", "| naive TraceLens-style (python -c)"]
+    assert re.fullmatch(r"\d+\.\d\d× \(\d+\.\d\d-\d+\.\d\d\)", rows[0][4]) and rows[1][4].startswith("1.00×")
+    assert re.search(r"`tracefuse --version`: \d+\.\d\d s", out.read_text())
+    assert [p.name for p in tmp_path.iterdir()] == ["report.md"]

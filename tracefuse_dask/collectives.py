@@ -16,7 +16,7 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from .kineto.vocabulary import is_comm_kernel
+from .kineto.vocabulary import COLLECTIVE_OP_PREFIXES, is_comm_kernel
 from .model import RankSet
 
 __all__ = ["CALL_COLUMNS", "canonical_op", "clock_offsets", "group_members", "group_spec", "match_collectives",
@@ -29,6 +29,7 @@ ITEMSIZE = {"float": 4, "float32": 4, "bfloat16": 2, "half": 2, "float16": 2, "d
             "int8": 1, "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1, "signed char": 1,
             "unsigned char": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "complexfloat": 8, "complexdouble": 16,
             "complex64": 8, "complex128": 16}
+_OP_PREFIX = re.compile("^(" + "|".join(map(re.escape, COLLECTIVE_OP_PREFIXES)) + ")")
 CALL_COLUMNS = ["index", "op", "name", "pg_name", "pg_desc", "group_ranks", "group_size", "dtype", "in_nelems",
                 "out_nelems", "in_bytes", "out_bytes", "input_dims", "seq", "comms_id", "step", "tid",
                 "cpu_start_ns", "cpu_end_ns", "gpu_start_ns", "gpu_end_ns", "stream"]
@@ -36,7 +37,7 @@ CALL_COLUMNS = ["index", "op", "name", "pg_name", "pg_desc", "group_ranks", "gro
 
 def canonical_op(name: str) -> str:
     """One spelling per collective: ``c10d::allreduce_``, ``nccl:all_reduce`` and ``allreduce`` are ``allreduce``."""
-    s = re.sub(r"^(c10d::|nccl:|rccl:|gloo:)", "", name).lower().replace("_", "")
+    s = _OP_PREFIX.sub("", name).lower().replace("_", "")
     while (t := _OP_SUFFIX.sub("", s)) != s and t:
         s = t
     return s
@@ -169,7 +170,7 @@ def rank_collectives(names: list[str], tids: list[Any], args: list[Any], order: 
 
 def _gather(call: dict[str, Any], name: str, args: Any) -> None:
     """Take a chain member's args into its call; the first value seen wins."""
-    if name.startswith(("c10d::", "nccl:", "rccl:", "gloo:")):
+    if name.startswith(COLLECTIVE_OP_PREFIXES):
         call.setdefault("op_name", name)
     found = {
         "collective": args.collective,

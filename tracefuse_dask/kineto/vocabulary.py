@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 __all__ = [
     "COLLECTIVE_CALL_PREFIXES",
+    "COLLECTIVE_OP_PREFIXES",
     "KERNEL_WAIT_NS",
     "KnownCategory",
     "KnownPhase",
@@ -65,7 +66,10 @@ _HOST = frozenset({"cpu_op", "user_annotation", "python_function", "cuda_runtime
 _OP = frozenset({"cpu_op", "user_annotation", "operator"})
 _CORRELATION_FLOWS = frozenset({"ac2g", "async", "async_cpu_to_gpu"})
 
-COLLECTIVE_CALL_PREFIXES = ("c10d::", "record_param_comms", "nccl:", "rccl:", "gloo:")
+# The names a collective op goes by (``c10d::allreduce_``, ``nccl:all_reduce``); a call is a chain of those and
+# ``record_param_comms``.
+COLLECTIVE_OP_PREFIXES = ("c10d::", "nccl:", "rccl:", "gloo:")
+COLLECTIVE_CALL_PREFIXES = (*COLLECTIVE_OP_PREFIXES, "record_param_comms")
 _COMM_KERNEL = re.compile(r"nccl|rccl", re.IGNORECASE)
 _GRAPH_LAUNCH = re.compile(r"^(cuda|hip)GraphLaunch")
 
