@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import gzip
-import shutil
 from pathlib import Path
 
 import orjson
@@ -66,31 +65,6 @@ def test_collective_kernels_by_every_name(new_name, client, tmp_path):
     assert got.collectives[cols].equals(base.collectives[cols])
     if new_name.startswith("nccl"):
         assert got.breakdown.equals(base.breakdown)
-
-
-def test_every_kernel_of_a_graph_launch_is_attributed_to_it(client, tmp_path):
-    """A graph launch's kernels share its correlation: all of them count for it in the launch statistics. The real
-    ROCm graph-capture trace with a hipGraphLaunch of 12 kernels added (its capture itself launches none)."""
-    doc = read(only_trace("tracelens_vllm_cudagraph"))
-    events = doc["traceEvents"]
-    host = next(e for e in events if e.get("cat") == "cuda_runtime")
-    kernel = next(e for e in events if e.get("cat") == "kernel")
-    op = next(e for e in events if e.get("cat") == "cpu_op")
-    t = max(e["ts"] + e.get("dur", 0) for e in events if e.get("ph") == "X") + 100
-    corr = 10**9
-    events.append({**op, "name": "graph_replay", "ts": t - 5, "dur": 30, "args": {}})
-    events.append({**host, "pid": op["pid"], "tid": op["tid"], "name": "hipGraphLaunch", "ts": t, "dur": 10,
-                   "args": {"correlation": corr}})
-    for i in range(12):
-        k = copy.deepcopy(kernel)
-        k.update(ts=t + 20 + 5 * i, dur=4, name=f"graph_kernel_{i}")
-        k["args"]["correlation"] = corr
-        events.append(k)
-    write_trace(tmp_path / "in" / "rank0.json.gz", doc)
-    got = analyze(str(tmp_path / "in"), client=client)
-    launch = got.kernel_launchers[got.kernel_launchers["name"] == "graph_replay"]
-    assert launch["kernel_count"].tolist() == [12] and launch["gpu_time_us"].tolist() == [48.0]
-    shutil.rmtree(tmp_path / "in")
 
 
 # --- the temporal breakdown against an independent interval union over the raw JSON, with HTA's rules -----------
@@ -237,3 +211,45 @@ def test_kernels_that_overrun_the_next_on_their_stream_are_clipped_in_the_kernel
     assert overruns > 10 and got.breakdown.iloc[0]["kernels_clipped"] == overruns
     assert got.summary["per_rank"]["0"]["kernels_clipped"] == overruns
     assert got.kernels["clipped_us"].sum() == pytest.approx(cut / 1e3, abs=1e-6)
+
+
+def graph_launch_trace(doc: dict, *, by_flow: bool) -> dict:
+    """The real graph-capture trace with a hipGraphLaunch of 12 kernels added, inside a ``graph_replay`` op; its
+    kernels share its correlation in their args, or (``by_flow``) carry none and are linked to it by one ac2g flow
+    that starts at the launch and ends on each kernel, as Kineto writes a graph launch's flow."""
+    events = doc["traceEvents"]
+    host = next(e for e in events if e.get("cat") == "cuda_runtime")
+    kernel = next(e for e in events if e.get("cat") == "kernel")
+    op = next(e for e in events if e.get("cat") == "cpu_op")
+    t = max(e["ts"] + e.get("dur", 0) for e in events if e.get("ph") == "X") + 100
+    corr = 10**9
+    events.append({**op, "name": "graph_replay", "ts": t - 5, "dur": 30, "args": {}})
+    events.append({**host, "pid": op["pid"], "tid": op["tid"], "name": "hipGraphLaunch", "ts": t, "dur": 10,
+                   "args": {} if by_flow else {"correlation": corr}})
+    if by_flow:
+        events.append({"ph": "s", "id": corr, "pid": op["pid"], "tid": op["tid"], "ts": t, "cat": "ac2g",
+                       "name": "ac2g"})
+    for i in range(12):
+        k = copy.deepcopy(kernel)
+        k.update(ts=t + 20 + 5 * i, dur=4, name=f"graph_kernel_{i}")
+        if by_flow:
+            del k["args"]["correlation"]
+            events.append({"ph": "f", "id": corr, "pid": k["pid"], "tid": k["tid"], "ts": k["ts"], "cat": "ac2g",
+                           "name": "ac2g", "bp": "e"})
+        else:
+            k["args"]["correlation"] = corr
+        events.append(k)
+    return doc
+
+
+@pytest.mark.parametrize("by_flow", [False, True], ids=["correlation", "flow"])
+def test_every_kernel_of_a_graph_launch_is_attributed_to_it(by_flow, client, tmp_path):
+    """A graph launch's kernels share its correlation, or (without one) its ac2g flow, which ends on each of them:
+    all 12 count for it in the launch statistics and the op table, not the first or the last one only. The real
+    ROCm graph-capture trace, whose capture itself launches none, with such a launch added."""
+    write_trace(tmp_path / "in" / "rank0.json.gz",
+                graph_launch_trace(read(only_trace("tracelens_vllm_cudagraph")), by_flow=by_flow))
+    got = analyze(str(tmp_path / "in"), client=client)
+    launch = got.kernel_launchers[got.kernel_launchers["name"] == "graph_replay"]
+    assert launch["kernel_count"].tolist() == [12] and launch["gpu_time_us"].tolist() == [48.0]
+    assert got.ops.set_index("name").loc["graph_replay", "kernel_count"] == 12

@@ -557,19 +557,22 @@ def _launches(events: list[_Event], xs: list[_Event], host: list[int], gpu: list
 
 
 def _flow_launches(events: list[_Event], xs: list[_Event], host: list[int], gpu: list[int]) -> dict[int, int]:
-    """Link GPU events to launches through ac2g flows: the start binds to the launch, the end to the kernel."""
+    """Link GPU events to launches through ac2g flows: the start binds to the launch, the end to the kernel.
+
+    A graph launch's flow has one start and an end on each of its kernels: every one of them links to it.
+    """
     at = {(xs[i].pid, xs[i].tid, xs[i].ts): i for i in host}
     at_gpu = {(xs[i].pid, xs[i].tid, xs[i].ts): i for i in gpu}
     starts: dict[Any, int] = {}
-    ends: dict[Any, int] = {}
+    ends: list[tuple[Any, int]] = []
     for ev in events:
         if ev.ph in ("s", "f") and is_correlation_flow(ev.cat):
             key = (ev.pid, ev.tid, ev.ts)
             if ev.ph == "s" and key in at:
                 starts[ev.id] = at[key]
             elif ev.ph == "f" and key in at_gpu:
-                ends[ev.id] = at_gpu[key]
-    return {k: starts[fid] for fid, k in ends.items() if fid in starts}
+                ends.append((ev.id, at_gpu[key]))
+    return {k: starts[fid] for fid, k in ends if fid in starts}
 
 
 def _by_step(g: _Gpu, spans: list[tuple[int, int, int]], start: np.ndarray) -> pd.DataFrame:
