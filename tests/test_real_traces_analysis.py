@@ -253,3 +253,27 @@ def test_every_kernel_of_a_graph_launch_is_attributed_to_it(by_flow, client, tmp
     launch = got.kernel_launchers[got.kernel_launchers["name"] == "graph_replay"]
     assert launch["kernel_count"].tolist() == [12] and launch["gpu_time_us"].tolist() == [48.0]
     assert got.ops.set_index("name").loc["graph_replay", "kernel_count"] == 12
+
+
+def test_collective_kernels_by_their_collective_name_arg(client, tmp_path):
+    """Device work named like no NCCL or RCCL kernel is a collective's when its args carry ``Collective name``: the
+    real two-rank trace with its ncclKernel_* renamed (no "nccl" left) and that arg added matches the same
+    collectives' GPU times; renamed without the arg, none."""
+    folder = shared("real", "hta_trace_filter")
+    for sub, with_arg in (("arg", True), ("no-arg", False)):
+        (tmp_path / sub).mkdir()
+        for p in folder.iterdir():
+            if p.name.endswith(".json.gz"):
+                doc = read(p)
+                for e in doc["traceEvents"]:
+                    if e.get("cat") == "kernel" and e["name"].startswith("ncclKernel_"):
+                        e["name"] = e["name"].replace("nccl", "comm")  # ncclKernel_*(ncclDevComm*, ...)
+                        if with_arg:
+                            e["args"]["Collective name"] = "allreduce"
+                write_trace(tmp_path / sub / p.name, doc)
+    base = analyze(str(folder), client=client)
+    got, bare = analyze(str(tmp_path / "arg"), client=client), analyze(str(tmp_path / "no-arg"), client=client)
+    cols = ["rank", "index", "op", "gpu_start_ns", "gpu_end_ns", "stream"]
+    assert base.collectives["gpu_start_ns"].notna().sum() > 10
+    assert got.collectives[cols].equals(base.collectives[cols])
+    assert bare.collectives["gpu_start_ns"].isna().all()

@@ -89,8 +89,8 @@ def _dims_product(dims: Any) -> int | None:
 
 def rank_collectives(names: list[str], tids: list[Any], args: list[Any], order: list[int], stop: list[int],
                      members: list[int], start: list[int], end: list[int],
-                     gpu_launch: list[tuple[int, int, int, int, str]], steps: list[tuple[int, int, int]], base: int,
-                     pg_config: Mapping[str, str]) -> pd.DataFrame:
+                     gpu_launch: list[tuple[int, int, int, int, str, Any]], steps: list[tuple[int, int, int]],
+                     base: int, pg_config: Mapping[str, str]) -> pd.DataFrame:
     """One rank's collective calls, one row each, times in absolute ns.
 
     A call is the outermost of a chain of ``c10d::*``, ``record_param_comms``, ``nccl:*``
@@ -109,7 +109,7 @@ def rank_collectives(names: list[str], tids: list[Any], args: list[Any], order: 
     members
         The positions, ascending, of the events whose name ``is_collective_call``.
     gpu_launch
-        ``(position of the launching host event, gpu start, gpu end, stream, name)`` per GPU event.
+        ``(position of the launching host event, gpu start, gpu end, stream, name, args)`` per GPU event.
     steps
         ``(step, start, end)`` of each ``ProfilerStep#N`` (relative ns).
     pg_config
@@ -130,9 +130,9 @@ def rank_collectives(names: list[str], tids: list[Any], args: list[Any], order: 
                 continue
             calls[r] = {"name": names[r], "tid": tids[r], "cpu_start_ns": start[r] + base, "cpu_end_ns": end[r] + base}
         _gather(calls[r], names[order[k]], args[order[k]])
-    for k, s, e, stream, name in gpu_launch:
+    for k, s, e, stream, name, kernel_args in gpu_launch:
         r = order[root[k]] if root[k] >= 0 else -1
-        if r in calls and is_comm_kernel(name):
+        if r in calls and is_comm_kernel(name, kernel_args):
             c = calls[r]
             c["gpu_start_ns"] = min(c.get("gpu_start_ns", s + base), s + base)
             c["gpu_end_ns"] = max(c.get("gpu_end_ns", e + base), e + base)

@@ -199,6 +199,7 @@ class _Gpu:
     launch: np.ndarray  # index of the launching host event, or -1
     dur: np.ndarray  # per-event duration (ns), clipped at the next start on its stream (``_clipped``)
     clipped: int  # how many durations were clipped
+    args: list[_Args]  # per event, for the collective matching (``Collective name``)
 
 
 @dataclass
@@ -381,8 +382,8 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
     info = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
     pgs = {str(pg["pg_name"]): spec for pg in info.get("pg_config") or []
            if isinstance(pg, dict) and "pg_name" in pg and (spec := group_spec(pg.get("ranks")))}
-    gpu_launch = [(j, a, b, s, nm) for j, a, b, s, nm in zip(tree.pos[g.launch].tolist(), g.start.tolist(),
-                                                               g.end.tolist(), g.stream, g.name) if j >= 0]
+    gpu_launch = [(j, a, b, s, nm, ka) for j, a, b, s, nm, ka in zip(
+        tree.pos[g.launch].tolist(), g.start.tolist(), g.end.tolist(), g.stream, g.name, g.args) if j >= 0]
     members = np.flatnonzero(np.array([is_collective_call(nm) for nm in names], dtype=bool)[name_code[tree.order]])
     tables["collectives"] = rank_collectives(names[name_code].tolist(), tids.tolist(), args, tree.order.tolist(),
                                              tree.stop.tolist(), members.tolist(), start.tolist(), end.tolist(),
@@ -513,6 +514,7 @@ def _gpu_arrays(events: list[_Event], xs: list[_Event], dev: np.ndarray, host: n
         launch=np.array(_launches(events, xs, host.tolist(), gpu, args), dtype=np.int64),
         dur=dur,
         clipped=clipped,
+        args=[args[i] for i in gpu],
     )
 
 

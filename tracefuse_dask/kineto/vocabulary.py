@@ -147,10 +147,12 @@ def is_collective_call(name: str) -> bool:
 
 def is_comm_kernel(name: str, args: Any = None) -> bool:
     """True for a collective's device work: NCCL and RCCL kernels by any of their names, or device work whose
-    args carry ``Collective name``."""
+    args carry ``Collective name`` (a mapping's key, or the ``collective`` field of the analysis's args)."""
     if _COMM_KERNEL.search(name):
         return True
-    return isinstance(args, Mapping) and "Collective name" in args
+    if isinstance(args, Mapping):
+        return "Collective name" in args
+    return getattr(args, "collective", None) is not None
 
 
 def is_graph_launch(name: Any) -> bool:
