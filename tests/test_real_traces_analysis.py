@@ -181,10 +181,11 @@ def test_gpu_work_whose_launch_is_not_in_the_trace_is_left_out_as_hta_does(clien
     assert done.returncode == 0 and "left out" not in done.stderr, done.stderr
 
 
-@pytest.mark.parametrize("name", ["tracelens_b200", "hta_alexnet"])
+@pytest.mark.parametrize("name", ["tracelens_b200"])
 def test_kernels_that_overrun_the_next_on_their_stream_are_clipped_in_the_kernel_tables_only(name, client):
-    """Real traces where a kernel ends after the next one on its stream starts (74 times in the B200 trace):
-    per-kernel durations end at that start, counted; the breakdown keeps the raw ends (the union test above)."""
+    """The real trace where a kernel ends after the next one on its stream starts (74 times; in no other real
+    trace): per-kernel durations end at that start, counted; the breakdown keeps the raw ends (the union test
+    above). Stream waits neither clip nor are clipped (hta_alexnet's 16 overlaps are all cuda_sync)."""
     import json
     from decimal import Decimal
 
@@ -196,7 +197,7 @@ def test_kernels_that_overrun_the_next_on_their_stream_are_clipped_in_the_kernel
     by_stream: dict = {}
     for e in doc["traceEvents"]:
         args = e.get("args") if isinstance(e.get("args"), dict) else {}
-        if e.get("ph") == "X" and str(e.get("cat", "")).lower() in _DEVICE_CATS:
+        if e.get("ph") == "X" and str(e.get("cat", "")).lower() in _DEVICE_CATS - {"cuda_sync"}:
             start = int(Decimal(e["ts"]) * 1000)
             stream = args["stream"] if type(args.get("stream")) is int else e.get("tid")
             by_stream.setdefault(stream, []).append((start, start + int(Decimal(e.get("dur", 0)) * 1000), e["name"]))

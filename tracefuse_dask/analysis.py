@@ -54,6 +54,7 @@ _NAMES = re.compile(r"\.json(\.gz)?$|\.gz$|\.csv$|\.log(-\d+)?$|\.txt$", re.IGNO
 _COMBINE = 64  # the results of this many files are joined by one reduce task on the cluster
 _MAD_LIMIT = 3.0
 _MIN_REL_DEVIATION = 0.10
+_BOOKKEEPING = ("gpu_events_left_out", "kernels_clipped")  # breakdown columns that rank_stats leaves out
 
 
 @dataclass
@@ -186,9 +187,10 @@ def rank_stats(breakdown: pd.DataFrame, by_step: pd.DataFrame) -> pd.DataFrame:
     """One row per metric: min, median and max across ranks, and the outlier ranks.
 
     A rank is an outlier when it is more than 3 median absolute deviations from
-    the median, and at least 10% away from it.
+    the median, and at least 10% away from it. The counts of GPU events left out
+    and kernels clipped say how the trace was read, not how the rank ran: no rows.
     """
-    per_rank = breakdown.set_index("rank")
+    per_rank = breakdown.set_index("rank").drop(columns=list(_BOOKKEEPING), errors="ignore")
     if len(by_step):
         per_rank = per_rank.join(by_step.groupby("rank")["step_us"].mean().rename("step_us_mean"))
     rows = []
@@ -361,6 +363,12 @@ def _reduce(results: list[dict[str, Any]], skipped_names: list[str], steps: tupl
                    "work whose launch (correlation) is not among the host events up to the end of the last step, "
                    "such as work queued before the profiler started, is left out; --keep-unlaunched-gpu keeps it",
         } if not keep_unlaunched_gpu else None,
+        "kernels_clipped": {
+            "count": sum(rt.numbers["kernels_clipped"] for rt in per_rank),
+            "why": "a kernel, memcpy or memset that ends after the next one on its stream starts (a clock quirk) "
+                   "counts up to that start in the per-kernel durations (kernels, ops and kernel_launchers "
+                   "tables); the breakdowns and the idle table use the raw times, as HTA does",
+        },
         "outliers": [n for n in stats["note"] if n],
         "collectives": {"calls": len(tables["collectives"]), "matched": len(instances), "problems": len(problems),
                         "problem_examples": problems[:20]},

@@ -262,6 +262,9 @@ def _analyze(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
         if s["gpu_events_left_out"] and s["gpu_events_left_out"]["count"]:
             print(f"note: {s['gpu_events_left_out']['count']:,} GPU events left out: "
                   f"{s['gpu_events_left_out']['why']}", file=sys.stderr)
+        if s["kernels_clipped"]["count"]:
+            print(f"note: {s['kernels_clipped']['count']:,} kernels clipped: {s['kernels_clipped']['why']}",
+                  file=sys.stderr)
         for line in s["outliers"]:
             print(f"outlier: {line}", file=sys.stderr)
         if s["collective_trace"]:

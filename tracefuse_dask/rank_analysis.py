@@ -503,7 +503,7 @@ def _gpu_arrays(events: list[_Event], xs: list[_Event], dev: np.ndarray, host: n
             gpu.append(i)
             streams.append(s)
     code = name_code[gpu]
-    dur, clipped = _clipped(start[gpu], end[gpu], streams)
+    dur, clipped = _clipped(start[gpu], end[gpu], streams, kinds[gpu] != "sync")
     return _Gpu(
         start=start[gpu],
         end=end[gpu],
@@ -518,25 +518,30 @@ def _gpu_arrays(events: list[_Event], xs: list[_Event], dev: np.ndarray, host: n
     )
 
 
-def _clipped(start: np.ndarray, end: np.ndarray, streams: list[Any]) -> tuple[np.ndarray, int]:
-    """Each event's duration, ended at the next start on its stream where it runs past it, and how many were.
+def _clipped(start: np.ndarray, end: np.ndarray, streams: list[Any], work: np.ndarray) -> tuple[np.ndarray, int]:
+    """Each event's duration, ended at the next start on its stream where it runs past it, and how many were;
+    only the ``work`` events (kernels, memcpy, memset: not stream waits) clip or are clipped.
 
     A stream runs one thing at a time, so an end after the next start is a clock quirk (thousands of them in
     a real MTIA trace; TraceLens issue #669). Per-kernel durations (the kernel and op tables, the launch
     statistics) use these; the interval unions of the breakdowns keep the raw ends, as HTA does.
     """
-    n = len(start)
-    if n < 2:
-        return end - start, 0
-    stream = pd.factorize(pd.Series(streams, dtype=object))[0]
+    dur = end - start
+    if int(work.sum()) < 2:
+        return dur, 0
+    idx = np.flatnonzero(work)
+    n = len(idx)
+    start, end = start[idx], end[idx]
+    stream = pd.factorize(pd.Series([streams[i] for i in idx.tolist()], dtype=object))[0]
     order = np.lexsort((start, stream))
     s, e, st = start[order], end[order], stream[order]
     limit = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
     same = st[1:] == st[:-1]
     limit[:-1][same] = s[1:][same]
     over = e > limit
-    dur = np.empty(n, dtype=np.int64)
-    dur[order] = np.minimum(e, limit) - s
+    clipped = np.empty(n, dtype=np.int64)
+    clipped[order] = np.minimum(e, limit) - s
+    dur[idx] = clipped
     return dur, int(over.sum())
 
 

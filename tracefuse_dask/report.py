@@ -174,6 +174,10 @@ def _header(page: Page) -> str:
     if left_out.get("count"):
         parts.append(f'<p class="note">{left_out["count"]:,} GPU events left out: '
                      f'{html.escape(str(left_out.get("why", "")))}.</p>')
+    clipped = s.get("kernels_clipped") or {}
+    if clipped.get("count"):
+        parts.append(f'<p class="note">{clipped["count"]:,} kernels clipped: '
+                     f'{html.escape(str(clipped.get("why", "")))}.</p>')
     warnings = [str(w) for w in s.get("warnings") or []]
     if warnings:
         items = "".join(f"<li>{html.escape(w)}</li>" for w in warnings[:MAX_LISTED])
