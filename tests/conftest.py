@@ -31,6 +31,18 @@ def shared(*parts: str) -> Path:
     return path
 
 
+def only_trace(name: str) -> Path:
+    """The one trace file of the real set ``name``."""
+    (path,) = [p for p in shared("real", name).iterdir() if p.name.endswith((".json", ".json.gz"))]
+    return path
+
+
+def read_trace(path: Path) -> dict:
+    """A trace file's document, gzip or not."""
+    raw = path.read_bytes()
+    return orjson.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+
+
 def make_trace(rank: int | None, events: list[dict[str, Any]], *, base: int | None = BASE,
                world_size: int | None = None, **header: Any) -> dict[str, Any]:
     """A Kineto-shaped document around ``events``."""

@@ -6,28 +6,18 @@ import copy
 import gzip
 from pathlib import Path
 
-import orjson
 import pytest
 
-from conftest import shared, write_trace
+from conftest import only_trace, read_trace, shared, write_trace
 from tracefuse_dask import analyze
 
 pytestmark = pytest.mark.integration
 
 
-def only_trace(name: str) -> Path:
-    (path,) = [p for p in shared("real", name).iterdir() if p.name.endswith((".json", ".json.gz"))]
-    return path
-
-
-def read(path: Path) -> dict:
-    raw = path.read_bytes()
-    return orjson.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
-
 
 def test_2021_kineto_memcpy_and_memset_count(client):
     """Kernel/Memcpy/Memset (capitalised) are device work of their kinds; Operator ops are in the op table."""
-    doc = read(only_trace("kineto_2021_resnet50"))
+    doc = read_trace(only_trace("kineto_2021_resnet50"))
     got = analyze(str(only_trace("kineto_2021_resnet50")), client=client)
     b = got.breakdown.iloc[0]
     assert b["memcpy_us"] > 0 and b["memset_us"] > 0 and b["non_compute_us"] > 0
@@ -39,7 +29,7 @@ def test_2021_kineto_memcpy_and_memset_count(client):
 
 def test_mtia_device_work_is_analysed_as_device_work(client):
     """MTIA's mtia_ccp_events carry args.stream: device work, dma* by name memory, as HTA classifies them."""
-    doc = read(only_trace("hta_mtia_inference"))
+    doc = read_trace(only_trace("hta_mtia_inference"))
     ccp = [e for e in doc["traceEvents"] if e.get("cat") == "mtia_ccp_events"]
     got = analyze(str(only_trace("hta_mtia_inference")), client=client)
     b = got.breakdown.iloc[0]
@@ -146,7 +136,7 @@ def test_gpu_work_whose_launch_is_not_in_the_trace_is_left_out_as_hta_does(clien
     import sys
 
     src = shared("real", "hta_trace_filter", "sampled_rank-0.json.gz")
-    doc = read(src)
+    doc = read_trace(src)
     events = doc["traceEvents"]
     kernel = next(e for e in events if e.get("cat") == "kernel")
     steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
@@ -249,7 +239,7 @@ def test_every_kernel_of_a_graph_launch_is_attributed_to_it(by_flow, client, tmp
     all 12 count for it in the launch statistics and the op table, not the first or the last one only. The real
     ROCm graph-capture trace, whose capture itself launches none, with such a launch added."""
     write_trace(tmp_path / "in" / "rank0.json.gz",
-                graph_launch_trace(read(only_trace("tracelens_vllm_cudagraph")), by_flow=by_flow))
+                graph_launch_trace(read_trace(only_trace("tracelens_vllm_cudagraph")), by_flow=by_flow))
     got = analyze(str(tmp_path / "in"), client=client)
     launch = got.kernel_launchers[got.kernel_launchers["name"] == "graph_replay"]
     assert launch["kernel_count"].tolist() == [12] and launch["gpu_time_us"].tolist() == [48.0]
@@ -265,7 +255,7 @@ def test_collective_kernels_by_their_collective_name_arg(client, tmp_path):
         (tmp_path / sub).mkdir()
         for p in folder.iterdir():
             if p.name.endswith(".json.gz"):
-                doc = read(p)
+                doc = read_trace(p)
                 for e in doc["traceEvents"]:
                     if e.get("cat") == "kernel" and e["name"].startswith("ncclKernel_"):
                         e["name"] = e["name"].replace("nccl", "comm")  # ncclKernel_*(ncclDevComm*, ...)

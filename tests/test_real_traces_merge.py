@@ -3,14 +3,11 @@ categories and flows, graph launches under --steps; and the same bytes with one 
 from __future__ import annotations
 
 import copy
-import gzip
 from collections import Counter
-from pathlib import Path
 
-import orjson
 import pytest
 
-from conftest import REAL_SETS, shared, write_trace
+from conftest import REAL_SETS, only_trace, read_trace, shared, write_trace
 from perfetto_rules import assert_perfetto_rules, load_exact
 from tracefuse_dask import merge_traces
 
@@ -18,15 +15,6 @@ pytestmark = pytest.mark.integration
 
 SETS = ["gloo_4ranks", "gloo_2ranks_tb_nostraggler"] + [f"real/{s}" for s in REAL_SETS]
 
-
-def only_trace(name: str) -> Path:
-    (path,) = [p for p in shared("real", name).iterdir() if p.name.endswith((".json", ".json.gz"))]
-    return path
-
-
-def read(path: Path) -> dict:
-    raw = path.read_bytes()
-    return orjson.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
 
 
 def process_names(merged: dict) -> dict[int, str]:
@@ -56,7 +44,7 @@ def test_mtia_device_work_goes_to_a_device_process(client, tmp_path):
     """MTIA puts its device work under mtia_ccp_events with an integer args.stream, on the device's pid (17),
     beside host mtia_runtime calls: the pid splits into a host and a device process, as the spec says."""
     path = only_trace("hta_mtia_inference")
-    streamed = sum(1 for e in read(path)["traceEvents"]
+    streamed = sum(1 for e in read_trace(path)["traceEvents"]
                    if e.get("cat") == "mtia_ccp_events" and type((e.get("args") or {}).get("stream")) is int)
     out = tmp_path / "m.json"
     merge_traces([str(path)], str(out), client=client)
@@ -72,7 +60,7 @@ def test_2021_kineto_categories_flows_and_stream_tids(client, tmp_path):
     """Kernel/Memcpy/Memset on devices, Runtime/Operator on the host, string tids mapped to ints, and the async
     launch flows of two ranks (the same file twice) each kept within their rank."""
     path = only_trace("kineto_2021_resnet50")
-    doc = read(path)
+    doc = read_trace(path)
     folder = tmp_path / "in"
     for r in range(2):
         write_trace(folder / f"rank{r}.json.gz", doc)
@@ -99,7 +87,7 @@ def test_steps_keep_every_kernel_of_a_graph_launch_with_its_launch(client, tmp_p
     """A graph launch's kernels share its correlation and run after it, here in the next step's time: --steps
     keeps all of them with the launch's step, and none with the next one. The real ROCm graph-capture trace,
     with two steps and a hipGraphLaunch of 12 kernels added (its capture itself launches none)."""
-    doc = read(only_trace("tracelens_vllm_cudagraph"))
+    doc = read_trace(only_trace("tracelens_vllm_cudagraph"))
     events = doc["traceEvents"]
     host = next(e for e in events if e.get("cat") == "cpu_op")
     kernel = next(e for e in events if e.get("cat") == "kernel")
