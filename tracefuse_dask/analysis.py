@@ -19,7 +19,6 @@ from distributed import progress
 from ._version import __version__
 from .errors import MergeError, OutputExistsError, RankError
 from .io import (
-    DEFAULT_RANK_REGEX,
     TMP_SUFFIX,
     TRACE_NAME,
     check_document,
@@ -35,7 +34,7 @@ from .io import (
     storage_errors,
 )
 from .cluster import connect
-from .model import InputFile, parse_steps, rank_subset
+from .model import DEFAULT_RANK_REGEX, InputFile, parse_steps, rank_subset
 from .collective_trace import CALL_COLUMNS as CT_COLUMNS
 from .collective_trace import looks_like_collective_trace, parse_collective_trace, summarize
 from .collectives import clock_offsets, group_members, instance_metrics, match_collectives, op_summary, straggler

@@ -13,7 +13,7 @@ from typing import Any
 
 from ._version import __version__
 from .errors import TraceFuseError
-from .io import DEFAULT_RANK_REGEX
+from .model import DEFAULT_RANK_REGEX
 
 __all__ = ["main"]
 

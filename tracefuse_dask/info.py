@@ -6,10 +6,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .errors import RankError
-from .io import DEFAULT_RANK_REGEX, check_document, expand_inputs, parse_json, paused_gc, resolve_rank
+from .io import check_document, expand_inputs, parse_json, paused_gc, resolve_rank
 from .cluster import connect
 from .merge import batches
-from .model import InputFile
+from .model import DEFAULT_RANK_REGEX, InputFile
 from .rewrite import is_device_event, is_merged, split_merged, to_ns
 
 __all__ = ["describe_traces", "format_table"]

@@ -30,10 +30,9 @@ from .errors import (
     TraceFormatError,
     TraceFuseError,
 )
-from .model import InputFile
+from .model import DEFAULT_RANK_REGEX, InputFile
 
 __all__ = [
-    "DEFAULT_RANK_REGEX",
     "GZIP_LEVEL",
     "TMP_SUFFIX",
     "TRACE_NAME",
@@ -57,7 +56,6 @@ __all__ = [
     "relative_sources",
 ]
 
-DEFAULT_RANK_REGEX = r"(?:rank|worker)[\[\-_]?(?P<rank>\d+)"
 TMP_SUFFIX = ".tracefuse-tmp"
 MANIFEST_SUFFIX = ".manifest.json"
 GZIP_LEVEL = 1  # isal level: fast, and fixed so the bytes are deterministic

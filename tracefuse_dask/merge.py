@@ -21,7 +21,6 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Callable
 
-import dask
 import fsspec
 import orjson
 from dask.base import tokenize
@@ -34,13 +33,11 @@ from .errors import (
     OutputExistsError,
     OutputWriteError,
     RankError,
-    SchedulerConnectionError,
     TraceFileNotFoundError,
     TraceFormatError,
     TraceFuseError,
 )
 from .io import (
-    DEFAULT_RANK_REGEX,
     MANIFEST_SUFFIX,
     options_for,
     storage_errors,
@@ -59,6 +56,7 @@ from .io import (
     resolve_rank,
 )
 from .model import (
+    DEFAULT_RANK_REGEX,
     KEEP_PRESETS,
     InputFile,
     MergeOptions,

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from typing import Any, Callable, Literal
 
 __all__ = [
+    "DEFAULT_RANK_REGEX",
     "KEEP_PRESETS",
     "InputFile",
     "MergeOptions",
@@ -23,6 +24,8 @@ __all__ = [
 ]
 
 KEEP_PRESETS = ("gpu", "comm", "cpu")
+# A rank in a file name, for files without distributedInfo.rank: rank3, rank-3, rank_3, rank[3], worker3.
+DEFAULT_RANK_REGEX = r"(?:rank|worker)[\[\-_]?(?P<rank>\d+)"
 
 
 @dataclass(frozen=True)
