@@ -90,6 +90,15 @@ def doc_with(*events: dict[str, Any]) -> bytes:
 
 
 EV = {"ph": "X", "cat": "cpu_op", "name": "a", "pid": 7, "tid": 7, "ts": 11.0, "dur": 1.0}
+# An accelerator the vocabulary does not know by name (as MTIA's mtia_ccp_events): device work where args.stream is
+# an integer, whatever else the args hold; a flow ends on it.
+ACCEL = [dict(EV, cat="npu_events", pid=17, tid=4, ts=t, args=a) for t, a in [
+    (20.0, {"stream": 4}), (21.0, {"stream": 4, "x": [1, {"stream": "no"}]}), (22.0, {"stream": "4"}),
+    (23.0, {"stream": 4.0}), (24.0, {"stream": True}), (25.0, {"stream": None}), (26.0, {"other": 4}), (27.0, [4]),
+    (28.0, None)]] + [dict(EV, cat="npu_events", pid=17, tid=5, ts=29.0), dict(EV, ph="s", id=3, cat="ac2g"),
+                      dict(EV, ph="f", id=3, pid=17, tid=4, ts=20.0, cat="ac2g", bp="e"),
+                      {"ph": "M", "name": "thread_name", "pid": 17, "tid": 4, "ts": 0, "args": {"name": "Stream 4"}},
+                      {"ph": "M", "name": "process_labels", "pid": 17, "tid": 0, "ts": 0, "args": {"labels": "NPU 17"}}]
 
 
 @pytest.mark.parametrize("data", [
@@ -119,6 +128,10 @@ EV = {"ph": "X", "cat": "cpu_op", "name": "a", "pid": 7, "tid": 7, "ts": 11.0, "
                           dict(EV, ph="s", id=1, pid=3, cat="ac2g"), dict(EV, ph="f", id=1, pid=3, tid=9, ts=20.0, cat="ac2g"),
                           dict(EV, ph="f", id=1, pid=3, tid=9, ts=21.0, cat="ac2g")),
                  id="flows-on-a-pid-with-host-and-device-events"),
+    pytest.param(doc_with(*ACCEL), id="unknown-category-on-device-streams"),
+    pytest.param(doc_with(*ACCEL, dict(EV, pid=17, tid=2)), id="unknown-category-on-device-streams-and-host"),
+    pytest.param(doc_with(dict(ACCEL[0], args={"x": 1, "STREAM": 4})).replace(b'"STREAM"', b'"str\\u0065am"'),
+                 id="escaped-stream-key"),
 ])
 @pytest.mark.parametrize("shift", [0, 5_000_123, 2**44 * 1000], ids=["same-base", "later-base", "past-2-43-us"])
 @pytest.mark.parametrize("annotate", [False, True], ids=["plain", "annotate-rank"])

@@ -165,6 +165,44 @@ def test_pid_with_cpu_and_gpu_events_is_split():
                                                                     "kern": out_pid(3, 1)}
 
 
+@pytest.mark.parametrize("args, on_device", [
+    pytest.param({"stream": 4}, True, id="int-stream"),
+    pytest.param({"stream": 0, "wait_on_stream": 3}, True, id="stream-0"),
+    pytest.param({"stream": "4"}, False, id="string-stream"),
+    pytest.param({"stream": 4.0}, False, id="float-stream"),
+    pytest.param({"stream": True}, False, id="bool-stream"),
+    pytest.param({"stream_id": 4}, False, id="stream_id-is-not-a-stream"),
+    pytest.param({}, False, id="no-stream"),
+])
+@pytest.mark.parametrize("cat", ["mtia_ccp_events", "npu_events"])
+def test_an_unknown_category_runs_on_the_device_where_args_name_an_integer_stream(cat, args, on_device):
+    """MTIA's mtia_ccp_events, and any accelerator's category the vocabulary does not know: device work by its
+    args.stream; host categories (mtia_runtime here) stay with the host whatever their args say."""
+    events = [x("launch", 17, 2, 10.0, cat="mtia_runtime", stream=4), x("work", 17, 5, 12.0, cat=cat, **args)]
+    out = run(events)
+    pid = {e["name"]: e["pid"] for e in out if e["ph"] == "X"}
+    assert names(out)[pid["launch"]] == "rank 3 · CPU (pid 17)"
+    assert names(out)[pid["work"]] == ("rank 3 · GPU 17" if on_device else "rank 3 · CPU (pid 17)")
+
+
+@pytest.mark.parametrize("event, kept", [
+    pytest.param(x("record_param_comms", 1, 1, 10.0), True, id="collective-call"),
+    pytest.param(x("nccl:all_reduce", 1, 1, 10.0, cat="user_annotation"), True, id="nccl-annotation"),
+    pytest.param(x("gloo:all_reduce", 1, 1, 10.0, cat="user_annotation"), True, id="gloo-annotation"),
+    pytest.param(x("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 2, 7, 10.0,
+                   cat="kernel"), True, id="nccl-dev-kernel"),
+    pytest.param(x("rcclGenericKernel", 2, 7, 10.0, cat="kernel"), True, id="rccl-kernel"),
+    pytest.param(x("fused_allreduce", 2, 7, 10.0, cat="kernel", **{"Collective name": "allreduce"}), True,
+                 id="kernel-with-collective-name"),
+    pytest.param(x("gemm", 2, 7, 10.0, cat="kernel"), False, id="compute-kernel"),
+    pytest.param(x("ncclCommInitRank", 1, 1, 10.0, cat="cuda_runtime"), False, id="host-call-named-nccl"),
+    pytest.param(x("aten::mm", 1, 1, 10.0, **{"Collective name": "allreduce"}), False,
+                 id="host-op-with-collective-name"),
+])
+def test_keep_comm_asks_the_vocabulary(event, kept):
+    assert bool([e for e in run([event], keep=frozenset({"comm"})) if e["ph"] == "X"]) is kept
+
+
 def test_time_is_aligned_exactly_to_the_output_base():
     events = [x("a", 1, 1, 4462667662984.309, 39.018)]
     sel = RankEvents(events, 1790857026000000000, MergeOptions(annotate_rank=True), "r")
