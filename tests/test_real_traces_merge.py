@@ -1,15 +1,18 @@
 """The merge on what real traces of every Kineto vintage and accelerator hold: MTIA device work, 2021-era
-categories and flows, graph launches under --steps; and the same bytes with one worker as with two."""
+categories and flows, graph launches under --steps; and, for every shared set, the same bytes with one worker
+as with two, Perfetto's import rules, and every input event in the output or dropped for a stated reason."""
 from __future__ import annotations
 
 import copy
 from collections import Counter
+from pathlib import Path
 
+import orjson
 import pytest
 
 from conftest import REAL_SETS, only_trace, read_trace, shared, write_trace
-from perfetto_rules import assert_perfetto_rules, load_exact
-from tracefuse_dask import merge_traces
+from perfetto_rules import assert_inputs_kept, assert_perfetto_rules, load_exact
+from tracefuse_dask import MergeSummary, merge_traces
 
 pytestmark = pytest.mark.integration
 
@@ -30,14 +33,56 @@ def one_worker():
         yield c
 
 
+_PROCESS_M = ("process_name", "process_labels", "process_sort_index")
+
+
+def assert_accounted_for(merged: dict, folder: Path, summary: MergeSummary) -> None:
+    """Every input event is in the merge, or dropped for a reason the merge gives: ``python_function`` events
+    (dropped by default), Kineto's process metadata (replaced by the merge's own: a name and a sort index per
+    process shown), a ``thread_name`` already given for its thread, and the thread metadata of a pid left with
+    no events. The summary counts the events on both sides."""
+    pid_rank = assert_perfetto_rules(merged)
+    ranks = merged["metadata"]["tracefuse"]["ranks"]
+    inputs = {int(r): load_exact(folder / meta["source"]) for r, meta in ranks.items()}
+
+    def not_pyfunc(ev: dict) -> bool:
+        return ev.get("cat") != "python_function"
+
+    assert_inputs_kept(merged, inputs, keep=not_pyfunc)  # every other non-M event, once, at the same ns
+    want: Counter = Counter()
+    for r, doc in inputs.items():
+        events = [e for e in doc["traceEvents"] if not_pyfunc(e)]
+        live = {e["pid"] for e in events if e["ph"] != "M"}
+        named: set = set()
+        for e in events:
+            if e["ph"] != "M" or e["name"] in _PROCESS_M or e["pid"] not in live:
+                continue
+            if e["name"] == "thread_name":
+                if (e["pid"], e.get("tid")) in named:
+                    continue
+                named.add((e["pid"], e.get("tid")))
+            want[(r, e["name"], orjson.dumps(e.get("args"), option=orjson.OPT_SORT_KEYS))] += 1
+    out_m = [e for e in merged["traceEvents"] if e["ph"] == "M"]
+    got = Counter((pid_rank[e["pid"]], e["name"], orjson.dumps(e.get("args"), option=orjson.OPT_SORT_KEYS))
+                  for e in out_m if e["name"] not in _PROCESS_M)
+    assert got == want, (got - want, want - got)
+    assert sorted(e["name"] for e in out_m if e["name"] in _PROCESS_M) == sorted(
+        ["process_name", "process_sort_index"] * len(pid_rank))
+    n_in = sum(len(doc["traceEvents"]) for doc in inputs.values())
+    assert (summary.events_in, summary.events_out) == (n_in, len(merged["traceEvents"]))
+
+
 @pytest.mark.parametrize("name", SETS)
-def test_one_worker_and_two_give_the_same_bytes(name, one_worker, client, tmp_path):
-    folder = str(shared(*name.split("/")))
+def test_one_worker_and_two_give_the_same_bytes_and_every_event_is_accounted_for(name, one_worker, client,
+                                                                                  tmp_path):
+    folder = shared(*name.split("/"))
     for suffix in ("json", "json.gz"):
         one, two = tmp_path / f"one.{suffix}", tmp_path / f"two.{suffix}"
-        merge_traces(folder, str(one), client=one_worker)
-        merge_traces(folder, str(two), client=client)
+        merge_traces(str(folder), str(one), client=one_worker)
+        summary = merge_traces(str(folder), str(two), client=client)
         assert one.read_bytes() == two.read_bytes(), suffix
+        if suffix == "json":
+            assert_accounted_for(load_exact(two), folder, summary)
 
 
 def test_mtia_device_work_goes_to_a_device_process(client, tmp_path):
