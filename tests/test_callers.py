@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SHARED
+from conftest import SHARED, shared
 
 pytestmark = pytest.mark.integration
 
@@ -99,7 +99,7 @@ def test_a_filter_from_a_module_beside_the_script(tmp_path):
         "import os\ndef no_python(event):\n    return event.get('cat') != 'python_function'\n")
     (tmp_path / "job" / "job.py").write_text(
         "from myfilters import no_python\nfrom tracefuse_dask import merge_traces\n"
-        f"print(merge_traces({str(JOB)!r}, 'merged.json', filter_fn=no_python).events_out)\n")
+        f"print(merge_traces({str(shared('gloo_4ranks'))!r}, 'merged.json', filter_fn=no_python).events_out)\n")
     run([sys.executable, "job/job.py"], tmp_path)
     assert (tmp_path / "merged.json").stat().st_size > 0
 
