@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 from conftest import BASE, SHARED, make_trace, shared
 from test_properties import QUARTER, SEEDS, mutate, rank_events, seed
 from tracefuse_dask.errors import TraceFuseError
-from tracefuse_dask.fastpath import _decoders, _KinetoEvent, decode_or_none, handles, rewrite_fast
+from tracefuse_dask.fastpath import _KinetoEvent, _decoders, handles, rewrite_fast
+from tracefuse_dask.kineto.events import RankEvents, decode_or_none
 from tracefuse_dask.model import MergeOptions
-from tracefuse_dask.rewrite import RankEvents
+from tracefuse_dask.rewrite import rewrite
 from tracefuse_dask.synth import make_rank_trace
 
 TRACE_FILES = sorted(str(p.relative_to(SHARED)) for p in SHARED.glob("**/*.json*")
@@ -38,7 +39,7 @@ def exact(text: bytes) -> Any:
 
 
 def general(data: bytes, rank: int, base: int, base_out: int, opts: MergeOptions) -> tuple[Any, Any]:
-    head, body = RankEvents(orjson.loads(data)["traceEvents"], base, opts, "f (rank 0)").rewrite(rank, base_out)
+    head, body = rewrite(RankEvents(orjson.loads(data)["traceEvents"], base, opts, "f (rank 0)"), rank, base_out)
     return exact(orjson.dumps(head)), exact(orjson.dumps(body))
 
 

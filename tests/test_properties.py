@@ -17,9 +17,11 @@ from hypothesis import strategies as st
 from conftest import shared
 from perfetto_rules import assert_inputs_kept, assert_perfetto_rules, ns
 from tracefuse_dask.errors import TraceFuseError
-from tracefuse_dask.io import check_document, parse_json
+from tracefuse_dask.io import parse_json
+from tracefuse_dask.kineto.document import check_document
 from tracefuse_dask.model import MergeOptions
-from tracefuse_dask.rewrite import RankEvents
+from tracefuse_dask.kineto.events import RankEvents
+from tracefuse_dask.rewrite import rewrite
 
 BASE0 = 1790857026000000000
 QUARTER = 7889238 * 10**9  # Kineto floors its base to this period
@@ -41,8 +43,8 @@ def micros(max_ns: int) -> st.SearchStrategy[Any]:
     return st.one_of(ns.map(lambda n: n / 1000), ns.map(lambda n: n // 1000))
 
 
-def rewrite(sel: RankEvents, rank: int, base_out: int) -> list[Any]:
-    head, body = sel.rewrite(rank, base_out)
+def rewritten(sel: RankEvents, rank: int, base_out: int) -> list[Any]:
+    head, body = rewrite(sel, rank, base_out)
     return head + body
 
 
@@ -92,7 +94,7 @@ def test_rewrite_properties(ranks, data, has_base, include_pyfunc):
     bases = {r: BASE0 + data.draw(st.sampled_from([0, 1, 2])) * QUARTER if has_base else None for r in ranks}
     base_out = min(bases.values()) if has_base else 0
     opts = MergeOptions(include_pyfunc=include_pyfunc)
-    chunks = {r: rewrite(RankEvents(copy.deepcopy(inputs[r]), bases[r] or 0, opts, f"r{r}.json (rank {r})"),
+    chunks = {r: rewritten(RankEvents(copy.deepcopy(inputs[r]), bases[r] or 0, opts, f"r{r}.json (rank {r})"),
                          r, base_out) for r in ranks}
     merged = decimal_roundtrip({"baseTimeNanoseconds": base_out, "traceEvents": [e for r in ranks for e in chunks[r]]})
     docs = {r: decimal_roundtrip({"traceEvents": inputs[r], **({"baseTimeNanoseconds": bases[r]} if has_base else {})})
@@ -182,7 +184,7 @@ def load_and_rewrite(path: str, opts: MergeOptions, repair: bool = False) -> Non
         check_document(doc, path)
         base = doc.get("baseTimeNanoseconds")
         base = base if type(base) is int and base >= 0 else 0
-        rewrite(RankEvents(doc["traceEvents"], base, opts, "f (rank 0)"), 0, base)
+        rewritten(RankEvents(doc["traceEvents"], base, opts, "f (rank 0)"), 0, base)
     except TraceFuseError:
         pass
 

@@ -11,7 +11,10 @@ from hypothesis import given, strategies as st
 
 from tracefuse_dask.errors import MergeError, TraceFormatError
 from tracefuse_dask.model import MergeOptions
-from tracefuse_dask.rewrite import PID_BASE, RankEvents, fmt_us, map_tid, out_pid, to_ns, to_ns_array
+from tracefuse_dask.kineto.events import RankEvents
+from tracefuse_dask.kineto.layout import PID_BASE, map_tid, out_pid
+from tracefuse_dask.kineto.times import fmt_us, to_ns, to_ns_array
+from tracefuse_dask.rewrite import rewrite
 
 
 @pytest.mark.parametrize(
@@ -123,7 +126,7 @@ def gpu_rank():
 
 def run(events, rank=3, base=1000, base_out=0, **opts):
     sel = RankEvents(copy.deepcopy(events), base, MergeOptions(**opts), f"rank{rank}.json (rank {rank})")
-    head, body = sel.rewrite(rank, base_out)
+    head, body = rewrite(sel, rank, base_out)
     return orjson.loads(orjson.dumps(head + body))
 
 
@@ -206,7 +209,7 @@ def test_keep_comm_asks_the_vocabulary(event, kept):
 def test_time_is_aligned_exactly_to_the_output_base():
     events = [x("a", 1, 1, 4462667662984.309, 39.018)]
     sel = RankEvents(events, 1790857026000000000, MergeOptions(annotate_rank=True), "r")
-    raw = orjson.dumps(sel.rewrite(3, 1790857026000000000 - 5_000_000_001)[1][-1])
+    raw = orjson.dumps(rewrite(sel, 3, 1790857026000000000 - 5_000_000_001)[1][-1])
     assert b'"ts":4462672662984.31,' in raw and b'"dur":39.018' in raw and b'"rank":3' in raw
 
 
@@ -335,7 +338,7 @@ def test_shifted_times_are_written_as_exact_text():
     shift = 7889238 * 10**9 + 1  # another base quarter, plus 1 ns
     want = [to_ns(e["ts"]) + shift for e in events]
     sel = RankEvents(copy.deepcopy(events), shift, MergeOptions(), "r")
-    text = orjson.dumps(sel.rewrite(0, 0)[1])
+    text = orjson.dumps(rewrite(sel, 0, 0)[1])
     import json
 
     got = [int(Decimal(e["ts"]) * 1000) for e in json.loads(text, parse_float=Decimal) if e["ph"] == "X"]
@@ -344,4 +347,4 @@ def test_shifted_times_are_written_as_exact_text():
 
 def test_times_beyond_2_43_us_use_padded_text():
     sel = RankEvents([x("a", 1, 1, 1.0)], 9 * 10**18, MergeOptions(), "r")
-    assert b'"ts":9000000000000001.000' in orjson.dumps(sel.rewrite(0, 0)[1])
+    assert b'"ts":9000000000000001.000' in orjson.dumps(rewrite(sel, 0, 0)[1])

@@ -21,12 +21,9 @@ from .errors import MergeError, OutputExistsError, RankError
 from .io import (
     TMP_SUFFIX,
     TRACE_NAME,
-    check_document,
-    decode_json,
     expand_inputs,
     open_write,
     options_for,
-    paused_gc,
     rank_from_name,
     read_bytes,
     read_start,
@@ -39,7 +36,8 @@ from .collective_trace import CALL_COLUMNS as CT_COLUMNS
 from .collective_trace import looks_like_collective_trace, parse_collective_trace, summarize
 from .collectives import clock_offsets, group_members, instance_metrics, match_collectives, op_summary, straggler
 from .rank_analysis import TABLES, RankTables, analyze_events, analyze_rank, decode_trace, rows_for
-from .rewrite import is_merged, split_merged
+from .kineto.document import check_document, decode_json, paused_gc
+from .kineto.layout import is_merged, split_merged
 
 __all__ = ["Analysis", "analyze", "rank_stats"]
 

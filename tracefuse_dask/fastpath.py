@@ -17,40 +17,22 @@ from __future__ import annotations
 
 from itertools import compress
 from operator import attrgetter
-from typing import Annotated, Any, Callable
+from typing import Any, Callable
 
 import msgspec
 import numpy as np
 import orjson
-from msgspec import UNSET, Meta, Raw, Struct, UnsetType
+from msgspec import UNSET, Raw, Struct, UnsetType
 
 from .errors import MergeError
+from .kineto.events import FLOW_PH, decode_or_none, is_gpu_label
+from .kineto.layout import MAX_RANK, U32, map_tid
+from .kineto.times import EXACT_FLOAT, EXACT_NS, Duration, Micros, to_ns, to_ns_array, us_text
 from .kineto.vocabulary import KnownCategory, KnownPhase, host_category, on_device
 from .model import MergeOptions
-from .rewrite import (
-    _EXACT_FLOAT,
-    _EXACT_NS,
-    _FLOW_PH,
-    _MAX_US,
-    _PROCESS_M,
-    _U32,
-    MAX_RANK,
-    IdMap,
-    is_gpu_label,
-    map_tid,
-    order_slots,
-    pid_maps,
-    process_metadata,
-    to_ns,
-    to_ns_array,
-    us_text,
-)
+from .rewrite import PROCESS_M, IdMap, order_slots, pid_maps, process_metadata
 
-__all__ = ["Duration", "Micros", "decode_or_none", "handles", "rewrite_fast"]
-
-# The times the general path accepts: µs within ±2**63 ns, durations not negative.
-Micros = Annotated[int, Meta(gt=-_MAX_US, lt=_MAX_US)] | Annotated[float, Meta(gt=-_MAX_US, lt=_MAX_US)]
-Duration = Annotated[int, Meta(ge=0, lt=_MAX_US)] | Annotated[float, Meta(ge=0, lt=_MAX_US)]
+__all__ = ["handles", "rewrite_fast"]
 
 
 class _Event(Struct, kw_only=True, gc=False, forbid_unknown_fields=True, omit_defaults=True):
@@ -89,24 +71,6 @@ _encoder = msgspec.json.Encoder()
 _PH_PID_TID_CAT = attrgetter("ph", "pid", "tid", "cat")
 _TID, _TS, _ID = attrgetter("tid"), attrgetter("ts"), attrgetter("id")
 _INSTANT_PH = ("i", "I")
-
-
-def decode_or_none(data: bytes, *decoders: msgspec.json.Decoder) -> Any:
-    """``data`` decoded by the first of ``decoders`` whose type it fits, or None when it is not valid UTF-8 JSON
-    of any of their types."""
-    if not data.isascii():
-        try:
-            data.decode()  # the decoder does not check the text of what it skips or keeps raw
-        except UnicodeDecodeError:
-            return None
-    for decoder in decoders:
-        try:
-            return decoder.decode(data)
-        except msgspec.ValidationError:
-            continue
-        except msgspec.DecodeError:
-            return None
-    return None
 
 
 def handles(options: MergeOptions, window_abs_ns: tuple[int, int] | None) -> bool:
@@ -170,7 +134,7 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
     flow_pids: set[Any] = set()
     by_args = False
     for ph, pid, tid, cat in keys:
-        if ph in _FLOW_PH:
+        if ph in FLOW_PH:
             flow_pids.add(pid)
             continue
         if cat not in cat_dev:
@@ -189,7 +153,7 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
     streamed: set[int] = set()  # id() of the events of an unknown category that run on a device stream
     if by_args:
         for e in events:
-            if e.ph in _FLOW_PH or cat_dev[e.cat] is not None:
+            if e.ph in FLOW_PH or cat_dev[e.cat] is not None:
                 continue
             try:
                 is_dev = on_device(e.cat, orjson.loads(bytes(e.args)) if e.args is not UNSET else None)
@@ -236,7 +200,7 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
 
         anchor_dev = _anchor_kinds(events, both, on_dev) if both else {}
         for e in events:
-            if e.ph not in _FLOW_PH:
+            if e.ph not in FLOW_PH:
                 e.pid = (dev_map if on_dev(e) else host_map)[e.pid]
             else:
                 e.pid = (dev_map if anchor_dev.get((e.pid, e.tid, e.ts)) else host_map)[e.pid]
@@ -247,7 +211,7 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
     head, shown = process_metadata(rank, slots, used, options.keep_empty_processes)
 
     odd_tids = {t for t in {k[2] for k in keys} | set(map(_TID, metas))
-                if t is not UNSET and (type(t) is not int or not 0 <= t <= _U32)}
+                if t is not UNSET and (type(t) is not int or not 0 <= t <= U32)}
     if odd_tids:  # strings such as "stream 7": only their events are visited
         for group in (metas, events):
             for e in compress(group, map(odd_tids.__contains__, map(_TID, group))):
@@ -275,7 +239,7 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
     threads = []
     named: set[tuple[int, Any]] = set()
     for e in metas:
-        if e.name in _PROCESS_M or e.pid not in shown:
+        if e.name in PROCESS_M or e.pid not in shown:
             continue
         if e.name == "thread_name":
             if (e.pid, e.tid) in named:
@@ -308,16 +272,16 @@ def _shifted(ts: list[Any], shift: int) -> list[Any] | None:
     None when one falls before 0. Times and results under 2**43 µs, the common case, are computed as arrays.
     """
     a = np.array(ts, dtype=np.float64)
-    if abs(shift) < _EXACT_NS and np.abs(a).max() < _EXACT_FLOAT:  # exact as float64, no int64 overflow
+    if abs(shift) < EXACT_NS and np.abs(a).max() < EXACT_FLOAT:  # exact as float64, no int64 overflow
         ns = to_ns_array(a) + shift
         if ns.min() < 0:
             return None
-        if ns.max() < _EXACT_NS:
+        if ns.max() < EXACT_NS:
             return (ns / 1000).tolist()
     out = [to_ns(v) + shift for v in ts]
     if min(out) < 0:
         return None
-    return [t / 1000 if t < _EXACT_NS else Raw(us_text(t)) for t in out]
+    return [t / 1000 if t < EXACT_NS else Raw(us_text(t)) for t in out]
 
 
 def _rewrite_events(events: list[_Event], pid_map: dict[Any, int] | None, id_map: IdMap | None,

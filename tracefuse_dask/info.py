@@ -6,11 +6,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .errors import RankError
-from .io import check_document, expand_inputs, parse_json, paused_gc, resolve_rank
+from .io import expand_inputs, parse_json, resolve_rank
 from .cluster import connect
 from .merge import batches
 from .model import DEFAULT_RANK_REGEX, InputFile
-from .rewrite import is_device_event, is_merged, split_merged, to_ns
+from .kineto.document import check_document, paused_gc
+from .kineto.events import is_device_event
+from .kineto.layout import is_merged, split_merged
+from .kineto.times import to_ns
 
 __all__ = ["describe_traces", "format_table"]
 

@@ -7,18 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
-import json
 import os
 import posixpath
 import re
-import threading
 import zlib
 from collections.abc import Container, Iterable, Iterator, Mapping
 from typing import IO, Any
 
 import fsspec
-import orjson
 from isal import igzip
 from isal.isal_zlib import error as IsalError
 
@@ -30,6 +26,9 @@ from .errors import (
     TraceFormatError,
     TraceFuseError,
 )
+from .kineto.document import decode_json
+from .kineto.header import GZIP_MAGIC
+from .kineto.header import read_header as _read_header
 from .model import DEFAULT_RANK_REGEX, InputFile
 
 __all__ = [
@@ -47,8 +46,6 @@ __all__ = [
     "redact",
     "storage_errors",
     "parse_json",
-    "decode_json",
-    "paused_gc",
     "read_bytes",
     "read_start",
     "rank_from_name",
@@ -62,39 +59,9 @@ GZIP_LEVEL = 1  # isal level: fast, and fixed so the bytes are deterministic
 # What a task writing an object buffers before it uploads a part: s3fs's default, 50 MiB, held ~100 MiB of
 # RSS per task while a 34 MB partition was written (7-22 MiB with this, S3's smallest part).
 WRITE_BLOCK = 5 * 2**20
-_GZIP_MAGIC = b"\x1f\x8b"
 TRACE_NAME = re.compile(r"\.json(\.gz)?$|(?<!\.tar)\.gz$", re.IGNORECASE)  # not a perfetto archive
 _GLOB_CHARS = re.compile(r"[*?\[]")
-_HEADER_CHUNK = 1 << 16
-_HEADER_LIMIT = 1 << 24
-_TAIL_LIMIT = 1 << 20  # the keys after the events are read from at most this many bytes at the end
-_CLOSE = re.compile(rb"\][ \t\n\r]*[,}]")
-_BLANK_END = re.compile(rb"[ \t\n\r]*\Z")
-
-
-_gc_lock = threading.Lock()
-_gc_users = 0
-
-
-@contextlib.contextmanager
-def paused_gc() -> Iterator[None]:
-    """Pause Python's cyclic GC while a rank is parsed and rewritten.
-
-    Parsed JSON holds no reference cycles, so the collector only rescans the
-    growing object graph: it costs 1.4-3x the parse time on big ranks.
-    Reference counting still frees everything. Safe with several task threads.
-    """
-    global _gc_users
-    with _gc_lock:
-        _gc_users += 1
-        gc.disable()
-    try:
-        yield
-    finally:
-        with _gc_lock:
-            _gc_users -= 1
-            if not _gc_users:
-                gc.enable()
+_CHUNK = 1 << 16  # what a damaged gzip stream is decompressed by
 
 
 def gzip_member(data: bytes) -> bytes:
@@ -196,7 +163,6 @@ def _secrets(value: Any, key: str = "") -> Iterator[str]:
 
 def redact(text: str, storage_options: Mapping[str, Any] | None = None) -> str:
     """``text`` with every credential of ``storage_options`` and the environment replaced by ``***``."""
-    import os
 
     for secret in list(_secrets(storage_options or {})) + [os.environ.get(k, "") for k in _SECRET_ENV]:
         if len(secret) >= 4:
@@ -364,10 +330,16 @@ def read_start(path: str, storage_options: Mapping[str, Any] | None = None, size
     bytes when they are gzip (those bytes as they are when they do not decompress)."""
     with _open_raw(path, storage_options) as f, storage_errors(path, storage_options):
         head = f.read(size)
-    if head[:2] == _GZIP_MAGIC:
+    if head[:2] == GZIP_MAGIC:
         with contextlib.suppress(zlib.error):
             head = zlib.decompressobj(31).decompress(head, size)
     return head
+
+
+def read_header(path: str, storage_options: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], bool, int]:
+    """A trace file's top-level keys but ``traceEvents``, without its events (``kineto.header.read_header``)."""
+    with _open_raw(path, storage_options) as raw:
+        return _read_header(raw)
 
 
 def read_bytes(path: str, storage_options: Mapping[str, Any] | None = None, *,
@@ -379,7 +351,7 @@ def read_bytes(path: str, storage_options: Mapping[str, Any] | None = None, *,
     """
     with _open_raw(path, storage_options) as f, storage_errors(path, storage_options):
         raw = f.read()
-    if raw[:2] != _GZIP_MAGIC:
+    if raw[:2] != GZIP_MAGIC:
         return raw, False
     try:
         return igzip.decompress(raw), False
@@ -398,9 +370,9 @@ def _gunzip_prefix(raw: bytes) -> bytes:
     out: list[bytes] = []
     while raw:
         d = zlib.decompressobj(31)
-        for k in range(0, len(raw), _HEADER_CHUNK):
+        for k in range(0, len(raw), _CHUNK):
             try:
-                out.append(d.decompress(raw[k : k + _HEADER_CHUNK]))
+                out.append(d.decompress(raw[k : k + _CHUNK]))
             except zlib.error:
                 return b"".join(out)
             if d.eof:
@@ -409,34 +381,6 @@ def _gunzip_prefix(raw: bytes) -> bytes:
             break
         raw = d.unused_data
     return b"".join(out)
-
-
-_EVENT_GAP = re.compile(rb"\}\s*,\s*\{")
-_REPAIR_TAIL = 1 << 22
-_REPAIR_TRIES = 64
-
-
-def _repair(data: bytes, who: str) -> tuple[dict[str, Any], str]:
-    """Close a truncated trace after its last complete event, as Composer's loader does."""
-    start = data.find(b'"traceEvents"')
-    if start < 0:
-        raise TraceFormatError(f"{who}: truncated before its traceEvents; nothing to recover. Re-export the "
-                               "trace or drop this file")
-    lo = max(start, len(data) - _REPAIR_TAIL)
-    cuts = [m.start() + 1 for m in _EVENT_GAP.finditer(data, lo)][::-1][:_REPAIR_TRIES]
-    cuts += [data.find(b"[", start) + 1]  # no complete event at all
-    for cut in cuts:
-        try:
-            doc = orjson.loads(data[:cut] + b"]}")
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
-            n = len(doc["traceEvents"])
-            note = (f"{who}: repaired a truncated trace: the data ends at byte {len(data)}; recovered {n} "
-                    f"complete events up to byte {cut}")
-            return doc, note
-    raise TraceFormatError(f"{who}: truncated, and no complete event could be recovered near the cut at byte "
-                           f"{len(data)}. Re-export the trace or drop this file")
 
 
 def parse_json(path: str, storage_options: Mapping[str, Any] | None = None, *, rank: int | None = None,
@@ -448,184 +392,6 @@ def parse_json(path: str, storage_options: Mapping[str, Any] | None = None, *, r
     """
     data, cut_gzip = read_bytes(path, storage_options, repair=repair)
     return decode_json(data, path, rank=rank, cut_gzip=cut_gzip, repair=repair)
-
-
-def decode_json(data: bytes, path: str, *, rank: int | None = None, cut_gzip: bool = False,
-                repair: bool = False) -> tuple[Any, int, str | None]:
-    """Parse the bytes of the file ``path`` with orjson (see ``parse_json``)."""
-    who = f"{path}" + (f" (rank {rank})" if rank is not None else "")
-    if not data.strip():
-        raise TraceFormatError(f"{who}: the file is empty; the profiler probably died before writing it. "
-                               "Re-export the trace or drop this file")
-    try:
-        return orjson.loads(data), len(data), None
-    except orjson.JSONDecodeError as e:
-        truncated = cut_gzip or e.pos >= len(data.rstrip()) - 1
-        if repair and truncated:
-            doc, note = _repair(data, who)
-            return doc, len(data), note
-        if data[257:262] == b"ustar":  # the magic of a POSIX TAR header
-            raise TraceFormatError(f"{who}: a TAR archive, not a JSON trace (`--format perfetto-archive` writes "
-                                   "these: open it in Perfetto v58+); give the per-rank traces instead") from None
-        if "UTF-8" in e.msg:
-            raise TraceFormatError(f"{who}: not UTF-8 text near byte {e.pos} ({e.msg}); the file is damaged "
-                                   "or not a trace. Re-export the trace or drop this file") from None
-        what = (" The file ends early: it was probably truncated; pass --repair to recover its complete events"
-                if truncated else "")
-        raise TraceFormatError(f"{who}: not valid JSON at byte {e.pos}: {e.msg}.{what} Otherwise re-export the "
-                               "trace or drop this file") from None
-
-
-def check_document(doc: Any, who: str) -> None:
-    """Raise TraceFormatError unless ``doc`` is an object with a ``traceEvents`` list."""
-    if not isinstance(doc, dict):
-        raise TraceFormatError(f"{who}: the top level is a JSON {type(doc).__name__}, not an object "
-                               "with traceEvents; is this a Kineto/Chrome trace?")
-    if "traceEvents" not in doc:
-        raise TraceFormatError(f"{who}: no traceEvents key; is this a Kineto/Chrome trace?")
-    if not isinstance(doc["traceEvents"], list):
-        raise TraceFormatError(f"{who}: traceEvents is a {type(doc['traceEvents']).__name__}, not a list")
-
-
-_WS = re.compile(r"[ \t\n\r]*")
-
-
-def _scan_header(text: str, eof: bool) -> tuple[dict[str, Any], bool] | None:
-    """Decode the top-level keys that precede ``traceEvents``.
-
-    Returns ``(keys, reached_events)``, or None when more text is needed.
-    """
-    dec = json.JSONDecoder()
-    i = _WS.match(text, 0).end()
-    if i >= len(text):
-        return None if not eof else ({}, False)
-    if text[i] != "{":
-        raise ValueError("the file does not start with a JSON object")
-    i += 1
-    header: dict[str, Any] = {}
-    try:
-        while True:
-            i = _WS.match(text, i).end()
-            if i >= len(text):
-                return None
-            if text[i] == "}":
-                return header, False
-            if text[i] == ",":
-                i += 1
-                continue
-            key, i = dec.raw_decode(text, i)
-            i = _WS.match(text, i).end()
-            if text[i : i + 1] != ":":
-                raise ValueError(f"expected ':' after key {key!r}")
-            i = _WS.match(text, i + 1).end()
-            if key == "traceEvents":
-                return header, True
-            header[key], i = dec.raw_decode(text, i)
-    except (json.JSONDecodeError, IndexError):
-        if eof:
-            raise ValueError("the header is not valid JSON") from None
-        return None
-
-
-def read_header(path: str, storage_options: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], bool, int]:
-    """Read a trace's top-level keys, every one but ``traceEvents``, without decoding the events.
-
-    Returns ``(header, complete, bytes_read)``. The keys before ``traceEvents`` come from the file's head.
-    When those lack ``baseTimeNanoseconds`` or ``distributedInfo`` (traces before 2023 have no base; some
-    tools re-save traces with the base after the events; Kineto's on-demand path writes ``distributedInfo``
-    there), the keys after the events are read from the file's end: ranged reads of 64 KiB, then at most
-    1 MiB less the head, for a plain file; a decompress-only pass for gzip. ``complete`` is False when the
-    header could not be read this way (no ``traceEvents``, a damaged or truncated file, keys after the
-    events over that size): the caller then parses the file whole, which also says what is wrong.
-    """
-    with _open_raw(path, storage_options) as raw:
-        gz = raw.read(2) == _GZIP_MAGIC
-        raw.seek(0)
-        header, reached, nbytes = _read_head(igzip.IGzipFile(fileobj=raw, mode="rb") if gz else raw)
-        if not reached or ("baseTimeNanoseconds" in header and "distributedInfo" in header):
-            return header, reached, nbytes
-        raw.seek(0)
-        trailer, read = _read_trailer(raw, gz, _TAIL_LIMIT - nbytes)
-    if trailer is None:
-        return header, False, nbytes + read
-    return {**header, **trailer}, True, nbytes + read
-
-
-def _read_head(f: IO[bytes]) -> tuple[dict[str, Any], bool, int]:
-    """The keys before ``traceEvents``, whether they end there, and the bytes read."""
-    buf = b""
-    while len(buf) < _HEADER_LIMIT:
-        try:
-            chunk = f.read(_HEADER_CHUNK)
-        except (OSError, EOFError, ValueError, zlib.error, IsalError):
-            chunk = b""  # a damaged stream: the whole-file read reports it (or repairs it)
-        buf += chunk
-        try:
-            got = _scan_header(buf.decode("utf-8", errors="replace"), eof=not chunk)
-        except ValueError:
-            return {}, False, len(buf)
-        if got is not None:
-            return got[0], got[1], len(buf)
-        if not chunk:
-            break
-    return {}, False, len(buf)
-
-
-def _read_trailer(raw: IO[bytes], gz: bool, limit: int) -> tuple[dict[str, Any] | None, int]:
-    """The keys after ``traceEvents`` (None when they cannot be told) and the bytes read."""
-    if gz:
-        tail, whole = b"", True
-        try:
-            with igzip.IGzipFile(fileobj=raw, mode="rb") as f:
-                while chunk := f.read(_TAIL_LIMIT):
-                    whole = whole and len(tail) + len(chunk) <= _TAIL_LIMIT
-                    tail = (tail + chunk)[-_TAIL_LIMIT:]
-        except (OSError, EOFError, ValueError, zlib.error, IsalError):
-            return None, raw.tell()
-        return _scan_trailer(tail, whole), raw.tell()
-    size = raw.seek(0, os.SEEK_END)
-    tail = b""
-    for want in (min(_HEADER_CHUNK, limit), limit):  # the keys after the events are usually a few bytes
-        start = max(0, size - want)
-        raw.seek(start)
-        tail = raw.read(size - len(tail) - start) + tail
-        trailer = _scan_trailer(tail, start == 0)
-        if trailer is not None or start == 0:
-            break
-    return trailer, len(tail)
-
-
-def _scan_trailer(tail: bytes, whole: bool) -> dict[str, Any] | None:
-    """The top-level keys after ``traceEvents`` from the last bytes of a document (all of it when ``whole``),
-    or None when they cannot be told for sure.
-
-    The events' array ends at the first ``]`` whose remainder is ``}`` or ``, "key": value, ... }`` and
-    nothing more: a ``]`` inside an event leaves that event's ``}`` and the array's ``]`` after it, and a
-    top-level list before the events leaves ``traceEvents`` in the remainder. Only a top-level list after the
-    events could also end that way, and it comes after the array's ``]``; so the first such ``]`` is the
-    array's, provided that the bytes hold the array's end: they do when they hold the whole document or when
-    an event (``"ph"``) comes before that ``]``. Otherwise (the keys after the events are too long) None.
-    """
-    text = bytearray(tail)
-    view = memoryview(text)
-    for m in _CLOSE.finditer(tail):
-        comma = m.end() - 1
-        if tail[comma] == ord("}"):
-            if not _BLANK_END.match(tail, m.end()):
-                continue
-            trailer: Any = {}
-        else:
-            text[comma] = ord("{")  # parse the remainder in place, as an object: no copy per candidate
-            try:
-                trailer = orjson.loads(view[comma:])
-            except orjson.JSONDecodeError:
-                continue
-            finally:
-                text[comma] = ord(",")
-            if not isinstance(trailer, dict) or "traceEvents" in trailer:
-                continue
-        return trailer if whole or tail.find(b'"ph"', 0, m.start()) >= 0 else None
-    return None
 
 
 def relative_sources(paths: list[str]) -> dict[str, str]:

@@ -42,14 +42,11 @@ from .io import (
     options_for,
     storage_errors,
     TMP_SUFFIX,
-    check_document,
-    decode_json,
     expand_inputs,
     gzip_member,
     gzip_writer,
     open_write,
     parse_json,
-    paused_gc,
     read_bytes,
     read_header,
     relative_sources,
@@ -70,8 +67,11 @@ from .model import (
     rank_subset,
 )
 from .fastpath import handles, rewrite_fast
-from .rewrite import RankEvents, is_merged
 from .storage import MIN_PART, Piece, abort_uploads, join, plan_groups, protocol_of, write_group
+from .kineto.document import check_document, decode_json, paused_gc
+from .kineto.events import RankEvents
+from .kineto.layout import is_merged
+from .rewrite import rewrite
 
 __all__ = ["merge_traces", "build_options"]
 
@@ -227,7 +227,7 @@ def _rewrite_rank(task: RankTask, part_path: str,
         events = doc["traceEvents"]
         n_in = len(events)
         sel = RankEvents(events, task.base, task.options, who, task.window_abs_ns)
-        head, body = sel.rewrite(task.rank, task.base_out)
+        head, body = rewrite(sel, task.rank, task.base_out)
         del doc, events, sel
         head_json, body_json = orjson.dumps(head), orjson.dumps(body)
         n_out = len(head) + len(body)

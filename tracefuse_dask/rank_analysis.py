@@ -25,7 +25,6 @@ import pandas as pd
 from msgspec import UNSET, Raw, Struct, UnsetType
 
 from .collectives import group_spec, rank_collectives
-from .fastpath import Duration, Micros, decode_or_none
 from .kineto.vocabulary import (
     KERNEL_WAIT_NS,
     STEP,
@@ -41,7 +40,9 @@ from .kineto.vocabulary import (
     on_device,
 )
 from .model import MergeOptions
-from .rewrite import RankEvents, map_tid, to_ns, to_ns_array
+from .kineto.events import RankEvents, decode_or_none
+from .kineto.layout import map_tid
+from .kineto.times import Duration, Micros, to_ns, to_ns_array
 
 __all__ = ["RankTables", "Trace", "analyze_events", "analyze_rank", "decode_trace", "union_length"]
 

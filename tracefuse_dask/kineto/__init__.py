@@ -1,1 +1,3 @@
-"""The Kineto trace format: its vocabulary (categories, flows, collective and kernel names)."""
+"""The Kineto trace format, with no IO and no Dask: its vocabulary (``vocabulary``), exact times (``times``),
+the merged trace's pid layout (``layout``), the reading of one rank's events (``events``), a file's bytes as a
+document (``document``) and its header without its events (``header``)."""

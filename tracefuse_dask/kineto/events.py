@@ -1,0 +1,287 @@
+"""One rank's events, read as the merge and the analysis both must: validated, classified, selected.
+
+``RankEvents`` is the general path over parsed dicts: it checks every field that is read or
+rewritten (with an error that names the file, the rank and the event), tells host from device
+events, and applies the filters. ``decode_or_none`` is the entry of the fast paths, which decode
+into msgspec structs of the same rules and hand anything else to the general path.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from ..errors import MergeError, TraceFormatError
+from ..model import MergeOptions
+from .times import MAX_US, to_ns
+from .vocabulary import STEP, host_category, is_collective_call, is_comm_kernel, on_device
+
+__all__ = ["FLOW_PH", "RankEvents", "decode_or_none", "is_device_event", "is_gpu_label"]
+
+
+FLOW_PH = frozenset({"s", "t", "f"})
+
+
+def is_device_event(ev: dict[str, Any]) -> bool:
+    """True for events that live on a device's timeline: kernels, memcpy/memset, GPU annotations, and events of
+    another accelerator's category on a device stream (``vocabulary.on_device``)."""
+    return on_device(ev.get("cat"), ev.get("args"))
+
+
+def is_gpu_label(name: Any, args: Any) -> bool:
+    """True for a process M event that names or labels its pid as a GPU (``"GPU 0"``)."""
+    label = next(iter(args.values()), "") if type(args) is dict else ""
+    return name in ("process_labels", "process_name") and type(label) is str and label.startswith("GPU")
+
+
+def _is_comm(ev: dict[str, Any], dev: bool) -> bool:
+    name = ev.get("name")
+    if not isinstance(name, str):
+        return False
+    return is_collective_call(name) or (dev and is_comm_kernel(name, ev.get("args")))
+
+
+@dataclass
+class RankEvents:
+    """One rank's events, scanned once: validated times, device flags and keep decisions.
+
+    Parameters
+    ----------
+    events
+        The rank's ``traceEvents``, as parsed.
+    base
+        The rank's ``baseTimeNanoseconds`` (0 for absolute-time traces).
+    options
+        The merge options (filters).
+    who
+        ``"<path> (rank N)"``, for error messages.
+    window_abs_ns
+        Absolute ``[start, end)`` in ns to keep, or None.
+    link_flows
+        Also link flow events to their anchors and decide which survive (what a
+        merge needs). Without it (the analysis) flows stay kept and unlinked.
+
+    After the scan, ``dev[i]`` says whether event ``i`` is device work, ``keep[i]``
+    whether it passes the filters, ``pids`` holds the host, device and other
+    (string or negative) pids, and ``dev_tids`` the ``(pid, tid)`` of device work.
+    """
+
+    events: list[Any]
+    base: int
+    options: MergeOptions
+    who: str
+    window_abs_ns: tuple[int, int] | None = None
+    link_flows: bool = True
+    dev: list[bool] = field(init=False)
+    keep: list[bool] = field(init=False)
+    pids: tuple[set[int], set[int], set[Any]] = field(init=False)
+    dev_tids: set[tuple[Any, Any]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._scan()
+        self._select()
+
+    def _bad(self, i: int, what: str) -> TraceFormatError:
+        return TraceFormatError(f"{self.who}: event #{i} {what}. Fix or drop that event, or drop this file")
+
+    def _scan(self) -> None:
+        """Validate the fields we read or rewrite, take exact ns times, classify pids."""
+        events = self.events
+        n = len(events)
+        self.dev = dev = [False] * n
+        host: set[int] = set()
+        device: set[int] = set()
+        other: set[Any] = set()  # string and negative pids
+        labelled: dict[int, bool] = {}  # pids seen in M events -> labelled "GPU n"
+        dev_tids: set[tuple[Any, Any]] = set()
+        cat_dev: dict[Any, bool | None] = {}
+        self.keep = keep = [True] * n
+        drop_pyfunc = not self.options.include_pyfunc
+        anchors: dict[tuple[Any, Any, Any], int] = {}
+        twins: dict[tuple[Any, Any, Any], list[int]] = {}
+        flows: list[int] = []
+        link = self.link_flows
+        for i, ev in enumerate(events):
+            if type(ev) is not dict:
+                raise self._bad(i, f"is a JSON {type(ev).__name__}, not an object")
+            if drop_pyfunc and ev.get("cat") == "python_function":
+                keep[i] = False  # dropped unread: nothing of it is used or rewritten
+                continue
+            ph = ev.get("ph")
+            pid = ev.get("pid")
+            tid = ev.get("tid")
+            if type(ph) is not str:
+                raise self._bad(i, f"has ph={ph!r}; expected a one-letter string such as \"X\"")
+            if type(pid) is not int and type(pid) is not str:
+                raise self._bad(i, f"has pid={pid!r}; expected an int or a string")
+            if tid is not None and type(tid) is not int and type(tid) is not str:
+                raise self._bad(i, f"has tid={tid!r}; expected an int or a string")
+            if "id" in ev and type(ev["id"]) is not int and type(ev["id"]) is not str:
+                raise self._bad(i, f"has id={ev['id']!r}; expected an int or a string")
+            for key in ("name", "cat"):
+                if key in ev and type(ev[key]) is not str:
+                    raise self._bad(i, f"has {key}={ev[key]!r}; expected a string")
+            ts = ev.get("ts")
+            tt = type(ts)
+            if not (((tt is float or tt is int) and -MAX_US < ts < MAX_US) or (ts is None and ph == "M")):
+                raise self._bad(i, f"has ts={ts!r}; expected a number of µs within ±2**63 ns")
+            if "dur" in ev:
+                d = ev["dur"]
+                td = type(d)
+                if not ((td is float or td is int) and 0 <= d < MAX_US):
+                    why = "a negative" if (td is float or td is int) and d < 0 else "a bad"
+                    raise self._bad(i, f"has {why} dur={d!r}; expected a finite number of µs >= 0")
+            if type(pid) is str or pid < 0:
+                other.add(pid)
+            elif ph == "M":  # a pid named, labelled or with named threads but no events still has a slot
+                labelled[pid] = labelled.get(pid, False) or is_gpu_label(ev.get("name"), ev.get("args"))
+            if ph == "M":
+                continue
+            if ph in FLOW_PH:
+                flows.append(i)
+                continue
+            cat = ev.get("cat")
+            if cat not in cat_dev:
+                host_cat = host_category(cat)
+                cat_dev[cat] = None if host_cat is None else not host_cat
+            is_dev = cat_dev[cat]
+            if is_dev is None:  # a category the vocabulary does not know: device work on a device stream
+                is_dev = on_device(cat, ev.get("args"))
+            if type(pid) is str or pid < 0:
+                pass
+            elif is_dev:
+                dev[i] = True
+                device.add(pid)
+                dev_tids.add((pid, tid))
+            else:
+                host.add(pid)
+            if ph == "X" and link:
+                key = (pid, tid, ts)
+                if anchors.setdefault(key, i) != i:
+                    twins.setdefault(key, []).append(i)
+        for pid, is_gpu in labelled.items():
+            if pid not in host and pid not in device:
+                (device if is_gpu else host).add(pid)
+        for i in flows:  # a pid that carries only flow events still needs a process
+            pid = events[i]["pid"]
+            if type(pid) is int and pid >= 0 and pid not in host and pid not in device:
+                host.add(pid)
+        self.pids = (host, device, other)
+        self.dev_tids = dev_tids
+        self._anchors = (anchors, twins, flows)
+
+    def _step_spans(self) -> list[tuple[int, int]]:
+        lo, hi = self.options.steps  # type: ignore[misc]
+        spans = []
+        for i, ev in enumerate(self.events):
+            name = ev.get("name")
+            if self.keep[i] and ev["ph"] == "X" and type(name) is str and not self.dev[i]:
+                m = STEP.match(name)
+                if m and lo <= int(m.group(1)) <= hi:
+                    start = to_ns(ev["ts"])
+                    spans.append((start, start + to_ns(ev.get("dur", 0))))
+        return spans
+
+    def _launch_times(self) -> dict[Any, int]:
+        launches: dict[Any, int] = {}
+        for i, ev in enumerate(self.events):
+            args = ev.get("args")
+            if self.keep[i] and not self.dev[i] and type(args) is dict and "ts" in ev:
+                corr = args.get("correlation")
+                if type(corr) is int or type(corr) is str:
+                    launches.setdefault(corr, to_ns(ev["ts"]))
+        return launches
+
+    def _passes(self, i: int, ev: dict[str, Any], spans: list[tuple[int, int]] | None,
+                launches: dict[Any, int] | None, flow: bool) -> bool:
+        opts = self.options
+        dev = self.dev[i]
+        if not flow:
+            if not opts.include_pyfunc and ev.get("cat") == "python_function":
+                return False
+            if opts.keep and not (
+                ("gpu" in opts.keep and dev)
+                or ("cpu" in opts.keep and not dev)
+                or ("comm" in opts.keep and _is_comm(ev, dev))
+            ):
+                return False
+        t = to_ns(ev["ts"])
+        if spans is not None:
+            if dev and launches:
+                args = ev.get("args")
+                corr = args.get("correlation") if type(args) is dict else None
+                if type(corr) is int or type(corr) is str:
+                    t = launches.get(corr, t)
+            if not any(s <= t < e for s, e in spans):
+                return False
+        if self.window_abs_ns is not None:
+            w0, w1 = self.window_abs_ns
+            if not w0 <= self.base + to_ns(ev["ts"]) < w1:
+                return False
+        if opts.filter_fn is not None:
+            try:
+                return bool(opts.filter_fn(ev))
+            except MergeError:
+                raise
+            except Exception as e:
+                raise MergeError(f"{self.who}: filter_fn raised {type(e).__name__}: {e} on event #{i}; "
+                                 "fix the filter function") from e
+        return True
+
+    def _select(self) -> None:
+        events, keep, dev = self.events, self.keep, self.dev
+        opts = self.options
+        anchors, twins, flows = self._anchors
+        if opts.keep or opts.steps or self.window_abs_ns is not None or opts.filter_fn:
+            spans = self._step_spans() if opts.steps else None
+            launches = self._launch_times() if spans is not None else None
+            for i, ev in enumerate(events):
+                if keep[i] and ev["ph"] != "M" and ev["ph"] not in FLOW_PH:
+                    keep[i] = self._passes(i, ev, spans, launches, False)
+        else:
+            spans = launches = None
+        if not self.link_flows:
+            return
+        # A flow survives only when every one of its ends survives.
+        alive: dict[tuple[Any, Any, Any], bool] = {}
+        for i in flows:
+            ev = events[i]
+            key = (ev["pid"], ev.get("tid"), ev["ts"])
+            a = anchors.get(key)
+            if a is not None:
+                ok = keep[a] or any(keep[j] for j in twins.get(key, ()))
+                dev[i] = dev[a]
+            else:
+                ok = self._passes(i, ev, spans, launches, True)
+            fkey = (ev.get("cat"), ev.get("name"), ev.get("id"))
+            alive[fkey] = alive.get(fkey, True) and ok
+        for i in flows:
+            ev = events[i]
+            keep[i] = alive[(ev.get("cat"), ev.get("name"), ev.get("id"))]
+
+    def earliest_ns(self, kept_only: bool) -> int | None:
+        """The earliest absolute time (ns) over kept, or all read, non-metadata events."""
+        unread = None if self.options.include_pyfunc else "python_function"
+        times = (to_ns(ev["ts"]) for i, ev in enumerate(self.events)
+                 if ev["ph"] != "M" and (self.keep[i] or (not kept_only and ev.get("cat") != unread)))
+        best = min(times, default=None)
+        return None if best is None else self.base + best
+
+
+def decode_or_none(data: bytes, *decoders: msgspec.json.Decoder) -> Any:
+    """``data`` decoded by the first of ``decoders`` whose type it fits, or None when it is not valid UTF-8 JSON
+    of any of their types."""
+    if not data.isascii():
+        try:
+            data.decode()  # the decoder does not check the text of what it skips or keeps raw
+        except UnicodeDecodeError:
+            return None
+    for decoder in decoders:
+        try:
+            return decoder.decode(data)
+        except msgspec.ValidationError:
+            continue
+        except msgspec.DecodeError:
+            return None
+    return None
