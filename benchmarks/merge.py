@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from tracefuse_dask import merge_traces
     from tracefuse_dask.cluster import connect
-    from tracefuse_dask.io import read_header
+    from tracefuse_dask.storage.files import read_header
 
     ctx = multiprocessing.get_context("spawn")  # never fork a process that runs a Dask client
     header = (environment() +
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
               f"source's whole profiled window per rank). "
               f"Shapes: " + "; ".join(f"{x} = {SHAPES[x]}" for x in shapes) + ". A merge row's header pass is the "
               "time of its log line \"read N headers in X s\" over the merge's, median over the rounds; the kB are "
-              "what `tracefuse_dask.io.read_header` reads of each file (mean), without the events.\n")
+              "what `tracefuse_dask.storage.files.read_header` reads of each file (mean), without the events.\n")
     hta = None if args.no_hta or not rank_counts else hta_versions(args.hta_python)
     if hta is None and rank_counts and not args.no_hta:
         header += (f"HTA row skipped: no HolisticTraceAnalysis at --hta-python {args.hta_python} "

@@ -28,7 +28,7 @@ import pytest
 
 from conftest import SHARED
 from tracefuse_dask import analyze
-from tracefuse_dask.io import parse_json
+from tracefuse_dask.storage.files import parse_json
 
 EXPECTED = json.loads((Path(__file__).parent / "data" / "hta_expected.json").read_text())
 JOBS = sorted(job for job, j in EXPECTED["jobs"].items() if j["kind"] == "gpu")

@@ -8,8 +8,9 @@ from hypothesis import strategies as st
 
 from conftest import make_trace, write_trace
 from tracefuse_dask.errors import TraceFileNotFoundError
-from tracefuse_dask.io import (expand_inputs, open_write, rank_from_name, read_header, read_start,
-                               relative_sources)
+from tracefuse_dask.storage.files import read_header, read_start
+from tracefuse_dask.storage.inputs import expand_inputs, rank_from_name, relative_sources
+from tracefuse_dask.storage.output import open_write
 from tracefuse_dask.model import RankSet, parse_steps, parse_window
 
 

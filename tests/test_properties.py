@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from conftest import shared
 from perfetto_rules import assert_inputs_kept, assert_perfetto_rules, ns
 from tracefuse_dask.errors import TraceFuseError
-from tracefuse_dask.io import parse_json
+from tracefuse_dask.storage.files import parse_json
 from tracefuse_dask.kineto.document import check_document
 from tracefuse_dask.model import MergeOptions
 from tracefuse_dask.kineto.events import RankEvents

@@ -22,8 +22,8 @@ from tracefuse_dask import (
     merge_traces,
 )
 from tracefuse_dask.cli import main
-from tracefuse_dask.io import options_for, redact
-from tracefuse_dask.storage import MIN_PART, plan_groups, write_group
+from tracefuse_dask.storage.files import options_for, redact
+from tracefuse_dask.storage.joins import MIN_PART, plan_groups, write_group
 from tracefuse_dask.synth import make_rank_trace, write_example
 
 MB = 2**20
@@ -369,7 +369,7 @@ def test_ten_thousand_objects_list_in_one_pass_without_a_request_per_file(s3, bu
 
     import fsspec
 
-    from tracefuse_dask.io import expand_inputs
+    from tracefuse_dask.storage.inputs import expand_inputs
 
     s3.bucket(bucket_name)
     s3.fs().pipe({f"{bucket_name}/job/rank{r}.json": b"{}" for r in range(10_000)}, batch_size=256)

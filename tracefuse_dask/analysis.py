@@ -18,18 +18,7 @@ from distributed import progress
 
 from ._version import __version__
 from .errors import MergeError, OutputExistsError, RankError
-from .io import (
-    TMP_SUFFIX,
-    TRACE_NAME,
-    expand_inputs,
-    open_write,
-    options_for,
-    rank_from_name,
-    read_bytes,
-    read_start,
-    resolve_rank,
-    storage_errors,
-)
+from .storage.files import options_for, read_bytes, read_start, storage_errors
 from .cluster import connect
 from .model import DEFAULT_RANK_REGEX, InputFile, parse_steps, rank_subset
 from .collective_trace import CALL_COLUMNS as CT_COLUMNS
@@ -38,6 +27,8 @@ from .collectives import clock_offsets, group_members, instance_metrics, match_c
 from .rank_analysis import TABLES, RankTables, analyze_events, analyze_rank, decode_trace, rows_for
 from .kineto.document import check_document, decode_json, paused_gc
 from .kineto.layout import is_merged, split_merged
+from .storage.inputs import TRACE_NAME, expand_inputs, rank_from_name, resolve_rank
+from .storage.output import TMP_SUFFIX, open_write
 
 __all__ = ["Analysis", "analyze", "rank_stats"]
 

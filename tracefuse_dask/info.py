@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .errors import RankError
-from .io import expand_inputs, parse_json, resolve_rank
+from .storage.files import parse_json
 from .cluster import connect
 from .merge import batches
 from .model import DEFAULT_RANK_REGEX, InputFile
@@ -14,6 +14,7 @@ from .kineto.document import check_document, paused_gc
 from .kineto.events import is_device_event
 from .kineto.layout import is_merged, split_merged
 from .kineto.times import to_ns
+from .storage.inputs import expand_inputs, resolve_rank
 
 __all__ = ["describe_traces", "format_table"]
 

@@ -37,21 +37,7 @@ from .errors import (
     TraceFormatError,
     TraceFuseError,
 )
-from .io import (
-    MANIFEST_SUFFIX,
-    options_for,
-    storage_errors,
-    TMP_SUFFIX,
-    expand_inputs,
-    gzip_member,
-    gzip_writer,
-    open_write,
-    parse_json,
-    read_bytes,
-    read_header,
-    relative_sources,
-    resolve_rank,
-)
+from .storage.files import options_for, storage_errors, parse_json, read_bytes, read_header
 from .model import (
     DEFAULT_RANK_REGEX,
     KEEP_PRESETS,
@@ -67,11 +53,13 @@ from .model import (
     rank_subset,
 )
 from .fastpath import handles, rewrite_fast
-from .storage import MIN_PART, Piece, abort_uploads, join, plan_groups, protocol_of, write_group
+from .storage.joins import MIN_PART, Piece, abort_uploads, join, plan_groups, protocol_of, write_group
 from .kineto.document import check_document, decode_json, paused_gc
 from .kineto.events import RankEvents
 from .kineto.layout import is_merged
 from .rewrite import rewrite
+from .storage.inputs import expand_inputs, relative_sources, resolve_rank
+from .storage.output import MANIFEST_SUFFIX, TMP_SUFFIX, gzip_member, gzip_writer, open_write
 
 __all__ = ["merge_traces", "build_options"]
 

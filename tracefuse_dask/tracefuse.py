@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import orjson
 
-from .io import read_bytes
+from .storage.files import read_bytes
 from .merge import merge_traces
 
 __all__ = ["TraceFuse"]

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Union
 
-from .io import WRITE_BLOCK, gzip_writer
+from .output import WRITE_BLOCK, gzip_writer
 
 __all__ = ["MIN_PART", "MAX_PARTS", "COMPOSE_MAX", "Piece", "plan_groups", "protocol_of", "write_group", "join",
            "abort_uploads"]

@@ -1,0 +1,178 @@
+"""Reading trace files through fsspec: storage options per protocol, storage errors as clear messages with the
+secrets redacted, and a file's bytes, start, header or document.
+
+Compression is detected from the content (the gzip magic), never from the name
+alone, because trace files are often misnamed.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import zlib
+from collections.abc import Iterator, Mapping
+from typing import IO, Any
+
+import fsspec
+from isal import igzip
+from isal.isal_zlib import error as IsalError
+
+from ..errors import (
+    StorageAccessError,
+    StorageConnectionError,
+    TraceFileNotFoundError,
+    TraceFormatError,
+    TraceFuseError,
+)
+from ..kineto.document import decode_json
+from ..kineto.header import GZIP_MAGIC
+from ..kineto.header import read_header as _read_header
+
+__all__ = ["options_for", "parse_json", "read_bytes", "read_header", "read_start", "redact", "storage_errors"]
+
+
+_CHUNK = 1 << 16  # what a damaged gzip stream is decompressed by
+_SECRET_KEY = re.compile(r"key|secret|token|password|credential|session|signature", re.IGNORECASE)
+_SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID", "GOOGLE_APPLICATION_CREDENTIALS")
+
+
+def options_for(url: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The fsspec options for ``url``.
+
+    ``storage_options`` is either one set for every protocol, or one per
+    protocol, ``{"s3": {...}, "gs": {...}}``, for mixed inputs and outputs.
+    """
+    so = dict(storage_options or {})
+    if not so or not all(isinstance(v, dict) for v in so.values()):
+        return so
+    if not set(so) <= set(fsspec.available_protocols()):
+        return so
+    if "::" in url:
+        return so  # fsspec hands each protocol of a chained URL its own dict
+    proto = fsspec.core.split_protocol(url)[0] or "file"
+    return dict(so.get(proto) or so.get(_ALIASES.get(proto, ""), {}))
+
+
+def _secrets(value: Any, key: str = "") -> Iterator[str]:
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from _secrets(v, str(k))
+    elif isinstance(value, str) and len(value) >= 4 and _SECRET_KEY.search(key):
+        yield value
+
+
+def redact(text: str, storage_options: Mapping[str, Any] | None = None) -> str:
+    """``text`` with every credential of ``storage_options`` and the environment replaced by ``***``."""
+
+    for secret in list(_secrets(storage_options or {})) + [os.environ.get(k, "") for k in _SECRET_ENV]:
+        if len(secret) >= 4:
+            text = text.replace(secret, "***")
+    return text
+
+
+def _is_connection_error(e: BaseException) -> bool:
+    if isinstance(e, (ConnectionError, TimeoutError)):
+        return True
+    name, module = type(e).__name__, type(e).__module__
+    return ("Connect" in name or "Timeout" in name) and module.split(".")[0] in ("botocore", "aiohttp", "urllib3")
+
+
+@contextlib.contextmanager
+def storage_errors(url: str, storage_options: Mapping[str, Any] | None = None) -> Iterator[None]:
+    """Turn storage failures into typed errors that name ``url`` and say what to do, without secrets."""
+    try:
+        yield
+    except TraceFuseError:
+        raise
+    except ImportError as e:
+        extra = " (pip install 'tracefuse_dask[gcs]')" if url.startswith(("gs://", "gcs://")) else ""
+        raise TraceFuseError(f"{url}: {e}{extra}") from None
+    except FileNotFoundError:
+        raise TraceFileNotFoundError(f"{url}: no such file or object; check the path (bucket and key)") from None
+    except PermissionError as e:
+        raise StorageAccessError(
+            f"{url}: access denied ({redact(str(e), storage_options)}); check the credentials (environment, "
+            "config files or --storage-options), whether they expired, and the bucket's policy") from None
+    except Exception as e:
+        if not _is_connection_error(e):
+            raise
+        raise StorageConnectionError(
+            f"{url}: cannot reach the storage ({redact(str(e), storage_options)}); check the endpoint "
+            "(endpoint_url in --storage-options) and the network") from None
+
+
+def _open_raw(path: str, storage_options: Mapping[str, Any] | None) -> IO[bytes]:
+    with storage_errors(path, storage_options):
+        return fsspec.open(path, "rb", **options_for(path, storage_options)).open()
+
+
+def read_start(path: str, storage_options: Mapping[str, Any] | None = None, size: int = 8192) -> bytes:
+    """At most ``size`` bytes of the start of a file's content, decompressed from its first ``size``
+    bytes when they are gzip (those bytes as they are when they do not decompress)."""
+    with _open_raw(path, storage_options) as f, storage_errors(path, storage_options):
+        head = f.read(size)
+    if head[:2] == GZIP_MAGIC:
+        with contextlib.suppress(zlib.error):
+            head = zlib.decompressobj(31).decompress(head, size)
+    return head
+
+
+def read_header(path: str, storage_options: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], bool, int]:
+    """A trace file's top-level keys but ``traceEvents``, without its events (``kineto.header.read_header``)."""
+    with _open_raw(path, storage_options) as raw:
+        return _read_header(raw)
+
+
+def read_bytes(path: str, storage_options: Mapping[str, Any] | None = None, *,
+               repair: bool = False) -> tuple[bytes, bool]:
+    """Read one file whole, decompressing it if its content is gzip.
+
+    Returns the bytes and whether a truncated gzip stream was cut short (only
+    with ``repair``; otherwise that raises).
+    """
+    with _open_raw(path, storage_options) as f, storage_errors(path, storage_options):
+        raw = f.read()
+    if raw[:2] != GZIP_MAGIC:
+        return raw, False
+    try:
+        return igzip.decompress(raw), False
+    except (OSError, EOFError, ValueError, zlib.error, IsalError) as e:
+        if repair:
+            data = _gunzip_prefix(raw)
+            if data:
+                return data, True
+        hint = "" if repair else ", or pass --repair to recover the complete events of a truncated file"
+        raise TraceFormatError(f"{path}: corrupt or truncated gzip ({e}); re-export the trace, drop this "
+                               f"file{hint}") from None
+
+
+def _gunzip_prefix(raw: bytes) -> bytes:
+    """Everything a damaged gzip stream yields before the damage."""
+    out: list[bytes] = []
+    while raw:
+        d = zlib.decompressobj(31)
+        for k in range(0, len(raw), _CHUNK):
+            try:
+                out.append(d.decompress(raw[k : k + _CHUNK]))
+            except zlib.error:
+                return b"".join(out)
+            if d.eof:
+                break
+        if not d.eof:
+            break
+        raw = d.unused_data
+    return b"".join(out)
+
+
+def parse_json(path: str, storage_options: Mapping[str, Any] | None = None, *, rank: int | None = None,
+               repair: bool = False) -> tuple[Any, int, str | None]:
+    """Parse one file whole with orjson.
+
+    Returns the document, its uncompressed size and, when ``repair`` recovered
+    a truncated file, a note that says what was recovered.
+    """
+    data, cut_gzip = read_bytes(path, storage_options, repair=repair)
+    return decode_json(data, path, rank=rank, cut_gzip=cut_gzip, repair=repair)
+
+
+_ALIASES = {"gcs": "gs", "gs": "gcs", "s3a": "s3", "s3": "s3a"}
