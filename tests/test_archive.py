@@ -121,7 +121,7 @@ def test_archive_to_s3_matches_the_local_one(merged, client, s3, bucket_name):
 def test_archive_pieces_are_files_and_tar_bytes_with_no_empty_piece():
     """Each member's header and partition stay whole file pieces (copied server side on S3/GCS), and no empty
     bytes piece sits between them (it would pair each partition with it into a copy through a worker)."""
-    from tracefuse_dask.merge import _archive_pieces
+    from tracefuse_dask.merge.assemble import _archive_pieces
     from tracefuse_dask.model import RankResult
 
     results = [RankResult(r, f"in/rank{r}.json", 1, 1, 1, 10_000 + r, f"tmp/part-{r}.json") for r in range(3)]

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from conftest import BASE, SHARED, make_trace, shared
 from test_properties import QUARTER, SEEDS, mutate, rank_events, seed
 from tracefuse_dask.errors import TraceFuseError
-from tracefuse_dask.fastpath import _KinetoEvent, _decoders, handles, rewrite_fast
+from tracefuse_dask.merge.fastpath import _KinetoEvent, _decoders, handles, rewrite_fast
 from tracefuse_dask.kineto.events import RankEvents, decode_or_none
 from tracefuse_dask.model import MergeOptions
-from tracefuse_dask.rewrite import rewrite
+from tracefuse_dask.merge.rewrite import rewrite
 from tracefuse_dask.synth import make_rank_trace
 
 TRACE_FILES = sorted(str(p.relative_to(SHARED)) for p in SHARED.glob("**/*.json*")

@@ -21,8 +21,9 @@ from tracefuse_dask import (
     TraceFuse,
     merge_traces,
 )
-from tracefuse_dask import merge
-from tracefuse_dask.merge import batches, biggest_first
+from tracefuse_dask.cluster import batches, biggest_first, flat, outcomes
+from tracefuse_dask.merge import assemble, plan, tasks
+from tracefuse_dask.model import InputFile
 
 pytestmark = pytest.mark.integration
 
@@ -142,10 +143,10 @@ def test_a_cancelled_task_is_reported_as_cancelled():
             Client(cluster, set_as_default=False) as c:
         done, slow = c.submit(lambda: [("ok", None)], pure=False), c.submit(time.sleep, 3, pure=False)
         slow.cancel()
-        outcomes = merge._outcomes(c, [done, slow])
-        assert outcomes[0] == ([("ok", None)], None) and isinstance(outcomes[1][1], CancelledError)
+        got = outcomes(c, [done, slow])
+        assert got[0] == ([("ok", None)], None) and isinstance(got[1][1], CancelledError)
         with pytest.raises(CancelledError):
-            merge._flat(outcomes)
+            flat(got)
 
 
 @pytest.mark.parametrize("sizes, limit, expected", [
@@ -195,7 +196,8 @@ def test_the_biggest_rank_starts_first_and_the_output_keeps_rank_order(client, t
 def test_batching_does_not_change_the_output(client, tmp_path, monkeypatch, out):
     folder = shared("gloo_4ranks")
     merge_traces(str(folder), str(tmp_path / f"batched-{out}"), client=client)
-    monkeypatch.setattr(merge, "BATCH_BYTES", 1)  # every rank its own task
+    monkeypatch.setattr(plan, "BATCH_BYTES", 1)  # every rank its own task, in the header pass and the rewrite
+    monkeypatch.setattr(tasks, "BATCH_BYTES", 1)
     merge_traces(str(folder), str(tmp_path / f"alone-{out}"), client=client)
     assert (tmp_path / f"batched-{out}").read_bytes() == (tmp_path / f"alone-{out}").read_bytes()
 
@@ -203,7 +205,7 @@ def test_batching_does_not_change_the_output(client, tmp_path, monkeypatch, out)
 def test_scattered_headers_write_the_same_output(client, tmp_path, monkeypatch):
     folder = shared("gloo_4ranks")
     merge_traces(str(folder), str(tmp_path / "inline.json"), client=client)
-    monkeypatch.setattr(merge, "_INLINE_HEADS", 0)  # as a big job's headers: scattered to the workers first
+    monkeypatch.setattr(assemble, "_INLINE_HEADS", 0)  # as a big job's headers: scattered to the workers first
     merge_traces(str(folder), str(tmp_path / "scattered.json"), client=client)
     assert (tmp_path / "inline.json").read_bytes() == (tmp_path / "scattered.json").read_bytes()
 
@@ -221,9 +223,9 @@ def test_big_rank_metadata_reaches_every_output_but_not_the_client(client, tmp_p
         docs[r] = make_trace(r, [ev], distributedInfo=info, host_name=f"node{r}",
                              deviceProperties=[{"id": 0, "name": "GPU"}])
         write_trace(tmp_path / "in" / f"rank{r}.json", docs[r])
-    files = [merge.InputFile(str(tmp_path / "in" / f"rank{r}.json")) for r in range(3)]
-    outcomes = merge._read_headers(files, str(tmp_path / "meta.json"), None, None, False)
-    for r, (h, err) in enumerate(outcomes):
+    files = [InputFile(str(tmp_path / "in" / f"rank{r}.json")) for r in range(3)]
+    read = plan._read_headers(files, str(tmp_path / "meta.json"), None, None, False)
+    for r, (h, err) in enumerate(read):
         assert err is None and h.header == {"distributedInfo": {"rank": r, "world_size": world}}
         path, offset, length = h.meta
         text = Path(path).read_bytes()[offset:offset + length]

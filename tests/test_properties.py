@@ -21,7 +21,7 @@ from tracefuse_dask.storage.files import parse_json
 from tracefuse_dask.kineto.document import check_document
 from tracefuse_dask.model import MergeOptions
 from tracefuse_dask.kineto.events import RankEvents
-from tracefuse_dask.rewrite import rewrite
+from tracefuse_dask.merge.rewrite import rewrite
 
 BASE0 = 1790857026000000000
 QUARTER = 7889238 * 10**9  # Kineto floors its base to this period

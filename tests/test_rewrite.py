@@ -14,7 +14,7 @@ from tracefuse_dask.model import MergeOptions
 from tracefuse_dask.kineto.events import RankEvents
 from tracefuse_dask.kineto.layout import PID_BASE, map_tid, out_pid
 from tracefuse_dask.kineto.times import fmt_us, to_ns, to_ns_array
-from tracefuse_dask.rewrite import rewrite
+from tracefuse_dask.merge.rewrite import rewrite
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import pytest
 from perfetto_rules import assert_perfetto_rules, load_exact
 from tracefuse_dask import MergeError, OutputExistsError, merge_traces
 from tracefuse_dask.cli import main
-from tracefuse_dask.merge import split_name
+from tracefuse_dask.merge.assemble import split_name
 from tracefuse_dask.synth import write_example
 
 

@@ -189,7 +189,7 @@ def test_many_small_ranks_and_a_few_big_ones(s3, bucket_name, client, tmp_path):
 def test_a_batch_partition_reaches_s3_in_parts_as_it_is_written(s3, bucket_name, tmp_path):
     """A task uploads its partition file in parts of about 5 MiB while it writes its ranks, rather than
     holding up to s3fs's default block of 50 MiB (~100 MiB of RSS per task for a 34 MB partition)."""
-    from tracefuse_dask.merge import _rewrite_batch
+    from tracefuse_dask.merge.tasks import _rewrite_batch
     from tracefuse_dask.model import MergeOptions, RankTask
 
     s3.bucket(bucket_name)

@@ -35,8 +35,7 @@ __all__ = [
 ]
 
 
-_LAZY = {"merge_traces": "merge", "TraceFuse": "tracefuse", "MergeSummary": "model", "analyze": "analysis",
-         "Analysis": "analysis"}
+_LAZY = {"merge_traces": "api", "TraceFuse": "api", "analyze": "api", "Analysis": "api", "MergeSummary": "model"}
 
 
 def __getattr__(name: str) -> object:

@@ -210,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _merge(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
-    from .merge import merge_traces
+    from .api import merge_traces
 
     summary = merge_traces(
         args.inputs, args.output, storage_options=so, ranks=args.ranks, rank_regex=args.rank_regex,
@@ -247,7 +247,7 @@ def _merge(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
 
 
 def _analyze(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
-    from .analysis import analyze
+    from .api import analyze
 
     result = analyze(args.inputs, args.output, storage_options=so, ranks=args.ranks, steps=args.steps,
                      rank_regex=args.rank_regex, format=args.format, force=args.force, workers=args.workers,
@@ -283,7 +283,8 @@ def _analyze(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
 
 
 def _info(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
-    from .info import describe_traces, format_table
+    from .api import describe_traces
+    from .info import format_table
 
     report = describe_traces(args.inputs, storage_options=so, rank_regex=args.rank_regex, workers=args.workers,
                              scheduler=args.scheduler, scheduler_file=args.scheduler_file, timeout=args.timeout)

@@ -17,6 +17,9 @@ more interpreter to start per worker, before its worker's (~0.8 s more on 2 core
 a nanny would add, a restart after a worker dies, the embedded cluster does without: the
 scheduler gives a lost worker's tasks to the others (``distributed.scheduler.allowed-failures``).
 The scheduler runs in this process, as ``LocalCluster``'s does.
+
+Beside it, what every graph of the package shares: how files are cut into tasks (``batches``, ``biggest_first``)
+and how the tasks' results and failures come back (``outcomes``, ``flat``).
 """
 from __future__ import annotations
 
@@ -28,15 +31,16 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import dask
-from distributed import Client, LocalCluster, Scheduler, SpecCluster
+from distributed import CancelledError, Client, LocalCluster, Scheduler, SpecCluster, progress
 from distributed.deploy.subprocess import Subprocess
 from distributed.worker_memory import parse_memory_limit
 
 from .errors import SchedulerConnectionError
 
-__all__ = ["connect"]
+__all__ = ["BATCH_BYTES", "BATCH_RANKS", "batches", "biggest_first", "connect", "flat", "outcomes"]
 
 log = logging.getLogger("tracefuse_dask")
 
@@ -149,3 +153,60 @@ def connect(
                 "--scheduler to use a running cluster"
             ) from None
         yield c
+
+
+BATCH_BYTES = 4 * 2**20  # small ranks share tasks of about this many input bytes; bigger ones have their own
+BATCH_RANKS = 1024
+
+
+def outcomes(c: Client, futures: list[Any], show_progress: bool = False) -> list[tuple[Any, BaseException | None]]:
+    """Each task's result or exception, in order; one gather, which waits for them all, for the successes.
+
+    Everything goes through ``c``: the client need not be the process's default one.
+    """
+    if show_progress:
+        with contextlib.redirect_stdout(sys.stderr):
+            progress(futures, scheduler=c.scheduler.address)
+    ok = iter(c.gather(futures, errors="skip"))
+    return [(next(ok), None) if f.status == "finished"
+            else (None, f.exception() if f.status == "error" else CancelledError(f"task {f.key} was cancelled"))
+            for f in futures]
+
+
+def flat(outcomes: list[tuple[Any, BaseException | None]]) -> list[tuple[Any, BaseException | None]]:
+    """Per-item outcomes from those of batch tasks; a batch task that failed as a whole raises its error."""
+    flat: list[tuple[Any, BaseException | None]] = []
+    for result, exc in outcomes:
+        if exc is not None:
+            raise exc
+        flat.extend(result)
+    return flat
+
+
+def batches(sizes: list[int | None], limit: int = BATCH_BYTES) -> list[range]:
+    """Consecutive items grouped into tasks of about ``limit`` input bytes (at most ``BATCH_RANKS`` items).
+
+    A big rank gets a task of its own; small ones share, so that 10,000 tiny ranks do not
+    cost 10,000 tasks. An unknown size counts as big. The grouping depends on the inputs
+    alone, and does not change the output.
+    """
+    out: list[range] = []
+    start = total = 0
+    for i, size in enumerate(sizes):
+        total += limit if size is None else size
+        if total >= limit or i + 1 - start >= BATCH_RANKS:
+            out.append(range(start, i + 1))
+            start, total = i + 1, 0
+    if start < len(sizes):
+        out.append(range(start, len(sizes)))
+    return out
+
+
+def biggest_first(sizes: list[int | None]) -> list[int]:
+    """The order to submit tasks of these input sizes in: biggest first (an unknown size counts as big, as in
+    ``batches``), ties in their given order.
+
+    Dask runs the tasks of one ``map`` in the order given; a big rank that started last would keep the
+    other workers waiting for it at the end (longest-processing-time-first scheduling).
+    """
+    return sorted(range(len(sizes)), key=lambda k: (sizes[k] is not None, -(sizes[k] or 0)))

@@ -7,8 +7,7 @@ from typing import Any
 
 from .errors import RankError
 from .storage.files import parse_json
-from .cluster import connect
-from .merge import batches
+from .cluster import batches, connect
 from .model import DEFAULT_RANK_REGEX, InputFile
 from .kineto.document import check_document, paused_gc
 from .kineto.events import is_device_event

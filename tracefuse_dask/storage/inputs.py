@@ -10,11 +10,7 @@ from typing import Any
 
 import fsspec
 
-from ..errors import (
-    RankError,
-    TraceFileNotFoundError,
-    TraceFormatError,
-)
+from ..errors import RankError, TraceFileNotFoundError, TraceFormatError
 from ..model import DEFAULT_RANK_REGEX, InputFile
 from .files import options_for, storage_errors
 from .output import MANIFEST_SUFFIX, TMP_SUFFIX

@@ -3,15 +3,17 @@ written with fixed settings so that the bytes are deterministic."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import IO, Any
 
 import fsspec
 from isal import igzip
 
+from ..errors import OutputWriteError, TraceFuseError
 from .files import options_for
 
-__all__ = ["GZIP_LEVEL", "MANIFEST_SUFFIX", "TMP_SUFFIX", "WRITE_BLOCK", "gzip_member", "gzip_writer", "open_write"]
+__all__ = ["GZIP_LEVEL", "MANIFEST_SUFFIX", "TMP_SUFFIX", "WRITE_BLOCK", "gzip_member", "gzip_writer", "open_write",
+           "writing"]
 
 
 TMP_SUFFIX = ".tracefuse-tmp"
@@ -39,3 +41,15 @@ def gzip_writer(fileobj: IO[bytes]) -> igzip.IGzipFile:
     """A stream that writes one deterministic gzip member into ``fileobj`` (as ``gzip_member``); closing
     it writes the trailer and leaves ``fileobj`` open."""
     return igzip.IGzipFile(filename="", fileobj=fileobj, mode="wb", compresslevel=GZIP_LEVEL, mtime=0)
+
+
+@contextlib.contextmanager
+def writing(path: str) -> Iterator[None]:
+    """Turn an OSError while ``path`` is written into an ``OutputWriteError`` that says what to do."""
+    try:
+        yield
+    except OSError as e:
+        if isinstance(e, TraceFuseError):
+            raise
+        raise OutputWriteError(f"{path}: could not write it ({e.strerror or e}); free some space or write "
+                               "the output somewhere else, then rerun") from e

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import MergeError
-from .kineto.events import RankEvents
-from .kineto.layout import MAX_RANK, SLOTS_PER_RANK, U32, map_tid, out_pid
-from .kineto.times import EXACT_NS, fmt_us, to_ns
+from ..errors import MergeError
+from ..kineto.events import RankEvents
+from ..kineto.layout import MAX_RANK, SLOTS_PER_RANK, U32, map_tid, out_pid
+from ..kineto.times import EXACT_NS, fmt_us, to_ns
 
 __all__ = ["PROCESS_M", "IdMap", "order_slots", "pid_maps", "process_metadata", "rewrite"]
 

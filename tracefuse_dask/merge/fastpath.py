@@ -24,12 +24,12 @@ import numpy as np
 import orjson
 from msgspec import UNSET, Raw, Struct, UnsetType
 
-from .errors import MergeError
-from .kineto.events import FLOW_PH, decode_or_none, is_gpu_label
-from .kineto.layout import MAX_RANK, U32, map_tid
-from .kineto.times import EXACT_FLOAT, EXACT_NS, Duration, Micros, to_ns, to_ns_array, us_text
-from .kineto.vocabulary import KnownCategory, KnownPhase, host_category, on_device
-from .model import MergeOptions
+from ..errors import MergeError
+from ..kineto.events import FLOW_PH, decode_or_none, is_gpu_label
+from ..kineto.layout import MAX_RANK, U32, map_tid
+from ..kineto.times import EXACT_FLOAT, EXACT_NS, Duration, Micros, to_ns, to_ns_array, us_text
+from ..kineto.vocabulary import KnownCategory, KnownPhase, host_category, on_device
+from ..model import MergeOptions
 from .rewrite import PROCESS_M, IdMap, order_slots, pid_maps, process_metadata
 
 __all__ = ["handles", "rewrite_fast"]

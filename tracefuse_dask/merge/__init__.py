@@ -1,0 +1,119 @@
+"""The merge on a Dask cluster, in five steps: check the request; list the inputs; plan (Phase A: the
+headers and the one cross-rank reduce); rewrite every rank in its own task (Phase B); assemble the
+outputs. The client never holds trace bytes, nor the ranks' metadata.
+
+``plan.py`` holds the request and the frozen ``MergePlan``, ``tasks.py`` the rank tasks (with the
+rewrite rules of ``rewrite.py`` and their fast path, ``fastpath.py``), ``assemble.py`` the outputs
+(single, ``--split``, perfetto archive) and ``manifest.py`` ``--skip-if-unchanged``.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import fsspec
+from distributed import Client
+
+from ..cluster import connect
+from ..errors import MergeError, OutputExistsError
+from ..model import MergeSummary
+from ..storage.files import options_for, storage_errors
+from ..storage.inputs import expand_inputs
+from .assemble import assemble_outputs, clean
+from .manifest import manifest_of, unchanged, write_manifest
+from .plan import ClockEstimate, MergeNotes, MergeRequest, build_options, check_request, plan_merge
+from .tasks import rewrite_ranks
+
+__all__ = ["MergeRequest", "build_options", "check_request", "merge"]
+
+_BIG_OUTPUT = 1_500_000_000
+
+
+def merge(urlpath: str | Iterable[str] | Mapping[int, str], request: MergeRequest, *, client: Client | None = None,
+          workers: int | None = None, scheduler: str | None = None, scheduler_file: str | None = None,
+          timeout: float = 10.0, performance_report: str | None = None,
+          estimate: ClockEstimate | None = None) -> MergeSummary:
+    """Carry out a checked ``request`` (``check_request``) on the inputs ``urlpath``; see ``merge_traces``.
+
+    ``estimate`` gives the ranks' clock offsets for ``align="collectives"``.
+    """
+    started = time.perf_counter()
+    so = request.storage_options
+    files, unlisted = expand_inputs(urlpath, storage_options=so, rank_regex=request.rank_regex,
+                                    subset=request.subset)
+    manifest = None
+    if request.skip_if_unchanged:
+        manifest = manifest_of(files, request)
+        done = unchanged(request.out, manifest, so)
+        if done is not None:
+            done.seconds = round(time.perf_counter() - started, 3)
+            return done
+        request = dataclasses.replace(request, force=True)
+    out = request.out
+    with storage_errors(out, so):
+        fs, out_path = fsspec.core.url_to_fs(out, **options_for(out, so))
+        if fs.exists(out_path) and not request.force:
+            raise OutputExistsError(f"{out}: the output exists; pass --force (force=True) to replace it")
+        clean(fs, out, request.tmp_root, so)  # leftovers of a crashed run
+    # A folder of its own per run: the task keys name its files, so no run reuses another's results.
+    tmp_dir = f"{request.tmp_root}/{uuid.uuid4().hex}"
+    in_memory = any(url.startswith("memory://") for url in [out] + [f.path for f in files])
+    report = contextlib.nullcontext()
+    if performance_report:
+        from distributed import performance_report as _perf
+
+        report = _perf(filename=performance_report)
+    notes = MergeNotes()
+    futures: list[Any] = []
+    try:
+        with connect(client, scheduler=scheduler, scheduler_file=scheduler_file, workers=workers,
+                     timeout=timeout, in_process=in_memory) as c, report:
+            if in_memory and set(c.run(os.getpid).values()) != {os.getpid()}:
+                raise MergeError("memory:// paths live in one process, but this Dask cluster runs its workers in "
+                                 "other processes; use a local path or object storage, or an in-process cluster "
+                                 "(LocalCluster(processes=False))")
+            plan = plan_merge(c, request, files, unlisted, tmp_dir, estimate, notes, futures)
+            results = rewrite_ranks(c, plan, notes, futures)
+            outputs, bytes_out = assemble_outputs(c, plan, notes, results, futures)
+    except BaseException:
+        # Only unfinished work is cancelled: a finished key that is cancelled would also
+        # cancel the same (deterministic) key of a rerun in this client.
+        for fut in futures:
+            if not fut.done():
+                fut.cancel()
+        raise
+    finally:
+        futures.clear()
+        with storage_errors(out, so):
+            clean(fs, out, request.tmp_root, so)
+    if manifest is not None:
+        write_manifest(out, manifest, so)
+    seconds = round(time.perf_counter() - started, 3)
+    bytes_in = sum(r.bytes_in for r in results)
+    if bytes_out > _BIG_OUTPUT:
+        notes.warnings.append(
+            f"the merged file is {bytes_out / 1e9:.1f} GB: Perfetto's web UI may not load it "
+            "(about 2 GB of memory); narrow it with --keep, --steps, --window or --ranks, or open it "
+            "with trace_processor --httpd"
+        )
+    return MergeSummary(
+        ranks=len(results),
+        skipped=notes.skipped,
+        events_in=sum(r.events_in for r in results),
+        events_out=sum(r.events_out for r in results),
+        bytes_in=bytes_in,
+        bytes_out=bytes_out,
+        seconds=seconds,
+        mb_per_s=round(bytes_in / 1e6 / seconds, 1) if seconds else 0.0,
+        output=outputs[0],
+        status="ok",
+        warnings=notes.warnings,
+        ignored=notes.ignored,
+        rank_list=[r.rank for r in results],
+        outputs=outputs,
+    )
