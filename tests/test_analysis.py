@@ -13,7 +13,7 @@ from tracefuse_dask.analysis import rank_stats
 from tracefuse_dask.cli import main
 from tracefuse_dask.errors import OutputExistsError, RankError
 from tracefuse_dask.kineto.vocabulary import kernel_category, kernel_type
-from tracefuse_dask.rank_analysis import analyze_rank, union_length
+from tracefuse_dask.analysis.rank import analyze_rank, union_length
 from tracefuse_dask.synth import write_example
 
 import numpy as np
@@ -299,7 +299,7 @@ def test_an_unknown_phase_or_category_decodes_the_same_values():
     import orjson
     from msgspec.structs import asdict
 
-    from tracefuse_dask.rank_analysis import decode_trace
+    from tracefuse_dask.analysis.rank import decode_trace
 
     known = decode_trace(orjson.dumps({"traceEvents": small_rank()})).traceEvents
     for extra in (x("a", 1, 1, cat="my_category"), {"ph": "Z", "name": "z", "pid": HOST, "tid": TID, "ts": 1}):
@@ -315,7 +315,7 @@ def test_steps_select_the_union_of_their_spans():
     import orjson
     from hypothesis import given, strategies as st
 
-    from tracefuse_dask.rank_analysis import _in_steps, decode_trace
+    from tracefuse_dask.analysis.rank import _in_steps, decode_trace
 
     @given(st.lists(st.tuples(st.integers(0, 60), st.integers(0, 30)), min_size=1, max_size=6),
            st.lists(st.integers(0, 100), max_size=20), st.lists(st.integers(0, 100), max_size=10),

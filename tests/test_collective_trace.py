@@ -10,7 +10,7 @@ import pytest
 
 from tracefuse_dask import TraceFormatError, analyze
 from tracefuse_dask.cli import main
-from tracefuse_dask.collective_trace import looks_like_collective_trace, parse_collective_trace, summarize
+from tracefuse_dask.analysis.collective_trace import looks_like_collective_trace, parse_collective_trace, summarize
 
 DATA = Path(__file__).parent / "data" / "collective_trace"
 LOGS = sorted(DATA.glob("collective_trace.log-*"))

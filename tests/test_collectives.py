@@ -8,8 +8,8 @@ import pytest
 
 from conftest import shared, write_trace
 from tracefuse_dask import analyze
-from tracefuse_dask.collectives import canonical_op, group_spec, instance_metrics, match_collectives
-from tracefuse_dask.rank_analysis import analyze_rank
+from tracefuse_dask.analysis.collectives import canonical_op, group_spec, instance_metrics, match_collectives
+from tracefuse_dask.analysis.rank import analyze_rank
 from tracefuse_dask.synth import make_rank_trace
 
 HOST = 100
@@ -91,7 +91,7 @@ def test_a_group_known_only_from_pg_config_reports_its_missing_rank():
     """Ranks 0 and 1 call twice, rank 2 of the same 3-rank group once: the second call lacks it, found
     through the reduce tasks' join (in any order of tasks) and the group's rank spec from pg_config."""
     from tracefuse_dask.analysis import _combine, _reduce
-    from tracefuse_dask.rank_analysis import TABLES, rows_for
+    from tracefuse_dask.analysis.rank import TABLES, rows_for
 
     def rank(r, calls):
         events = [e for k in range(calls) for e in nccl_call(100 + 200 * k, 110 + 200 * k, 20, k + 1)]

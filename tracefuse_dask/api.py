@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import orjson
 
 from .analysis import Analysis, analyze
-from .info import describe_traces
+from .analysis.info import describe_traces
 from .merge import check_request, merge
 from .model import DEFAULT_RANK_REGEX, MergeSummary
 from .storage.files import read_bytes

@@ -284,7 +284,7 @@ def _analyze(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
 
 def _info(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
     from .api import describe_traces
-    from .info import format_table
+    from .analysis.info import format_table
 
     report = describe_traces(args.inputs, storage_options=so, rank_regex=args.rank_regex, workers=args.workers,
                              scheduler=args.scheduler, scheduler_file=args.scheduler_file, timeout=args.timeout)

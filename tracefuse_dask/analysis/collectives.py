@@ -16,8 +16,8 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from .kineto.vocabulary import COLLECTIVE_OP_PREFIXES, is_comm_kernel
-from .model import RankSet
+from ..kineto.vocabulary import COLLECTIVE_OP_PREFIXES, is_comm_kernel
+from ..model import RankSet
 
 __all__ = ["CALL_COLUMNS", "canonical_op", "clock_offsets", "group_members", "group_spec", "match_collectives",
            "rank_collectives", "straggler"]
@@ -101,7 +101,7 @@ def rank_collectives(names: list[str], tids: list[Any], args: list[Any], order: 
     Parameters
     ----------
     names, tids, args, start, end
-        Per event: its name, tid, ``args`` (the struct of ``rank_analysis``) and relative
+        Per event: its name, tid, ``args`` (the struct of ``analysis.rank``) and relative
         start and end (ns).
     order, stop
         The call tree: the host event at each position (each thread's parents before

@@ -5,15 +5,15 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .errors import RankError
-from .storage.files import parse_json
-from .cluster import batches, connect
-from .model import DEFAULT_RANK_REGEX, InputFile
-from .kineto.document import check_document, paused_gc
-from .kineto.events import is_device_event
-from .kineto.layout import is_merged, split_merged
-from .kineto.times import to_ns
-from .storage.inputs import expand_inputs, resolve_rank
+from ..errors import RankError
+from ..storage.files import parse_json
+from ..cluster import batches, connect
+from ..model import DEFAULT_RANK_REGEX, InputFile
+from ..kineto.document import check_document, paused_gc
+from ..kineto.events import is_device_event
+from ..kineto.layout import is_merged, split_merged
+from ..kineto.times import to_ns
+from ..storage.inputs import expand_inputs, resolve_rank
 
 __all__ = ["describe_traces", "format_table"]
 

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from .collectives import ITEMSIZE, canonical_op, group_spec
-from .errors import TraceFormatError
+from ..errors import TraceFormatError
 
 __all__ = ["CALL_COLUMNS", "looks_like_collective_trace", "parse_collective_trace", "summarize"]
 

@@ -16,19 +16,19 @@ import numpy as np
 import pandas as pd
 from distributed import progress
 
-from ._version import __version__
-from .errors import MergeError, OutputExistsError, RankError
-from .storage.files import options_for, read_bytes, read_start, storage_errors
-from .cluster import connect
-from .model import DEFAULT_RANK_REGEX, InputFile, parse_steps, rank_subset
+from .._version import __version__
+from ..errors import MergeError, OutputExistsError, RankError
+from ..storage.files import options_for, read_bytes, read_start, storage_errors
+from ..cluster import connect
+from ..model import DEFAULT_RANK_REGEX, InputFile, parse_steps, rank_subset
 from .collective_trace import CALL_COLUMNS as CT_COLUMNS
 from .collective_trace import looks_like_collective_trace, parse_collective_trace, summarize
 from .collectives import clock_offsets, group_members, instance_metrics, match_collectives, op_summary, straggler
-from .rank_analysis import TABLES, RankTables, analyze_events, analyze_rank, decode_trace, rows_for
-from .kineto.document import check_document, decode_json, paused_gc
-from .kineto.layout import is_merged, split_merged
-from .storage.inputs import TRACE_NAME, expand_inputs, rank_from_name, resolve_rank
-from .storage.output import TMP_SUFFIX, open_write
+from .rank import TABLES, RankTables, analyze_events, analyze_rank, decode_trace, rows_for
+from ..kineto.document import check_document, decode_json, paused_gc
+from ..kineto.layout import is_merged, split_merged
+from ..storage.inputs import TRACE_NAME, expand_inputs, rank_from_name, resolve_rank
+from ..storage.output import TMP_SUFFIX, open_write
 
 __all__ = ["Analysis", "analyze", "rank_stats"]
 
@@ -248,7 +248,7 @@ def analyze(
         Draw a progress bar on stderr.
     keep_unlaunched_gpu
         Keep the device work whose launch is not in the trace, which HTA leaves out when a rank has two or
-        more ``ProfilerStep#N`` (work queued before the profiler started; see ``rank_analysis._launched_only``).
+        more ``ProfilerStep#N`` (work queued before the profiler started; see ``analysis.rank._launched_only``).
         By default it is left out, as HTA does, and ``summary["gpu_events_left_out"]`` counts it.
 
     Returns

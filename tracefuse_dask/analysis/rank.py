@@ -25,7 +25,7 @@ import pandas as pd
 from msgspec import UNSET, Raw, Struct, UnsetType
 
 from .collectives import group_spec, rank_collectives
-from .kineto.vocabulary import (
+from ..kineto.vocabulary import (
     KERNEL_WAIT_NS,
     STEP,
     KnownCategory,
@@ -39,10 +39,10 @@ from .kineto.vocabulary import (
     kernel_type,
     on_device,
 )
-from .model import MergeOptions
-from .kineto.events import RankEvents, decode_or_none
-from .kineto.layout import map_tid
-from .kineto.times import Duration, Micros, to_ns, to_ns_array
+from ..model import MergeOptions
+from ..kineto.events import RankEvents, decode_or_none
+from ..kineto.layout import map_tid
+from ..kineto.times import Duration, Micros, to_ns, to_ns_array
 
 __all__ = ["RankTables", "Trace", "analyze_events", "analyze_rank", "decode_trace", "union_length"]
 
