@@ -91,8 +91,9 @@ def _m(name: str, ts: float, pid: Any, tid: int, args: dict[str, Any]) -> dict[s
     return {"ph": "M", "name": name, "ts": ts, "pid": pid, "tid": tid, "args": args}
 
 
-class _Rank:
-    """Event writer for one rank; times are integer ns relative to the base, before the clock shift."""
+class _Timeline:
+    """Event writer for one rank: CPU ops, Python frames, flows, launches with their GPU work, and metadata.
+    Times are integer ns relative to the base, before the clock shift."""
 
     def __init__(self, rank: int, seed: int, shift: int, straggling: bool) -> None:
         self.rng = random.Random(seed * 1_000_003 + rank)
@@ -155,6 +156,28 @@ class _Rank:
                          "dur": dur / 1000, "args": {**a, **(extra or {})}})
         self.flow("f", c, "ac2g", self.dev, stream, gpu_t)
         return gpu_t + dur
+
+    def metadata(self, ts: float) -> list[dict[str, Any]]:
+        """The rank's process and thread metadata, as Kineto writes it: 16 GPUs are listed whatever is used."""
+        pid = self.pid
+        meta = [_m("process_name", ts, pid, 0, {"name": "python"}), _m("process_labels", ts, pid, 0, {"labels": "CPU"}),
+                _m("process_sort_index", ts, pid, 0, {"sort_index": pid})]
+        for th, label in ((self.tid, "python"), (self.tid2, "pt_autograd_0")):
+            meta += [_m("thread_name", ts, pid, th, {"name": f"thread {th} ({label})"}),
+                     _m("thread_sort_index", ts, pid, th, {"sort_index": th})]
+        for d in range(16):
+            meta += [_m("process_name", ts, d, 0, {"name": "python"}),
+                     _m("process_labels", ts, d, 0, {"labels": f"GPU {d}"}),
+                     _m("process_sort_index", ts, d, 0, {"sort_index": 5_000_000 + d})]
+        for st in (7, 20):
+            meta += [_m("thread_name", ts, self.dev, st, {"name": f"stream {st} "}),
+                     _m("thread_sort_index", ts, self.dev, st, {"sort_index": st})]
+        return meta
+
+
+class _Rank(_Timeline):
+    """One rank's training steps, written as its profiler would: inputs, forward layers, backward, all-reduce and
+    optimizer, with the straggler's extra work where it straggles."""
 
     def step(self, n: int, t0: int, arrive: int, coll_end: int, layers: int, comm: dict[str, Any]) -> int:
         """One ``ProfilerStep#n`` from ``t0``; the all-reduce starts at ``arrive``; returns the step's end."""
@@ -256,22 +279,6 @@ class _Rank:
                           extra={"bytes": 4, "memory bandwidth (GB/s)": 0.002})
         item_ev["dur"] = (end + 9_000 - arrive - 140_000) / 1000
         return end
-
-    def metadata(self, ts: float) -> list[dict[str, Any]]:
-        pid = self.pid
-        meta = [_m("process_name", ts, pid, 0, {"name": "python"}), _m("process_labels", ts, pid, 0, {"labels": "CPU"}),
-                _m("process_sort_index", ts, pid, 0, {"sort_index": pid})]
-        for th, label in ((self.tid, "python"), (self.tid2, "pt_autograd_0")):
-            meta += [_m("thread_name", ts, pid, th, {"name": f"thread {th} ({label})"}),
-                     _m("thread_sort_index", ts, pid, th, {"sort_index": th})]
-        for d in range(16):
-            meta += [_m("process_name", ts, d, 0, {"name": "python"}),
-                     _m("process_labels", ts, d, 0, {"labels": f"GPU {d}"}),
-                     _m("process_sort_index", ts, d, 0, {"sort_index": 5_000_000 + d})]
-        for st in (7, 20):
-            meta += [_m("thread_name", ts, self.dev, st, {"name": f"stream {st} "}),
-                     _m("thread_sort_index", ts, self.dev, st, {"sort_index": st})]
-        return meta
 
 
 def make_rank_trace(rank: int, world_size: int, *, target_bytes: int = 2_000_000, seed: int = 0,
