@@ -1,11 +1,14 @@
 """Benchmark tracefuse_dask.analyze against HolisticTraceAnalysis's temporal breakdown, on the same files.
 
-Usage: ``python benchmarks/analyze.py [--ranks 8] [--rank-mb 20] [--real FOLDER] [--repeat 3] [--hta-python PY]``
+Usage: ``python benchmarks/analyze.py [--ranks 8] [--rank-mb 20] [--shapes a100,h100,b200] [--real FOLDER]
+[--repeat 3] [--hta-python PY]``
 
 ``tracefuse_dask.analyze`` on a pre-started cluster against HTA's ``TraceAnalysis`` + ``get_temporal_breakdown``
 (``benchmarks/hta_breakdown.py``, run with the python of a venv that has HTA, ``--hta-python``), on a synthetic
-dataset (``--ranks`` × ``--rank-mb``) and a real one (``--real``): each one's time and memory, and whether they
-agree (per rank, GPU span, idle and computation time within 1 %).
+dataset (``--ranks`` × ``--rank-mb``), on datasets of the same size built from real traces (``--shapes``, by
+``../shared/tools/make_dataset.py``, as ``benchmarks/merge.py`` builds them) and on a folder of real traces as they
+are (``--real``): each one's time and memory, and whether they agree (per rank, GPU span, idle and computation
+time within 1 %).
 HTA 0.5.0 with pandas 3 fails (``TypeError: Invalid value ... for dtype 'int16'``) on a rank whose correlation ids
 are all below 32768 while it has more events than that, as the synthetic ranks of 20 MB do; with pandas 2.2.3 it
 only warns, so give ``--hta-python`` a venv with ``HolisticTraceAnalysis==0.5.0 pandas==2.2.3 numpy==2.2.6``.
@@ -27,14 +30,17 @@ from common import (
     HTA_PYTHON,
     HTA_SETUP,
     MB,
+    REAL_SHAPES,
     SHARED,
     Table,
     at_least_one,
+    check_real_shapes,
     chunks,
     cleanup,
     environment,
     hta_versions,
     kineto_rank,
+    make_real,
     make_root,
     measure_one,
     parser,
@@ -107,7 +113,7 @@ def analyze_row(args: argparse.Namespace, client: Any, name: str, folder: str, h
     from tracefuse_dask import analyze
 
     raw, packed = folder_sizes(folder)
-    dataset = f"{name} ({packed / MB:.{0 if packed >= 10 * MB else 1}f} MB gz)"
+    dataset = f"{name} ({packed / MB:.{0 if packed >= 10 * MB else 1}f} MB gz)" if packed < raw else name
 
     def cells(ranks: str, tf: list[str], ht: list[str], speedup: str, agree: str, note: str) -> str:
         mb = f"{raw / MB:.{0 if raw >= 10 * MB else 1}f}"
@@ -144,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", type=int, default=8, help="ranks of the synthetic dataset (default 8)")
     ap.add_argument("--rank-mb", type=float, default=20,
                     help="uncompressed MB per rank of the synthetic dataset (default 20)")
+    ap.add_argument("--shapes", default="",
+                    help=f"real shapes to build, --ranks × --rank-mb each, from {', '.join(REAL_SHAPES)} "
+                         "(comma-separated; default none)")
     ap.add_argument("--real", default=REAL_TRACES,
                     help=f"a folder of real per-rank traces, skipped if missing (default {REAL_TRACES})")
     ap.add_argument("--workers", type=int, default=2, help="worker processes of the cluster (default 2)")
@@ -153,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"python of a venv with HolisticTraceAnalysis 0.5.0 (default {HTA_PYTHON}); without it "
                          f"the HTA columns are skipped. Set it up: {HTA_SETUP}")
     args = ap.parse_args(argv)
+    shapes = [s for s in args.shapes.split(",") if s]
+    if unknown := set(shapes) - set(REAL_SHAPES):
+        ap.error(f"unknown shape(s) {', '.join(sorted(unknown))}; choose from {', '.join(REAL_SHAPES)}")
+    check_real_shapes(shapes)
     import pandas as pd
 
     from tracefuse_dask.cluster import connect
@@ -175,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         f"agree = HTA loads the same ranks and, per rank, "
         f"tracefuse's {', '.join(f'{a} vs HTA {b}' for a, b in AGREE.items())} are within 1 %. "
         f"The synthetic files are `synth.write_example` .json.gz files (gzip -6), with `\"rank\": N` spaced as "
-        f"Kineto writes it so that HTA's rank regex finds it; MB = uncompressed.\n")
+        f"Kineto writes it so that HTA's rank regex finds it; the real shapes are plain .json files that "
+        f"`make_dataset.py` builds from one real trace in its own layout; MB = uncompressed.\n")
     print(header, flush=True)
     if hta is None:
         print(f"The HTA columns are skipped: {args.hta_python} cannot import HolisticTraceAnalysis. Set it up with "
@@ -189,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
                          make_analyze_dataset(pool, root, args.ranks, args.rank_mb))]
             print(f"generated {args.ranks} ranks × {args.rank_mb:g} MB in "
                   f"{time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
+        for shape in shapes:
+            datasets.append((f"{shape} {args.ranks}×{args.rank_mb:g} MB",
+                             make_real(shape, root, args.ranks, args.rank_mb)[0]))
         if os.path.isdir(args.real):
             datasets.append((f"real {os.path.basename(os.path.normpath(args.real))}", args.real))
         else:

@@ -80,6 +80,27 @@ def test_the_merge_benchmark_measures_each_real_shape_against_its_own_floor(tmp_
 
 
 @pytest.mark.integration
+def test_the_analysis_benchmark_analyses_each_real_shape(tmp_path):
+    """A row per dataset with tracefuse's time and memory; without HTA its columns say why they are empty."""
+    if not (SHARED.parent / "tools" / "make_dataset.py").is_file() or not (SHARED / "real").is_dir():
+        pytest.skip("../shared/tools/make_dataset.py or ../shared/traces/real is missing beside the repository")
+    out = tmp_path / "report.md"
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "analyze.py"), "--ranks", "2", "--rank-mb", "0.3",
+                           "--shapes", "a100,b200", "--real", str(tmp_path / "none"),
+                           "--hta-python", str(tmp_path / "no-python"), "--tmp-dir", str(tmp_path),
+                           "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line.split(" | ") for line in out.read_text().splitlines() if line.startswith("| ") and " 2×" in line]
+    # a real shape's files are plain .json; one source window per rank is more than 0.3 MB (make_dataset.py)
+    assert [r[0].split(" (")[0] for r in rows] == ["| synthetic 2×0.3 MB", "| a100 2×0.3 MB", "| b200 2×0.3 MB"]
+    for cells in rows:
+        assert cells[1] == "2" and re.fullmatch(r"\d+\.\d\d", cells[3]), cells  # both ranks analysed, timed
+        assert cells[4] == "–" and "HTA skipped" in cells[-1], cells
+    assert [p.name for p in tmp_path.iterdir()] == ["report.md"]
+
+
+@pytest.mark.integration
 def test_the_cli_benchmark_times_fresh_processes(tmp_path):
     out = tmp_path / "report.md"
     done = subprocess.run([sys.executable, str(BENCHMARKS / "cli.py"), "--repeat", "2", "--tmp-dir", str(tmp_path),
