@@ -163,6 +163,15 @@ def test_the_package_and_version_load_no_dask_nor_pandas():
     assert out.split() == ["TraceFuse", "merge_traces", "analyze"]
 
 
+def test_the_merge_api_loads_no_pandas():
+    """A merge never needs pandas (0.5 s of a command line's start): the analysis loads it when first asked."""
+    code = ("import sys; from tracefuse_dask import TraceFuse, merge_traces; assert 'pandas' not in sys.modules; "
+            "from tracefuse_dask.api import analyze, describe_traces; print('pandas' in sys.modules, analyze.__module__,"
+            " describe_traces.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "tracefuse_dask.analysis", "tracefuse_dask.analysis.info"]
+
+
 def test_a_quiet_merge_from_a_fresh_process_prints_nothing(tmp_path):
     write_trace(tmp_path / "in" / "rank0.json", make_trace(0, [{"ph": "X", "name": "a", "pid": 1, "tid": 1,
                                                                  "ts": 1.0, "dur": 1.0}]))

@@ -13,14 +13,15 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import orjson
 
-from .analysis import Analysis, analyze
-from .analysis.info import describe_traces
 from .merge import check_request, merge
 from .model import DEFAULT_RANK_REGEX, MergeSummary
 from .storage.files import read_bytes
 
 if TYPE_CHECKING:
     from distributed import Client
+
+    from .analysis import Analysis, analyze
+    from .analysis.info import describe_traces
 
 __all__ = ["Analysis", "TraceFuse", "analyze", "describe_traces", "merge_traces"]
 
@@ -143,7 +144,22 @@ def merge_traces(
 
 def _clock_estimate(client: Client, paths: dict[int, str], storage_options: dict[str, Any]) -> dict[str, Any]:
     """The analysis's clock offsets of the ranks ``paths`` (``align="collectives"``)."""
+    from .analysis import analyze
+
     return analyze(paths, client=client, storage_options=storage_options).summary
+
+
+_ANALYSIS = {"analyze": "analysis", "Analysis": "analysis", "describe_traces": "analysis.info"}
+
+
+def __getattr__(name: str) -> Any:
+    """``analyze``, ``Analysis`` and ``describe_traces`` load pandas: imported when first asked, so that a merge
+    does not pay for it (0.5 s of a command line's start)."""
+    if name in _ANALYSIS:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_ANALYSIS[name]}", __package__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class TraceFuse:
