@@ -39,7 +39,8 @@ _LAZY = {"merge_traces": "api", "TraceFuse": "api", "analyze": "api", "Analysis"
 
 
 def __getattr__(name: str) -> object:
-    """The API loads Dask and pandas: import it when first asked, so ``tracefuse --version`` and ``--help`` are quick."""
+    """The API loads Dask and pandas: import it when first asked, so that ``tracefuse --version`` and ``--help``
+    are quick."""
     if name in _LAZY:
         import importlib
 

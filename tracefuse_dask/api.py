@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import orjson
 
-from .merge import check_request, merge
+from .merge import MergeRequest, build_options, merge
 from .model import DEFAULT_RANK_REGEX, MergeSummary
 from .storage.files import read_bytes
 
@@ -131,12 +131,11 @@ def merge_traces(
     --------
     >>> merge_traces("traces/*.json.gz", "merged.json.gz")  # doctest: +SKIP
     """
-    request = check_request(
-        out, storage_options=storage_options, ranks=ranks, rank_regex=rank_regex, include_pyfunc=include_pyfunc,
-        keep=keep, steps=steps, window=window, filter_fn=filter_fn, rewrite_ids=rewrite_ids,
-        keep_empty_processes=keep_empty_processes, annotate_rank=annotate_rank, gzip_members=gzip_members,
-        on_error=on_error, repair=repair, align=align, split=split, format=format, force=force,
-        skip_if_unchanged=skip_if_unchanged, show_progress=show_progress)
+    options = build_options(include_pyfunc=include_pyfunc, keep=keep, steps=steps, window=window,
+                            filter_fn=filter_fn, rewrite_ids=rewrite_ids,
+                            keep_empty_processes=keep_empty_processes, annotate_rank=annotate_rank)
+    request = MergeRequest(out, options, dict(storage_options or {}), ranks, rank_regex, gzip_members, on_error,
+                           repair, align, split, format, force, skip_if_unchanged, show_progress)
     return merge(urlpath, request, client=client, workers=workers, scheduler=scheduler,
                  scheduler_file=scheduler_file, timeout=timeout, performance_report=performance_report,
                  estimate=_clock_estimate)

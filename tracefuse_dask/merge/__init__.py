@@ -26,10 +26,10 @@ from ..storage.files import options_for, storage_errors
 from ..storage.inputs import expand_inputs
 from .assemble import assemble_outputs, clean
 from .manifest import manifest_of, unchanged, write_manifest
-from .plan import ClockEstimate, MergeNotes, MergeRequest, build_options, check_request, plan_merge
+from .plan import ClockEstimate, MergeNotes, MergeRequest, build_options, plan_merge
 from .tasks import rewrite_ranks
 
-__all__ = ["MergeRequest", "build_options", "check_request", "merge"]
+__all__ = ["MergeRequest", "build_options", "merge"]
 
 _BIG_OUTPUT = 1_500_000_000
 
@@ -38,7 +38,7 @@ def merge(urlpath: str | Iterable[str] | Mapping[int, str], request: MergeReques
           workers: int | None = None, scheduler: str | None = None, scheduler_file: str | None = None,
           timeout: float = 10.0, performance_report: str | None = None,
           estimate: ClockEstimate | None = None) -> MergeSummary:
-    """Carry out a checked ``request`` (``check_request``) on the inputs ``urlpath``; see ``merge_traces``.
+    """Carry out ``request`` on the inputs ``urlpath``; see ``merge_traces``.
 
     ``estimate`` gives the ranks' clock offsets for ``align="collectives"``.
     """

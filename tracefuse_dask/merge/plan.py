@@ -24,7 +24,6 @@ from ..kineto.document import check_document, paused_gc
 from ..kineto.events import RankEvents
 from ..kineto.layout import is_merged
 from ..model import (
-    DEFAULT_RANK_REGEX,
     KEEP_PRESETS,
     InputFile,
     MergeOptions,
@@ -40,7 +39,7 @@ from ..storage.files import parse_json, read_header, storage_errors
 from ..storage.inputs import resolve_rank
 from ..storage.output import TMP_SUFFIX, open_write, writing
 
-__all__ = ["MergeNotes", "MergePlan", "MergeRequest", "SKIPPABLE", "build_options", "check_request", "plan_merge",
+__all__ = ["MergeNotes", "MergePlan", "MergeRequest", "SKIPPABLE", "build_options", "plan_merge",
            "ranges", "settle"]
 
 log = logging.getLogger("tracefuse_dask")
@@ -52,23 +51,56 @@ ClockEstimate = Callable[[Client, dict[int, str], dict[str, Any]], dict[str, Any
 
 @dataclass(frozen=True)
 class MergeRequest:
-    """What a merge was asked to do, checked: the output, the filters and every choice, before any IO."""
+    """What a merge was asked to do, checked on creation: the output, the filters (``build_options``) and every
+    other choice of ``merge_traces``, before any IO.
+
+    Raises
+    ------
+    MergeError
+        On a choice that is unknown, malformed or that does not go with another.
+    """
 
     out: str
     options: MergeOptions
     storage_options: dict[str, Any]
-    ranks: Any  # as given (the manifest records it)
-    subset: RankSet | None
+    ranks: Any  # as given: the manifest records it
     rank_regex: str
     gzip_members: str
     on_error: str
     repair: bool
     align: str
-    split: int
+    split: int | None
     format: str
     force: bool
     skip_if_unchanged: bool
     show_progress: bool
+    subset: RankSet | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        out, split, fmt = self.out, self.split, self.format
+        if self.gzip_members not in ("rank", "single"):
+            raise MergeError(f"gzip_members={self.gzip_members!r}; use 'rank' or 'single'")
+        if self.on_error not in ("raise", "skip"):
+            raise MergeError(f"on_error={self.on_error!r}; use 'raise' or 'skip'")
+        if self.align not in ("base", "collectives"):
+            raise MergeError(f"align={self.align!r}; use 'base' or 'collectives'")
+        if split is not None and (type(split) is not int or split < 1):
+            raise MergeError(f"split={split!r}; give the number of output files, 1 or more")
+        if fmt not in ("json", "perfetto-archive"):
+            raise MergeError(f"format={fmt!r}; use 'json' or 'perfetto-archive'")
+        if fmt == "perfetto-archive" and not out.endswith((".tar", ".tar.gz")):
+            raise MergeError(f"{out}: --format perfetto-archive writes a TAR archive; name the output .tar, or "
+                             ".tar.gz to gzip it")
+        if fmt == "perfetto-archive" and split and split > 1:
+            raise MergeError("--split writes several merged JSON traces, and a perfetto archive already holds one "
+                             "trace per rank; drop --split or --format perfetto-archive")
+        if split and split > 1 and self.skip_if_unchanged:
+            raise MergeError("--skip-if-unchanged works with one output file; drop --split or --skip-if-unchanged")
+        try:
+            object.__setattr__(self, "subset", rank_subset(self.ranks))
+        except ValueError as e:
+            raise MergeError(str(e)) from None
+        object.__setattr__(self, "split", split or 1)
 
     @property
     def tmp_root(self) -> str:
@@ -152,66 +184,6 @@ def build_options(
             ) from None
     return MergeOptions(include_pyfunc, presets, step_range, window_ns, portable, rewrite_ids, keep_empty_processes,
                         annotate_rank)
-
-
-def check_request(
-    out: str,
-    *,
-    storage_options: Mapping[str, Any] | None = None,
-    ranks: str | Iterable[int] | None = None,
-    rank_regex: str = DEFAULT_RANK_REGEX,
-    include_pyfunc: bool = False,
-    keep: str | Iterable[str] | None = None,
-    steps: str | tuple[int, int] | None = None,
-    window: str | tuple[float, float] | None = None,
-    filter_fn: Callable[[dict[str, Any]], bool] | None = None,
-    rewrite_ids: bool = False,
-    keep_empty_processes: bool = False,
-    annotate_rank: bool = False,
-    gzip_members: str = "rank",
-    on_error: str = "raise",
-    repair: bool = False,
-    align: str = "base",
-    split: int | None = None,
-    format: str = "json",
-    force: bool = False,
-    skip_if_unchanged: bool = False,
-    show_progress: bool = False,
-) -> MergeRequest:
-    """The checked ``MergeRequest`` of ``merge_traces``'s arguments (see there).
-
-    Raises
-    ------
-    MergeError
-        On any option that is unknown, malformed or that does not go with another.
-    """
-    options = build_options(include_pyfunc=include_pyfunc, keep=keep, steps=steps, window=window,
-                            filter_fn=filter_fn, rewrite_ids=rewrite_ids,
-                            keep_empty_processes=keep_empty_processes, annotate_rank=annotate_rank)
-    if gzip_members not in ("rank", "single"):
-        raise MergeError(f"gzip_members={gzip_members!r}; use 'rank' or 'single'")
-    if on_error not in ("raise", "skip"):
-        raise MergeError(f"on_error={on_error!r}; use 'raise' or 'skip'")
-    if align not in ("base", "collectives"):
-        raise MergeError(f"align={align!r}; use 'base' or 'collectives'")
-    if split is not None and (type(split) is not int or split < 1):
-        raise MergeError(f"split={split!r}; give the number of output files, 1 or more")
-    if format not in ("json", "perfetto-archive"):
-        raise MergeError(f"format={format!r}; use 'json' or 'perfetto-archive'")
-    if format == "perfetto-archive" and not out.endswith((".tar", ".tar.gz")):
-        raise MergeError(f"{out}: --format perfetto-archive writes a TAR archive; name the output .tar, or "
-                         ".tar.gz to gzip it")
-    if format == "perfetto-archive" and split and split > 1:
-        raise MergeError("--split writes several merged JSON traces, and a perfetto archive already holds one trace "
-                         "per rank; drop --split or --format perfetto-archive")
-    if split and split > 1 and skip_if_unchanged:
-        raise MergeError("--skip-if-unchanged works with one output file; drop --split or --skip-if-unchanged")
-    try:
-        subset = rank_subset(ranks)
-    except ValueError as e:
-        raise MergeError(str(e)) from None
-    return MergeRequest(out, options, dict(storage_options or {}), ranks, subset, rank_regex, gzip_members, on_error,
-                        repair, align, split or 1, format, force, skip_if_unchanged, show_progress)
 
 
 def plan_merge(c: Client, request: MergeRequest, files: list[InputFile], unlisted: list[str], tmp_dir: str,
