@@ -1,9 +1,12 @@
 """Benchmark tracefuse_dask at scale: memory as the rank count grows, the cost of many small ranks.
 
-Usage: ``python benchmarks/scale.py [--memory-ranks 8,64,512] [--rank-mb 20] [--small-ranks 10000] [--small-kb 50]``
+Usage: ``python benchmarks/scale.py [--memory-ranks 8,64,512] [--rank-mb 20] [--shape a100] [--small-ranks 10000]
+[--small-kb 50]``
 
 On one pre-started cluster, merges to ``.json.gz``: first ``--memory-ranks`` ranks of ``--rank-mb`` MB (hard links
-to 8 distinct generated ranks, the rank from the file name), with the tree's and the client's peak memory against
+to 8 distinct generated ranks, the rank from the file name; with ``--shape``, 8 ranks that
+``../shared/tools/make_dataset.py`` builds from that real trace, given as ``{rank: path}``), with the tree's and
+the client's peak memory against
 the bound of the performance issue; then ``--small-ranks`` ranks of ``--small-kb`` kB against the same bytes in 8
 large ranks (the per-rank overhead), and the same small ranks with each rank's default process group listing every
 rank. Last, ``analyze`` of every rank of a generated job of ``--small-ranks`` ranks, its client in a process of
@@ -23,11 +26,14 @@ from typing import Any
 import orjson
 from common import (
     MB,
+    REAL_SHAPES,
     TreeRSS,
     at_least_one,
+    check_real_shapes,
     cleanup,
     environment,
     in_child,
+    make_real,
     make_root,
     make_synthetic,
     measure_one,
@@ -88,8 +94,14 @@ def _analyze_client(address: str, folder: str) -> tuple[float, int, int, int]:
     return seconds, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, len(a.breakdown), len(a.collectives)
 
 
-def make_linked_ranks(pool: Any, root: str, counts: list[int], rank_mb: float) -> list[tuple[int, str, int]]:
-    """Folders of ``n`` ranks each, hard links to 8 distinct generated ranks (no disk space per rank)."""
+def make_linked_ranks(pool: Any, root: str, counts: list[int], rank_mb: float,
+                      shape: str | None = None) -> list[tuple[int, Any, int]]:
+    """Inputs of ``n`` ranks each: folders of hard links to 8 distinct generated ranks (no disk space per rank), or
+    with ``shape`` ``{rank: path}`` dicts over 8 ranks built from that real trace."""
+    if shape:
+        _, paths, _ = make_real(shape, root, 8, rank_mb)
+        sizes = [os.path.getsize(p) for p in paths]
+        return [(n, {r: paths[r % 8] for r in range(n)}, sum(sizes[r % 8] for r in range(n))) for n in counts]
     base = os.path.join(root, "distinct")
     os.makedirs(base)
     paths = [os.path.join(base, f"r{r}.json") for r in range(8)]
@@ -116,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="rank counts of the memory rows, hard links to 8 distinct ranks (default 8,64,512)")
     ap.add_argument("--rank-mb", type=float, default=20,
                     help="uncompressed MB per rank of the memory rows (default 20)")
+    ap.add_argument("--shape", choices=sorted(REAL_SHAPES), default=None,
+                    help="build the memory rows' 8 distinct ranks from this real trace (default: generated ranks)")
     ap.add_argument("--small-ranks", type=int, default=10_000,
                     help="ranks of the per-rank overhead rows and of the analysed job (default 10000)")
     ap.add_argument("--small-kb", type=float, default=50, help="kB per small rank (default 50)")
@@ -123,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=at_least_one, default=1,
                     help="runs per merge row; its time is its best (default 1)")
     args = ap.parse_args(argv)
+    check_real_shapes([args.shape] if args.shape else [])
 
     from tracefuse_dask import merge_traces
     from tracefuse_dask.cluster import connect
@@ -146,12 +161,13 @@ def main(argv: list[str] | None = None) -> int:
             # every rank of one job: its pg_config lists all the job's ranks (its calls the first 30, as Kineto)
             job, _, job_bytes = make_synthetic(pool, root, args.small_ranks, args.small_kb / 1000)
             large, _, large_bytes = make_synthetic(pool, root, 8, small_bytes / 8 / MB)
-            linked = make_linked_ranks(pool, root, [int(x) for x in args.memory_ranks.split(",")], args.rank_mb)
+            linked = make_linked_ranks(pool, root, [int(x) for x in args.memory_ranks.split(",")], args.rank_mb,
+                                       args.shape)
             print(f"generated the datasets in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
         with connect(workers=args.workers) as client:
             client.run(warm)
 
-            def merge(folder: str, name: str) -> tuple[float, TreeRSS, Any]:
+            def merge(folder: Any, name: str) -> tuple[float, TreeRSS, Any]:
                 out = os.path.join(root, f"{name}.json.gz")
                 seconds, mem, res = measure_one(lambda: merge_traces(folder, out, client=client, force=True),
                                                 args.repeat)
@@ -165,10 +181,11 @@ def main(argv: list[str] | None = None) -> int:
             emit("")
             emit("| dataset | s | MB/s | peak RSS MiB | Δ peak RSS MiB | client peak RSS MiB | within bound |")
             emit("|---|---|---|---|---|---|---|")
-            for n, folder, size in linked:
-                s, mem, res = merge(folder, f"linked_{n}")
+            shape = f" ({args.shape})" if args.shape else ""
+            for n, ranks, size in linked:
+                s, mem, res = merge(ranks, f"linked_{n}")
                 ok = mem.peak / 2**20 <= bound and mem.self_peak < 300e6
-                emit(f"| {n} × {args.rank_mb:g} MB | {s:.2f} | {size / MB / s:.1f} | {mem.peak / 2**20:,.0f} | "
+                emit(f"| {n} × {args.rank_mb:g} MB{shape} | {s:.2f} | {size / MB / s:.1f} | {mem.peak / 2**20:,.0f} | "
                      f"{(mem.peak - mem.baseline) / 2**20:,.0f} | {mem.self_peak / 2**20:,.0f} | "
                      f"{'yes' if ok else 'NO'} |")
             emit("")
