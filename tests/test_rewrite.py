@@ -44,7 +44,9 @@ def test_to_ns_matches_decimal_text_on_kineto_like_values():
 
 
 @given(st.lists(st.one_of(st.integers(-(2**43) * 1000, 2**52).map(lambda n: n / 1000),
-                          st.floats(-9e15, 9e15), st.sampled_from([8796093022207.999, 2.0**43, 1.5e15, -0.0005])),
+                          st.floats(-9e15, 9e15), st.integers(-(2**53) - 4, 9 * 10**15).map(float),  # whole µs
+                          st.sampled_from([8796093022207.999, 2.0**43, 1.5e15, -0.0005, 2.0**53, 2.0**53 + 2,
+                                           1682725898236767.0])),
                 min_size=1, max_size=50))
 def test_to_ns_array_is_to_ns_of_each_value(values):
     assert to_ns_array(np.array(values)).tolist() == [to_ns(v) for v in values]

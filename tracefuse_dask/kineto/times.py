@@ -45,11 +45,13 @@ def to_ns_array(us: np.ndarray) -> np.ndarray:
     """``to_ns`` of every value of a float64 array, as int64.
 
     Below 2**43 µs ``to_ns``'s float rule runs as array operations, which round as
-    Python's do; the rare larger values go through ``to_ns`` itself.
+    Python's do. Above it, a whole number of µs below 2**53 (the integer ``ts`` of Kineto
+    before 2023, absolute µs, read as floats) is that integer, as its shortest repr says:
+    the same operations are exact for it. The rare other larger values go through ``to_ns``.
     """
     whole = np.trunc(us)
     ns = whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000).astype(np.int64)
-    big = np.flatnonzero(np.abs(us) >= EXACT_FLOAT)
+    big = np.flatnonzero((np.abs(us) >= EXACT_FLOAT) & ((us != whole) | (np.abs(us) >= 2.0**53)))
     if len(big):
         ns[big] = [to_ns(v) for v in us[big].tolist()]
     return ns
