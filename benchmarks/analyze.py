@@ -173,16 +173,16 @@ def main(argv: list[str] | None = None) -> int:
     hta = hta_versions(args.hta_python)
     ctx = multiprocessing.get_context("spawn")
     header = environment() + (
-        f"Analysis benchmark: `tracefuse_dask.analyze(folder, client=...)` on a {args.workers}-worker process "
-        f"LocalCluster (1 thread each, pandas {pd.__version__}; started, and its workers' imports done, before any "
-        f"row), seconds = from "
-        f"the call to its return; against {hta or 'HolisticTraceAnalysis'} in a separate process of "
+        f"Analysis benchmark: `tracefuse_dask.analyze(folder, client=...)` on the embedded cluster of "
+        f"{args.workers} worker programs (`cluster.connect`, 1 thread each, pandas {pd.__version__}; started, "
+        f"and its workers' imports done, before any row), seconds = from the call to its return; against "
+        f"{hta or 'HolisticTraceAnalysis'} in a separate process of "
         f"`{args.hta_python}` (`benchmarks/hta_breakdown.py`): `TraceAnalysis(trace_dir=folder, "
         f"include_last_profiler_step=True)` + `get_temporal_breakdown(visualize=False)` with "
         f"HTA_DISABLE_NS_ROUNDING=1, timed inside that process (load + breakdown; its imports are in the note, "
         f"not counted); HTA parses with a fork pool of min(CPUs, ranks) processes. speedup = HTA s / tracefuse s. "
-        f"RSS: tracefuse summed over this process tree (the benchmark with the scheduler and client, the nannies "
-        f"and workers), HTA over its process and its pool, both sampled every 25 ms; Δ = peak above the tree just "
+        f"RSS: tracefuse summed over this process tree (the benchmark with the scheduler and client, and the "
+        f"workers), HTA over its process and its pool, both sampled every 25 ms; Δ = peak above the tree just "
         f"before the call. HTA's pool processes are forked from its process, and RSS counts the pages they still "
         f"share with it in each of them (HTA peak − Δ = its RSS before the load, after its imports). "
         f"agree = HTA loads the same ranks and, per rank, "

@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = multiprocessing.get_context("spawn")  # never fork a process that runs a Dask client
     header = (environment() +
               f"Every row uses {args.workers} worker processes. MB/s = uncompressed input MB / s. "
-              f"RSS = summed over the process tree (benchmark + Dask nannies/workers + pool workers), "
+              f"RSS = summed over the process tree (benchmark + Dask workers + pool workers), "
               f"sampled every 25 ms (the tree listed again every 0.5 s); Δ = peak above the idle tree just "
               f"before the row. "
               f"s = best of {args.repeat} rounds; in each round the rows of a dataset run in turn, each "

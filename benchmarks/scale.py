@@ -143,9 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     from tracefuse_dask.cluster import connect
 
     ctx = multiprocessing.get_context("spawn")
-    print(environment() + f"Every merge runs on a pre-started LocalCluster of {args.workers} single-threaded "
-          "worker processes and writes .json.gz. RSS = summed over the process tree, sampled every 25 ms; the "
-          "client is this process.\n", flush=True)
+    print(environment() + f"Every merge runs on the embedded cluster (`cluster.connect`), pre-started, of "
+          f"{args.workers} single-threaded worker programs and writes .json.gz. RSS = summed over the process "
+          "tree, sampled every 25 ms; the client is this process.\n", flush=True)
     root = make_root("tracefuse-scale-", args.tmp_dir)
     lines: list[str] = []
 

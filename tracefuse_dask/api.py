@@ -68,7 +68,8 @@ def merge_traces(
         ``format="perfetto-archive"``, the archive: ``.tar``, or ``.tar.gz`` to gzip the whole TAR.
     client
         A Dask client to use. Otherwise ``scheduler``/``scheduler_file``/
-        ``DASK_SCHEDULER_ADDRESS`` name a cluster, or a LocalCluster of ``workers`` is started.
+        ``DASK_SCHEDULER_ADDRESS`` name a cluster, or an embedded cluster of ``workers`` worker processes
+        is started (``cluster.connect``).
     storage_options
         fsspec options for inputs and output; they travel to the workers with the tasks.
     ranks
@@ -172,7 +173,7 @@ class TraceFuse:
     use_multiprocessing
         Accepted for compatibility; the work always runs on Dask.
     max_workers
-        Size of the embedded LocalCluster.
+        Worker processes of the embedded cluster (``cluster.connect``).
     **merge_options
         Passed to :func:`merge_traces`: ``client``, ``storage_options``,
         ``rewrite_ids`` (TraceLens-style offsets of ``External id``/``correlation``), ...

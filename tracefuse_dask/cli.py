@@ -38,7 +38,7 @@ def _storage_options(text: str | None) -> dict[str, Any] | None:
 def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cluster")
     g.add_argument("--workers", type=int, metavar="N",
-                   help="size of the embedded LocalCluster (default: one worker per core)")
+                   help="worker processes of the embedded cluster (default: one per core)")
     g.add_argument("--scheduler", metavar="ADDRESS",
                    help="connect to an existing Dask scheduler (also DASK_SCHEDULER_ADDRESS)")
     g.add_argument("--scheduler-file", metavar="PATH", help="connect through a Dask scheduler file")

@@ -173,14 +173,14 @@ def outcomes(c: Client, futures: list[Any], show_progress: bool = False) -> list
             for f in futures]
 
 
-def flat(outcomes: list[tuple[Any, BaseException | None]]) -> list[tuple[Any, BaseException | None]]:
+def flat(batched: list[tuple[Any, BaseException | None]]) -> list[tuple[Any, BaseException | None]]:
     """Per-item outcomes from those of batch tasks; a batch task that failed as a whole raises its error."""
-    flat: list[tuple[Any, BaseException | None]] = []
-    for result, exc in outcomes:
+    items: list[tuple[Any, BaseException | None]] = []
+    for result, exc in batched:
         if exc is not None:
             raise exc
-        flat.extend(result)
-    return flat
+        items.extend(result)
+    return items
 
 
 def batches(sizes: list[int | None], limit: int = BATCH_BYTES) -> list[range]:
