@@ -48,10 +48,14 @@ def test_the_merge_benchmark_prints_its_table(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["report.md"]  # the datasets and outputs are removed
 
 
+needs_real_shapes = pytest.mark.skipif(
+    not (SHARED.parent / "tools" / "make_dataset.py").is_file() or not (SHARED / "real").is_dir(),
+    reason="../shared/tools/make_dataset.py or ../shared/traces/real is missing beside the repository")
+
+
 @pytest.mark.integration
+@needs_real_shapes
 def test_the_merge_benchmark_measures_each_real_shape_against_its_own_floor(tmp_path):
-    if not (SHARED.parent / "tools" / "make_dataset.py").is_file() or not (SHARED / "real").is_dir():
-        pytest.skip("../shared/tools/make_dataset.py or ../shared/traces/real is missing beside the repository")
     out = tmp_path / "report.md"
     done = subprocess.run([sys.executable, str(BENCHMARKS / "merge.py"), "--shapes", "a100,h100,b200", "--ranks", "2",
                            "--rank-mb", "0.2", "--repeat", "2", "--no-naive", "--no-hta", "--tmp-dir", str(tmp_path),
@@ -80,10 +84,9 @@ def test_the_merge_benchmark_measures_each_real_shape_against_its_own_floor(tmp_
 
 
 @pytest.mark.integration
+@needs_real_shapes
 def test_the_analysis_benchmark_analyses_each_real_shape(tmp_path):
     """A row per dataset with tracefuse's time and memory; without HTA its columns say why they are empty."""
-    if not (SHARED.parent / "tools" / "make_dataset.py").is_file() or not (SHARED / "real").is_dir():
-        pytest.skip("../shared/tools/make_dataset.py or ../shared/traces/real is missing beside the repository")
     out = tmp_path / "report.md"
     done = subprocess.run([sys.executable, str(BENCHMARKS / "analyze.py"), "--ranks", "2", "--rank-mb", "0.3",
                            "--shapes", "a100,b200", "--real", str(tmp_path / "none"),
@@ -97,6 +100,22 @@ def test_the_analysis_benchmark_analyses_each_real_shape(tmp_path):
     for cells in rows:
         assert cells[1] == "2" and re.fullmatch(r"\d+\.\d\d", cells[3]), cells  # both ranks analysed, timed
         assert cells[4] == "–" and "HTA skipped" in cells[-1], cells
+    assert [p.name for p in tmp_path.iterdir()] == ["report.md"]
+
+
+@pytest.mark.integration
+@needs_real_shapes
+def test_the_scale_benchmark_measures_memory_on_a_real_shape(tmp_path):
+    """The memory rows of --shape a100: as many ranks as asked, over 8 distinct real-shape ranks, within the bound."""
+    out = tmp_path / "report.md"
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "scale.py"), "--memory-ranks", "8,16", "--rank-mb", "1",
+                           "--shape", "a100", "--small-ranks", "20", "--small-kb", "10", "--tmp-dir", str(tmp_path),
+                           "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line.split(" | ") for line in out.read_text().splitlines() if "MB (a100)" in line]
+    assert [r[0] for r in rows] == ["| 8 × 1 MB (a100)", "| 16 × 1 MB (a100)"]
+    assert all(r[-1] == "yes |" for r in rows), rows
     assert [p.name for p in tmp_path.iterdir()] == ["report.md"]
 
 

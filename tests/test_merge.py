@@ -14,6 +14,7 @@ import pytest
 from conftest import BASE, REAL_SETS, make_trace, shared, write_trace
 from perfetto_rules import assert_inputs_kept, assert_perfetto_rules, load_exact
 from tracefuse_dask import (
+    MergeError,
     OutputExistsError,
     RankError,
     TraceFileNotFoundError,
@@ -147,6 +148,36 @@ def test_a_cancelled_task_is_reported_as_cancelled():
         assert got[0] == ([("ok", None)], None) and isinstance(got[1][1], CancelledError)
         with pytest.raises(CancelledError):
             flat(got)
+
+
+def _request(**changes):
+    fields = dict(out="m.json", options=plan.build_options(), storage_options={}, ranks=None,
+                  rank_regex="rank(?P<rank>\\d+)", gzip_members="rank", on_error="raise", repair=False, align="base",
+                  split=None, format="json", force=False, skip_if_unchanged=False, show_progress=False)
+    return plan.MergeRequest(**{**fields, **changes})
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"gzip_members": "all"}, "gzip_members='all'; use 'rank' or 'single'"),
+    ({"on_error": "ignore"}, "on_error='ignore'; use 'raise' or 'skip'"),
+    ({"align": "ntp"}, "align='ntp'; use 'base' or 'collectives'"),
+    ({"split": 0}, "split=0; give the number of output files"),
+    ({"format": "zip"}, "format='zip'; use 'json' or 'perfetto-archive'"),
+    ({"format": "perfetto-archive"}, "m.json: --format perfetto-archive writes a TAR archive"),
+    ({"format": "perfetto-archive", "out": "m.tar", "split": 2}, "a perfetto archive already holds one trace"),
+    ({"split": 2, "skip_if_unchanged": True}, "--skip-if-unchanged works with one output file"),
+    ({"ranks": "3-1"}, "3-1"),
+])
+def test_a_merge_request_checks_itself_before_any_io(changes, message):
+    with pytest.raises(MergeError) as err:
+        _request(**changes)
+    assert message in str(err.value)
+
+
+def test_a_merge_request_derives_its_subset_and_split():
+    request = _request(ranks="0-7:2")
+    assert request.split == 1 and [r for r in range(10) if r in request.subset] == [0, 2, 4, 6]
+    assert request.tmp_root == "m.json.tracefuse-tmp" and _request().subset is None
 
 
 @pytest.mark.parametrize("sizes, limit, expected", [
