@@ -181,7 +181,7 @@ def test_analyze_writes_the_report_folder(client, example, tmp_path):
     names = {p.name for p in out.iterdir()}
     tables = ["breakdown", "breakdown_by_step", "kernels", "kernel_categories", "ops", "kernel_launchers", "idle",
               "collectives", "rank_stats", "collective_instances", "collective_waits", "collective_summary",
-              "straggler_ranks"]
+              "straggler_ranks", "critical_path"]
     empty = ["collective_trace_calls", "collective_trace_summary", "collective_trace_hints"]  # no such logs here
     assert names == {f"{t}.parquet" for t in tables + empty} | {"summary.json", "report.html"}
     assert all(pd.read_parquet(out / f"{t}.parquet").empty for t in empty)

@@ -169,7 +169,7 @@ def test_the_merge_api_loads_no_pandas():
             "from tracefuse_dask.api import analyze, describe_traces; print('pandas' in sys.modules, analyze.__module__,"
             " describe_traces.__module__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["True", "tracefuse_dask.analysis", "tracefuse_dask.analysis.info"]
+    assert out.split() == ["True", "tracefuse_dask.api", "tracefuse_dask.analysis.info"]
 
 
 def test_a_quiet_merge_from_a_fresh_process_prints_nothing(tmp_path):

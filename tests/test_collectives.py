@@ -76,7 +76,7 @@ def test_a_rank_of_a_big_job_holds_its_groups_as_rank_specs():
     assert calls["group_ranks"].tolist() == ["0-9999", "3-9995:8", "0-9999"]
     assert calls["group_size"].tolist() == [10_000, 1250, 10_000]
     assert rt.pg_config == {"0": "0-9999", "5": "3-9995:8"}
-    assert len(pickle.dumps(rt)) < 20_000
+    assert len(pickle.dumps(rt)) < 30_000  # its tables; the full lists alone would add 59 kB
 
 
 @pytest.mark.parametrize("ranks, spec", [

@@ -11,16 +11,18 @@ import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable
 
+import fsspec
 import orjson
 
+from .errors import MergeError, OutputExistsError
 from .merge import MergeRequest, build_options, merge
 from .model import DEFAULT_RANK_REGEX, MergeSummary
-from .storage.files import read_bytes
+from .storage.files import options_for, read_bytes, storage_errors
 
 if TYPE_CHECKING:
     from distributed import Client
 
-    from .analysis import Analysis, analyze
+    from .analysis import Analysis
     from .analysis.info import describe_traces
 
 __all__ = ["Analysis", "TraceFuse", "analyze", "describe_traces", "merge_traces"]
@@ -149,11 +151,88 @@ def _clock_estimate(client: Client, paths: dict[int, str], storage_options: dict
     return analyze(paths, client=client, storage_options=storage_options).summary
 
 
-_ANALYSIS = {"analyze": "analysis", "Analysis": "analysis", "describe_traces": "analysis.info"}
+_ANALYSIS = {"Analysis": "analysis", "describe_traces": "analysis.info"}
+
+
+def analyze(
+    urlpath: str | Iterable[str] | Mapping[int, str],
+    out_dir: str | None = None,
+    *,
+    critical_path_trace: str | None = None,
+    client: Client | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    force: bool = False,
+    workers: int | None = None,
+    scheduler: str | None = None,
+    scheduler_file: str | None = None,
+    timeout: float = 10.0,
+    show_progress: bool = False,
+    **options: Any,
+) -> Analysis:
+    """Analyse per-rank traces, one Dask task per file, and reduce the small per-rank tables; optionally also
+    write the merged trace with the critical path marked.
+
+    Parameters
+    ----------
+    urlpath, out_dir, client, storage_options, force, workers, scheduler, scheduler_file, timeout, show_progress
+    **options
+        As ``tracefuse_dask.analysis.analyze``: ``ranks``, ``steps``, ``rank_regex``, ``format``,
+        ``keep_unlaunched_gpu``.
+    critical_path_trace
+        Also merge the analysed ranks into this trace (as ``merge_traces`` with ``align="base"``), with the
+        critical path marked for Perfetto: an arrow (flow ``critical_path``) from each of the path's events to
+        the next on the same rank, and a "critical path" process with a thread per rank holding the path's
+        segments as slices. Every other event is as a plain merge writes it. Same cluster as the analysis.
+
+    Returns
+    -------
+    Analysis
+
+    Examples
+    --------
+    >>> a = analyze("traces/", "report/", critical_path_trace="path.json.gz")  # doctest: +SKIP
+    >>> a.summary["straggler"]["cause"]["verdict"]  # doctest: +SKIP
+    """
+    from .analysis import analyze as analyze_ranks
+    from .analysis import write_report
+    from .analysis.critical_path import trace_marks
+    from .cluster import connect
+
+    cluster = {"scheduler": scheduler, "scheduler_file": scheduler_file, "workers": workers, "timeout": timeout}
+    common = {"storage_options": storage_options, "show_progress": show_progress}
+    if critical_path_trace is None:
+        return analyze_ranks(urlpath, out_dir, client=client, force=force, **cluster, **common, **options)
+    so = dict(storage_options or {})
+    for out in filter(None, (out_dir, critical_path_trace)):  # before any work: both are written at the end
+        with storage_errors(out, so):
+            fs, path = fsspec.core.url_to_fs(out, **options_for(out, so))
+            if fs.exists(path) and not force:
+                raise OutputExistsError(f"{out} exists; pass --force (force=True) to replace it")
+    with connect(client, **cluster) as c:
+        result = analyze_ranks(urlpath, None, client=c, **common, **options)
+        s = result.summary
+        inputs = dict(zip(s["ranks"], s["inputs"]))
+        if len(set(inputs.values())) < len(inputs):
+            raise MergeError("--critical-path-trace merges the per-rank traces, and the input is a merged trace; "
+                             "analyse the per-rank traces it was merged from")
+        marks = trace_marks(result.critical_path, s["critical_path_origin_ns"],
+                            {int(r): b for r, b in s["base_time_ns"].items()},
+                            {int(r): us * 1e3 for r, us in s["clock_offset_us"].items()})
+        request = MergeRequest(critical_path_trace, build_options(steps=options.get("steps")), so, None,
+                               DEFAULT_RANK_REGEX, "rank", "raise", False, "base", None, "json", force, False,
+                               show_progress, marks)
+        merged = merge(inputs, request, client=c)
+    s["critical_path_trace"] = {"output": merged.output, "ranks": merged.ranks, "bytes": merged.bytes_out,
+                                "arrows": sum(len(m.flows) for m in marks.values()) // 2,
+                                "slices": sum(ev["ph"] == "X" for m in marks.values() for ev in m.track),
+                                "warnings": merged.warnings}
+    if out_dir is not None:
+        write_report(result, out_dir, so, format=options.get("format", "parquet"), force=force)
+    return result
 
 
 def __getattr__(name: str) -> Any:
-    """``analyze``, ``Analysis`` and ``describe_traces`` load pandas: imported when first asked, so that a merge
+    """``Analysis`` and ``describe_traces`` load pandas: imported when first asked, so that a merge
     does not pay for it (0.5 s of a command line's start)."""
     if name in _ANALYSIS:
         import importlib

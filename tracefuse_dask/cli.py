@@ -122,6 +122,9 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--ranks", metavar="SPEC", help="analyse a subset of ranks: A-B, :S stride, commas")
     a.add_argument("--steps", metavar="A-B", help="only ProfilerStep#A to #B inclusive; GPU work follows its launch")
     a.add_argument("--format", choices=("parquet", "csv"), default="parquet", help="table files (default: parquet)")
+    a.add_argument("--critical-path-trace", metavar="OUT",
+                   help="also write the merged trace (as tracefuse merge) with the critical path marked for "
+                        "Perfetto: arrows along the path's events and a 'critical path' track")
     a.add_argument("--keep-unlaunched-gpu", action="store_true",
                    help="keep device work whose launch is not in the trace (queued before the profiler started), "
                         "which HTA, and by default this analysis, leave out when a rank has 2+ ProfilerStep#N")
@@ -253,7 +256,7 @@ def _analyze(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
                      rank_regex=args.rank_regex, format=args.format, force=args.force, workers=args.workers,
                      scheduler=args.scheduler, scheduler_file=args.scheduler_file, timeout=args.timeout,
                      show_progress=not args.quiet and sys.stderr.isatty(),
-                     keep_unlaunched_gpu=args.keep_unlaunched_gpu)
+                     keep_unlaunched_gpu=args.keep_unlaunched_gpu, critical_path_trace=args.critical_path_trace)
     if not args.quiet:
         s = result.summary
         print(f"analysed {len(s['ranks'])} ranks, {len(s['steps'])} steps in {s['seconds']:.2f} s", file=sys.stderr)
@@ -274,12 +277,33 @@ def _analyze(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
         if s["collectives"]["matched"]:
             print(f"collectives: {s['collectives']['matched']} matched, {s['collectives']['problems']} unmatched or "
                   f"inconsistent; {s['straggler']['evidence']}", file=sys.stderr)
+        if s["critical_path"]:
+            print(_critical_path_line(s["critical_path"]), file=sys.stderr)
+        if s["straggler"].get("cause"):
+            cause = s["straggler"]["cause"]
+            mean = sum(p["duration_us"] for p in s["critical_path"]) / len(s["critical_path"])
+            print(f"why: {cause['verdict']}; with the median rank's work a step would take "
+                  f"{cause['what_if_step_us'] / 1e3:,.1f} ms instead of {mean / 1e3:,.1f} ms", file=sys.stderr)
         for path in s["ignored"]:
             print(f"ignored {path}", file=sys.stderr)
         for w in s["warnings"]:
             print(f"warning: {w}", file=sys.stderr)
         print(f"wrote {args.output.rstrip('/')}/report.html", file=sys.stderr)
+        if args.critical_path_trace:
+            cpt = s["critical_path_trace"]
+            print(f"wrote {cpt['output']}: the merged trace with the critical path marked ({cpt['slices']:,} slices "
+                  f"on the 'critical path' track, {cpt['arrows']:,} arrows)", file=sys.stderr)
     return 0
+
+
+def _critical_path_line(steps: list[dict[str, Any]]) -> str:
+    """One line on the slowest step's critical path: its length, and what takes most of it."""
+    slow = max(steps, key=lambda p: p["duration_us"])
+    step = "the whole trace" if slow["step"] < 0 else f"ProfilerStep#{slow['step']}"
+    top = ", ".join(f"`{t['name']}` on rank {t['rank']} ({t['kind']}) {t['share']:.0%}" for t in slow["top"][:3])
+    kinds = ", ".join(f"{k} {v / slow['path_us']:.0%}" for k, v in list(slow["by_kind"].items())[:3])
+    return (f"critical path of the slowest step ({step}, {slow['duration_us'] / 1e3:,.1f} ms, across ranks "
+            f"{', '.join(slow['by_rank'])}): {kinds}; most of it: {top}")
 
 
 def _info(args: argparse.Namespace, so: dict[str, Any] | None) -> int:

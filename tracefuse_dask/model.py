@@ -11,6 +11,7 @@ __all__ = [
     "DEFAULT_RANK_REGEX",
     "KEEP_PRESETS",
     "InputFile",
+    "Marks",
     "MergeOptions",
     "MergeSummary",
     "PortableFilter",
@@ -233,6 +234,19 @@ class RankHeader:
 
 
 @dataclass(frozen=True)
+class Marks:
+    """Events a merge adds to one rank's, such as ``analyze --critical-path-trace``'s; their ``ts`` are ns
+    in the rank's file's frame (``ts`` × 1000), shifted as the rank's events are.
+
+    ``flows`` are ``s``/``f`` events on the rank's own pids and tids, mapped as its events are, whose ``id`` is
+    the rank's own (it becomes ``(rank << 32) | id``); ``track`` events keep their pid and tid.
+    """
+
+    flows: list[dict[str, Any]]
+    track: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
 class RankTask:
     """Phase B: everything one rank's rewrite task needs."""
 
@@ -244,6 +258,7 @@ class RankTask:
     window_abs_ns: tuple[int, int] | None = None
     compress: bool = False
     repair: bool = False
+    marks: Marks | None = None
 
 
 @dataclass

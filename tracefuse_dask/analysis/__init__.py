@@ -24,7 +24,8 @@ from ..model import DEFAULT_RANK_REGEX, InputFile, parse_steps, rank_subset
 from .collective_trace import CALL_COLUMNS as CT_COLUMNS
 from .collective_trace import looks_like_collective_trace, parse_collective_trace, summarize
 from .collectives import clock_offsets, group_members, instance_metrics, match_collectives, op_summary, straggler
-from .rank import TABLES, RankTables, analyze_events, analyze_rank, decode_trace, rows_for
+from .critical_path import stitch, straggler_cause
+from .rank import PIECES, TABLES, RankTables, analyze_events, analyze_rank, decode_trace, rows_for
 from ..kineto.document import check_document, decode_json, paused_gc
 from ..kineto.layout import is_merged, split_merged
 from ..storage.inputs import TRACE_NAME, expand_inputs, rank_from_name, resolve_rank
@@ -34,7 +35,7 @@ __all__ = ["Analysis", "analyze", "rank_stats"]
 
 log = logging.getLogger(__name__)
 _REDUCED = ("rank_stats", "collective_instances", "collective_waits", "collective_summary", "straggler_ranks",
-            "collective_trace_calls", "collective_trace_summary", "collective_trace_hints")
+            "critical_path", "collective_trace_calls", "collective_trace_summary", "collective_trace_hints")
 _CT_RANK = r"[-_.](?P<rank>\d+)(?:\.(?:csv|log|txt))?$"  # collective_trace names its logs <file>-<rank>
 # what a folder or glob lists for analysis: traces, and collective_trace logs and CSV exports
 _MERGED_HEAD = b'"metadata":{"tracefuse":'
@@ -62,6 +63,7 @@ class Analysis:
     collective_waits: pd.DataFrame
     collective_summary: pd.DataFrame
     straggler_ranks: pd.DataFrame
+    critical_path: pd.DataFrame
     collective_trace_calls: pd.DataFrame
     collective_trace_summary: pd.DataFrame
     collective_trace_hints: pd.DataFrame
@@ -136,7 +138,7 @@ def _combine(results: list[dict[str, Any]]) -> dict[str, Any]:
             ranks += res["ranks"]
             out["notes"] += res["notes"]
             out["world_sizes"].append(res["world_size"])
-    out["tables"] = {name: rows_for(ranks, name) for name in TABLES}
+    out["tables"] = {name: rows_for(ranks, name) for name in (*TABLES, *PIECES)}
     out["ranks"] = [replace(rt, tables={}) for rt in ranks]
     out["ct_files"] = len(ct)
     out["ct_calls"] = pd.concat(ct, ignore_index=True) if ct else None
@@ -331,6 +333,11 @@ def _reduce(results: list[dict[str, Any]], skipped_names: list[str], steps: tupl
     instances, waits = instance_metrics(matched, offsets)
     stragglers, verdict = straggler(instances, waits, matched)
     gpu = bool("kernel_count" in tables["breakdown"] and (tables["breakdown"]["kernel_count"] > 0).any())
+    pieces = {name: _in_rank_order([res["tables"][name] for res in results]) for name in PIECES}
+    path, path_steps, path_origin = stitch(pieces["path_anchors"], pieces["path_segments"], tables["collectives"],
+                                           matched, offsets)
+    verdict["cause"] = straggler_cause(verdict["rank"], instances, matched, pieces["path_work"], path, path_steps,
+                                       gpu)
     ct = _one_source_per_rank(pd.concat(ct_calls, ignore_index=True), warnings) if ct_calls \
         else pd.DataFrame(columns=CT_COLUMNS)
     ct_summary, ct_hints, ct_verdict = summarize(ct)
@@ -361,6 +368,9 @@ def _reduce(results: list[dict[str, Any]], skipped_names: list[str], steps: tupl
         "collectives": {"calls": len(tables["collectives"]), "matched": len(instances), "problems": len(problems),
                         "problem_examples": problems[:20]},
         "straggler": verdict,
+        "critical_path": path_steps,
+        "critical_path_origin_ns": path_origin,
+        "base_time_ns": {str(rt.rank): rt.base for rt in per_rank},
         "collective_trace": {"files": sum(res["ct_files"] for res in results), "calls": len(ct),
                              "straggler_hint": ct_verdict} if ct_calls else None,
         **clocks,
@@ -368,7 +378,7 @@ def _reduce(results: list[dict[str, Any]], skipped_names: list[str], steps: tupl
         "ignored": ignored,
     }
     return Analysis(**tables, rank_stats=stats, collective_instances=instances, collective_waits=waits,
-                    collective_summary=op_summary(instances), straggler_ranks=stragglers,
+                    collective_summary=op_summary(instances), straggler_ranks=stragglers, critical_path=path,
                     collective_trace_calls=ct, collective_trace_summary=ct_summary,
                     collective_trace_hints=ct_hints, summary=summary)
 

@@ -25,6 +25,7 @@ import pandas as pd
 from msgspec import UNSET, Raw, Struct, UnsetType
 
 from .collectives import group_spec, rank_collectives
+from .critical_path import rank_pieces
 from ..kineto.vocabulary import (
     KERNEL_WAIT_NS,
     STEP,
@@ -53,6 +54,8 @@ _ARG_KEYS = {"collective": "Collective name", "pg_name": "Process Group Name",
              "input_dims": "Input Dims", "input_types": "Input type"}
 TABLES = ("breakdown", "breakdown_by_step", "kernels", "kernel_categories", "ops", "kernel_launchers", "idle",
           "collectives")
+PIECES = ("path_anchors", "path_segments", "path_work")
+"""The tables a rank's task gives only for the cross-rank critical path (``critical_path.rank_pieces``)."""
 
 
 def _merged(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -87,6 +90,7 @@ class RankTables:
     steps: list[int]
     host: str | None = None
     pg_config: dict[str, str] = field(default_factory=dict)  # pg_name: rank spec (``group_spec``)
+    base: int = 0  # the file's ``baseTimeNanoseconds``
 
 
 class _Args(Struct, gc=False, rename=_ARG_KEYS):
@@ -201,6 +205,7 @@ class _Gpu:
     dur: np.ndarray  # per-event duration (ns), clipped at the next start on its stream (``_clipped``)
     clipped: int  # how many durations were clipped
     args: list[_Args]  # per event, for the collective matching (``Collective name``)
+    index: np.ndarray  # each event's index among the X events
 
 
 @dataclass
@@ -211,6 +216,7 @@ class _Tree:
     parent: list[int]  # the position of each position's innermost enclosing event, -1 for a root
     stop: np.ndarray  # the end (exclusive) of each position's subtree, which runs from the position itself
     pos: np.ndarray  # the position of each event, -1 for events not in the tree
+    thread: np.ndarray  # each position's thread, as a code
 
 
 def _breakdown(g: _Gpu, mask: np.ndarray | None = None) -> dict[str, float]:
@@ -280,7 +286,7 @@ def _call_tree(pids: np.ndarray, tids: np.ndarray, host: np.ndarray, start: np.n
             stop[k] = b
     pos = np.full(len(end), -1, dtype=np.int64)
     pos[order] = np.arange(m)
-    return _Tree(order, parent, np.array(stop, dtype=np.int64), pos)
+    return _Tree(order, parent, np.array(stop, dtype=np.int64), pos, thread)
 
 
 def _codes(values: np.ndarray) -> np.ndarray:
@@ -368,8 +374,8 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
     tree = _call_tree(pids, tids, host, start, end)
     g = _gpu_arrays(events, xs, dev, host, cat_code, cats, name_code, names, args, tids, start, end)
     step_of = np.array([int(m.group(1)) if (m := STEP.match(nm)) else -1 for nm in names], dtype=np.int64)
-    step_spans = sorted((int(step_of[name_code[i]]), int(start[i]), int(end[i]))
-                        for i in host[step_of[name_code[host]] >= 0])
+    step_events = host[step_of[name_code[host]] >= 0]
+    step_spans = sorted((int(step_of[name_code[i]]), int(start[i]), int(end[i])) for i in step_events)
     tables: dict[str, pd.DataFrame] = {}
     numbers = _breakdown(g) | {"gpu_events_left_out": left_out, "kernels_clipped": g.clipped}
     tables["breakdown"] = pd.DataFrame([numbers])
@@ -389,9 +395,12 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
     tables["collectives"] = rank_collectives(names[name_code].tolist(), tids.tolist(), args, tree.order.tolist(),
                                              tree.stop.tolist(), members.tolist(), start.tolist(), end.tolist(),
                                              gpu_launch, step_spans, base, pgs)
+    tables["path_anchors"], tables["path_segments"], tables["path_work"] = rank_pieces(
+        start, end, names[name_code].tolist(), cats[cat_code].tolist(), pids, tids, tree, g, step_spans,
+        {int(step_of[name_code[i]]): int(i) for i in step_events}, tables["collectives"], base)
     host_name = header.get("host_name")
     return RankTables(rank, path, tables, numbers, [s for s, _, _ in step_spans],
-                      host=host_name if isinstance(host_name, str) else None, pg_config=pgs)
+                      host=host_name if isinstance(host_name, str) else None, pg_config=pgs, base=base)
 
 
 def _device(cat_code: np.ndarray, cats: np.ndarray, pids: np.ndarray, args: list[_Args]) -> np.ndarray:
@@ -516,6 +525,7 @@ def _gpu_arrays(events: list[_Event], xs: list[_Event], dev: np.ndarray, host: n
         dur=dur,
         clipped=clipped,
         args=[args[i] for i in gpu],
+        index=np.array(gpu, dtype=np.int64),
     )
 
 

@@ -39,6 +39,8 @@ MAX_LISTED = 10
 """Input paths, warnings and rank ranges listed before "and N more"."""
 MAX_HEATMAP_COLUMNS = 200
 """Collective instances shown in the wait heatmap (the first ones, in order)."""
+MAX_PATH_BARS = 2000
+"""Segments of the slowest step's critical path drawn (the longest ones)."""
 
 _BREAKDOWN = (("computation_us", "computation", "#4c78a8"), ("non_compute_us", "non-compute", "#f58518"),
               ("idle_us", "idle", "#bab0ac"))
@@ -46,6 +48,8 @@ _COMM = (("communication_us", "communication", "#72b7b2"), ("exposed_comm_us", "
 _PLOTTED = {"gpu_span_us", *(c for c, _, _ in _BREAKDOWN + _COMM)}
 _CATEGORY_COLORS = {"GEMM": "#4c78a8", "attention": "#b279a2", "elementwise": "#f58518", "reduce": "#54a24b",
                     "communication": "#72b7b2", "memory": "#eeca3b", "other": "#bab0ac"}
+_PATH_COLORS = {"cpu_op": "#4c78a8", "kernel": "#54a24b", "memcpy": "#eeca3b", "launch gap": "#f58518",
+                "sync wait": "#b279a2", "collective transfer": "#72b7b2", "idle": "#bab0ac"}
 _PLOT_CONFIG = {"responsive": True, "displaylogo": False}
 _BOOT = ("document.querySelectorAll('script.tf-figure').forEach(function (s) {"
          "var f = JSON.parse(s.textContent);"
@@ -321,6 +325,45 @@ def _collectives(page: Page) -> str:
     return "".join(parts)
 
 
+def _critical_path(page: Page) -> str:
+    steps = page.summary.get("critical_path") or []
+    path = page.table("critical_path")
+    if not steps or path.empty:
+        return ""
+    parts = [("<h2>Critical path</h2><p class=\"caption\">What determined each step's length, across ranks: "
+              "walking back from the end of the step on the rank that finished last, to the predecessor that "
+              "finished last; at a collective, to the rank that arrived last.</p>")]
+    cause = (page.summary.get("straggler") or {}).get("cause")
+    if cause:
+        parts.append(f'<p class="note"><b>{html.escape(str(cause["verdict"]))}</b>. With the median rank\'s work '
+                     f"a step would take {float(cause['what_if_step_us']) / 1e3:,.1f} ms.</p>")
+        parts.append(_html_table(pd.DataFrame(cause["top"]), "extra_us", what="differences"))
+    slow = max(steps, key=lambda p: p["duration_us"])
+    seg = path[path["step"] == slow["step"]].nlargest(MAX_PATH_BARS, "dur_us")
+    t0 = float(slow["start_us"])
+    fig = go.Figure()
+    for kind, colour in _PATH_COLORS.items():
+        part = seg[seg["kind"] == kind]
+        if len(part):
+            fig.add_trace(go.Bar(
+                name=kind, orientation="h", x=(part["dur_us"] / 1e3).tolist(),
+                base=((part["start_us"] - t0) / 1e3).tolist(),
+                y=[f"rank {int(r)}" for r in part["rank"]], marker_color=colour,
+                hovertext=[_label(n, None) for n in part["name"]],
+                hovertemplate="%{y}: %{hovertext}<br>%{x:,.3f} ms<extra>" + _label(kind) + "</extra>"))
+    name = "the whole trace" if slow["step"] < 0 else f"ProfilerStep#{slow['step']}"
+    fig.update_layout(_layout(f"Critical path of the slowest step ({_label(name)}, "
+                              f"{slow['duration_us'] / 1e3:,.1f} ms)", 200 + 40 * len(slow["by_rank"])),
+                      barmode="overlay", xaxis_title_text="ms from the step's start", yaxis_type="category")
+    parts.append(page.figure(fig))
+    rows = pd.DataFrame([{"step": p["step"], "duration_us": p["duration_us"], "path_us": p["path_us"],
+                          **{f"{k}_us": v for k, v in p["by_kind"].items()},
+                          "top": "; ".join(f"{t['name']} (rank {t['rank']}, {t['share']:.0%})" for t in p["top"][:3])}
+                         for p in steps])
+    parts.append(_html_table(rows, "step", ascending=True, what="steps"))
+    return "".join(parts)
+
+
 def _collective_trace(page: Page) -> str:
     ct = page.summary.get("collective_trace")
     if not ct:
@@ -339,8 +382,8 @@ def _collective_trace(page: Page) -> str:
     return "".join(parts)
 
 
-SECTIONS: list[Callable[[Page], str]] = [_header, _outliers, _collectives, _collective_trace, _breakdown, _kernels,
-                                         _ops, _idle, _steps]
+SECTIONS: list[Callable[[Page], str]] = [_header, _outliers, _collectives, _critical_path, _collective_trace,
+                                         _breakdown, _kernels, _ops, _idle, _steps]
 """The page, in order: each function returns its section's HTML, or "" to leave it out."""
 
 

@@ -26,6 +26,7 @@ from ..kineto.layout import is_merged
 from ..model import (
     KEEP_PRESETS,
     InputFile,
+    Marks,
     MergeOptions,
     PortableFilter,
     RankHeader,
@@ -74,6 +75,7 @@ class MergeRequest:
     force: bool
     skip_if_unchanged: bool
     show_progress: bool
+    marks: Mapping[int, Marks] | None = None  # events to add to some ranks' (``Marks``); json format only
     subset: RankSet | None = field(init=False)
 
     def __post_init__(self) -> None:
@@ -94,6 +96,8 @@ class MergeRequest:
         if fmt == "perfetto-archive" and split and split > 1:
             raise MergeError("--split writes several merged JSON traces, and a perfetto archive already holds one "
                              "trace per rank; drop --split or --format perfetto-archive")
+        if self.marks is not None and (fmt != "json" or (split and split > 1)):
+            raise MergeError("marks go into one merged JSON trace; drop --split and --format perfetto-archive")
         if split and split > 1 and self.skip_if_unchanged:
             raise MergeError("--skip-if-unchanged works with one output file; drop --split or --skip-if-unchanged")
         try:
@@ -251,8 +255,9 @@ def plan_merge(c: Client, request: MergeRequest, files: list[InputFile], unliste
         start = min(t0s)
         window_abs = (start + options.window_ns[0], start + options.window_ns[1])
     compress = request.out.endswith(".gz") and request.gzip_members == "rank" and request.format == "json"
-    tasks = [RankTask(r, h.path, (h.base or 0) - offsets.get(r, 0), base_out, options, window_abs, compress, repair)
-             for r, h in chosen]
+    marks = request.marks or {}
+    tasks = [RankTask(r, h.path, (h.base or 0) - offsets.get(r, 0), base_out, options, window_abs, compress, repair,
+                      marks.get(r)) for r, h in chosen]
     split_groups = _split_ranges(len(tasks), 1 if request.format == "perfetto-archive" else request.split)
     return MergePlan(request, files, tmp_dir, chosen, next(iter(sizes), None), base_out, offsets, tasks,
                      split_groups)

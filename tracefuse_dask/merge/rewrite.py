@@ -12,6 +12,7 @@ from ..errors import MergeError
 from ..kineto.events import RankEvents
 from ..kineto.layout import MAX_RANK, SLOTS_PER_RANK, U32, map_tid, out_pid
 from ..kineto.times import EXACT_NS, fmt_us, to_ns
+from ..model import Marks
 
 __all__ = ["PROCESS_M", "IdMap", "order_slots", "pid_maps", "process_metadata", "rewrite"]
 
@@ -20,12 +21,12 @@ _ID_FIELDS = ("External id", "correlation")
 
 
 
-def rewrite(sel: RankEvents, rank: int, base_out: int) -> tuple[list[Any], list[Any]]:
+def rewrite(sel: RankEvents, rank: int, base_out: int, marks: Marks | None = None) -> tuple[list[Any], list[Any]]:
     """The rank's merged events, as ``(head, body)``.
 
     ``head`` holds the process metadata (names and sort order of the pids
     that are shown); ``body`` the thread metadata, then the kept events in
-    input order.
+    input order, then the ``marks``, placed as the rank's events are.
 
     Times that need no shift keep their parsed value, which is already exact.
     Shifted times are written as the float nearest to the exact µs value,
@@ -110,6 +111,14 @@ def rewrite(sel: RankEvents, rank: int, base_out: int) -> tuple[list[Any], list[
                     args[f + "_raw"] = v
                     args[f] = m[v]
         body.append(ev)
+    if marks is not None:  # copies: the task's marks stay as given
+        flows = [{**ev, "pid": (dev_map if (ev["pid"], ev["tid"]) in dev_tids else host_map)[ev["pid"]],
+                  "tid": map_tid(ev["tid"]), "id": (rank << 32) | ev["id"]} for ev in marks.flows]
+        for ev in (*flows, *(dict(ev) for ev in marks.track)):
+            if "ts" in ev:
+                out = ev["ts"] + shift
+                ev["ts"] = out / 1000 if out < exact else fmt_us(out)
+            body.append(ev)
     head, shown_pids = process_metadata(rank, slots, used, sel.options.keep_empty_processes)
     return head, [ev for ev in threads if ev["pid"] in shown_pids] + body
 

@@ -71,7 +71,7 @@ def _rewrite_rank(task: RankTask, part_path: str,
     data, cut_gzip = read_bytes(task.path, storage_options, repair=task.repair)
     nbytes = len(data)
     fast = None
-    if handles(task.options, task.window_abs_ns):
+    if task.marks is None and handles(task.options, task.window_abs_ns):
         fast = rewrite_fast(data, task.rank, task.base, task.base_out, task.options, who)
     if fast is not None:
         del data
@@ -84,7 +84,7 @@ def _rewrite_rank(task: RankTask, part_path: str,
         events = doc["traceEvents"]
         n_in = len(events)
         sel = RankEvents(events, task.base, task.options, who, task.window_abs_ns)
-        head, body = rewrite(sel, task.rank, task.base_out)
+        head, body = rewrite(sel, task.rank, task.base_out, task.marks)
         del doc, events, sel
         head_json, body_json = orjson.dumps(head), orjson.dumps(body)
         n_out = len(head) + len(body)

@@ -1,0 +1,239 @@
+"""The cross-rank critical path and the straggler's cause, on the shared traces, synthetic jobs and a hand-built one.
+
+HolisticTraceAnalysis's single-rank path (``tests/hta/regenerate_critical_path.py`` stores it, so CI needs no HTA)
+is compared by bound type. Its graph holds ops and runtime calls, not user annotations, and gives zero weight
+to the gaps between top-level ops and to what follows a sync; so HTA's CPU time is our ``cpu_op`` time outside
+``ProfilerStep#N``'s own time, its GPU time our kernels and memcpy, its launch overhead our launch gaps, and its
+total those plus its kernel-to-kernel gaps (our ``GPU idle``).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import make_trace, shared, write_trace
+from perfetto_rules import assert_perfetto_rules, load_exact, ns
+
+from tracefuse_dask import MergeError, analyze, merge_traces
+from tracefuse_dask.kineto.layout import CRITICAL_PATH_PID
+from tracefuse_dask.synth import write_example
+
+pytestmark = pytest.mark.integration
+
+HTA = json.loads((Path(__file__).parent / "data" / "hta_critical_path.json").read_text())
+MULTI_RANK = ["gloo_4ranks", "gloo_2ranks_tb_nostraggler", "real/hta_trace_filter"]
+
+
+def assert_chain(path, steps):
+    """Each step's segments follow each other without gap or overlap, and add up to the step's duration."""
+    assert steps and {s["step"] for s in steps} == set(path["step"])
+    for s in steps:
+        seg = path[path["step"] == s["step"]].sort_values("order")
+        starts, durs = seg["start_us"].to_numpy(), seg["dur_us"].to_numpy()
+        assert (durs > 0).all()
+        np.testing.assert_allclose(starts[1:], starts[:-1] + durs[:-1], rtol=0, atol=0.01)
+        assert s["path_us"] == pytest.approx(s["duration_us"], rel=0.01)
+        assert sum(s["by_rank"].values()) == pytest.approx(s["path_us"], abs=0.01)
+        assert sum(s["by_kind"].values()) == pytest.approx(s["path_us"], abs=0.01)
+
+
+@pytest.mark.parametrize("name", MULTI_RANK)
+def test_the_path_of_every_step_is_one_chain_as_long_as_the_step(name, client):
+    got = analyze(str(shared(*name.split("/"))), client=client)
+    assert_chain(got.critical_path, got.summary["critical_path"])
+    assert set(got.critical_path["kind"]) <= {"cpu_op", "kernel", "memcpy", "launch gap", "sync wait",
+                                              "collective transfer", "idle"}
+
+
+def test_the_gloo_straggler_sleep_is_on_every_step_path_and_is_the_cause(client, tmp_path):
+    got = analyze(str(shared("gloo_4ranks")), str(tmp_path / "report"), client=client)
+    path = got.critical_path
+    for step in got.summary["critical_path"]:
+        on = path[(path["step"] == step["step"]) & (path["rank"] == 2) & (path["name"] == "straggler_sleep")]
+        assert on["dur_us"].sum() == pytest.approx(40_000, rel=0.05)
+        assert step["top"][0]["name"] == "straggler_sleep" and step["top"][0]["rank"] == 2
+    cause = got.summary["straggler"]["cause"]
+    assert cause["rank"] == 2 and cause["compared_with"] != 2
+    assert cause["top"][0]["name"] == "straggler_sleep"
+    assert cause["top"][0]["extra_us"] == pytest.approx(40_000, rel=0.1)
+    assert cause["extra_us"] == pytest.approx(40_000, rel=0.1)
+    assert cause["kind"] == "host-bound" and "because of `straggler_sleep` (user annotation)" in cause["verdict"]
+    assert cause["what_if_step_us"] < min(s["duration_us"] for s in got.summary["critical_path"]) - 30_000
+    written = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert written["straggler"]["cause"] == cause and written["critical_path"] == got.summary["critical_path"]
+    table = pd.read_parquet(tmp_path / "report" / "critical_path.parquet")
+    assert list(table.columns) == ["step", "order", "rank", "kind", "name", "start_us", "dur_us", "pid", "tid",
+                                   "event_ts"]
+    assert len(table) == len(path)
+
+
+def test_no_straggler_gives_no_cause(client):
+    got = analyze(str(shared("gloo_2ranks_tb_nostraggler")), client=client)
+    assert got.summary["straggler"]["rank"] is None and got.summary["straggler"]["cause"] is None
+
+
+@pytest.fixture(scope="module")
+def undisturbed(client, tmp_path_factory):
+    """The mean step time of the synthetic job without a straggler."""
+    folder = tmp_path_factory.mktemp("none")
+    write_example(str(folder), ranks=8, rank_bytes=300_000)
+    got = analyze(str(folder), client=client)
+    assert got.summary["straggler"]["rank"] is None
+    return float(np.mean([s["duration_us"] for s in got.summary["critical_path"]]))
+
+
+@pytest.mark.parametrize("rank", [0, 3, 7])
+def test_a_synthetic_straggler_is_found_with_its_cause_and_what_if(rank, undisturbed, client, tmp_path):
+    write_example(str(tmp_path), ranks=8, rank_bytes=300_000, straggler=rank)
+    got = analyze(str(tmp_path), client=client)
+    assert_chain(got.critical_path, got.summary["critical_path"])
+    cause = got.summary["straggler"]["cause"]
+    assert cause["rank"] == rank and cause["top"][0]["name"] == "straggler_sleep"
+    assert cause["what_if_step_us"] == pytest.approx(undisturbed, rel=0.1)
+    assert "its GPU was idle" in cause["verdict"]
+
+
+@pytest.mark.parametrize("job", sorted(HTA))
+def test_a_single_rank_path_agrees_with_hta_by_bound_type(job, client):
+    expected = HTA[job]
+    got = analyze(str(shared(*job.split("/"))), client=client)
+    path = got.critical_path
+    assert path["step"].nunique() == 1  # HTA's expected value is of one step (or of the whole trace)
+    own_step = path["name"].str.startswith("ProfilerStep#")
+
+    def us(mask):
+        return float(path.loc[mask, "dur_us"].sum())
+
+    cpu = us((path["kind"] == "cpu_op") & ~own_step)
+    gpu = us(path["kind"].isin(["kernel", "memcpy"]))
+    launch = us(path["kind"] == "launch gap")
+    gaps = us(path["name"] == "GPU idle")
+    theirs = expected["by_bound_us"]
+    total = expected["total_us"]
+    assert cpu + gpu + launch + gaps == pytest.approx(total, rel=0.02)
+    for ours, key in ((cpu, "cpu_bound"), (gpu, "gpu_compute_bound"), (launch, "gpu_kernel_launch_overhead")):
+        assert abs(ours - theirs.get(key, 0.0)) <= 0.02 * total, key
+
+
+def test_a_hand_built_step_follows_launch_kernel_and_sync(client, tmp_path):
+    """ProfilerStep#1 [0, 100] µs holds a launch [10, 20] of a kernel [30, 80] and a cudaDeviceSynchronize [25, 85]:
+    the path is the step's own time, the launch, the launch gap, the kernel, the sync's wait, the step's own time."""
+    pid = 100
+
+    def x(cat, name, ts, dur, tid=pid, **args):
+        return {"ph": "X", "cat": cat, "name": name, "pid": pid if cat not in ("kernel",) else 0, "tid": tid,
+                "ts": ts, "dur": dur, "args": args}
+
+    events = [x("user_annotation", "ProfilerStep#1", 0, 100),
+              x("cuda_runtime", "cudaLaunchKernel", 10, 10, correlation=5),
+              x("cuda_runtime", "cudaDeviceSynchronize", 25, 60, correlation=6),
+              x("kernel", "gemm", 30, 50, tid=7, stream=7, correlation=5, device=0)]
+    write_trace(tmp_path / "rank0.json", make_trace(0, events))
+    got = analyze(str(tmp_path / "rank0.json"), client=client, critical_path_trace=str(tmp_path / "path.json"))
+    seg = got.critical_path.sort_values("order")
+    assert list(zip(seg["kind"], seg["name"], seg["dur_us"].round(3))) == [
+        ("cpu_op", "ProfilerStep#1", 10.0), ("launch gap", "gemm", 20.0), ("kernel", "gemm", 50.0),
+        ("sync wait", "cudaDeviceSynchronize", 5.0), ("cpu_op", "ProfilerStep#1", 15.0)]
+    # in the trace: the same five slices on the track (the trace's base is the file's), and an arrow per hop
+    track, flows, rest = trace_parts(tmp_path / "path.json")
+    assert [(e["name"], e["args"]["kind"], e["ts"], e["dur"]) for e in track if e["ph"] == "X"] == [
+        ("ProfilerStep#1", "cpu_op", 0, 10), ("gemm", "launch gap", 10, 20), ("gemm", "kernel", 30, 50),
+        ("cudaDeviceSynchronize", "sync wait", 80, 5), ("ProfilerStep#1", "cpu_op", 85, 15)]
+    ends = [e["name"] for e in bound_to(flows, rest)]
+    assert [(a, b) for a, b in zip(ends[::2], ends[1::2])] == [
+        ("ProfilerStep#1", "cudaLaunchKernel"), ("cudaLaunchKernel", "gemm"), ("gemm", "cudaDeviceSynchronize"),
+        ("cudaDeviceSynchronize", "ProfilerStep#1")]
+
+
+def trace_parts(path):
+    """A critical-path trace's events: the marks (flows and the "critical path" process) and the rest."""
+    events = load_exact(path)["traceEvents"]
+    track = [e for e in events if e["pid"] == CRITICAL_PATH_PID]
+    flows = [e for e in events if e.get("cat") == "critical_path" and e["ph"] in ("s", "f")]
+    rest = [e for e in events if e["pid"] != CRITICAL_PATH_PID and e.get("cat") != "critical_path"]
+    return track, flows, rest
+
+
+def bound_to(flows, rest):
+    """Each flow's slice: the X event on its pid and tid that starts at its ts (Perfetto binds it there)."""
+    starts = {(e["pid"], e["tid"], e["ts"]): e for e in rest if e["ph"] == "X"}
+    return [starts.get((f["pid"], f["tid"], f["ts"])) for f in flows]
+
+
+@pytest.mark.parametrize("name", ["gloo_4ranks", "real/hta_trace_filter"])
+def test_the_critical_path_trace_marks_the_path_and_changes_no_other_event(name, client, tmp_path):
+    src = str(shared(*name.split("/")))
+    got = analyze(src, client=client, critical_path_trace=str(tmp_path / "path.json.gz"))
+    merge_traces(src, str(tmp_path / "plain.json.gz"), client=client)
+    track, flows, rest = trace_parts(tmp_path / "path.json.gz")
+    assert rest == load_exact(tmp_path / "plain.json.gz")["traceEvents"]
+    pid_rank = assert_perfetto_rules({"traceEvents": rest + flows})  # arrows never cross ranks
+    path = got.critical_path
+    slices = [e for e in track if e["ph"] == "X"]
+    assert len(slices) == len(path) == got.summary["critical_path_trace"]["slices"]
+    for s in got.summary["critical_path"]:
+        mine = [e for e in slices if e["args"]["step"] == s["step"]]
+        assert float(sum(e["dur"] for e in mine)) == pytest.approx(s["path_us"], abs=0.01)
+        assert {e["tid"] for e in mine} == {int(r) for r in s["by_rank"]}
+    names = {e["args"]["name"] for e in track if e["ph"] == "M" and e["name"] in ("process_name", "thread_name")}
+    assert names == {"critical path"} | {f"rank {r}" for r in set(path["rank"])}
+    # each arrow joins two different events of the path on one rank, and Perfetto finds a slice at both ends
+    assert len(flows) == 2 * got.summary["critical_path_trace"]["arrows"] > 0
+    ends = bound_to(flows, rest)
+    assert None not in ends and {e["name"] for e in ends} <= set(path["name"])
+    pairs = {}
+    for f, e in zip(flows, ends):
+        pairs.setdefault(f["id"], {})[f["ph"]] = (pid_rank[f["pid"]], e["name"])
+    assert all(p.keys() == {"s", "f"} and p["s"][0] == p["f"][0] for p in pairs.values())
+    # each slice of an op, kernel or memcpy lies within an event of that name on its rank: it is on the rank's clock
+    spans = {}
+    for e in rest:
+        if e["ph"] == "X":
+            spans.setdefault((pid_rank[e["pid"]], e["name"]), []).append((ns(e["ts"]), ns(e["ts"]) + ns(e["dur"])))
+    work = [e for e in slices if e["args"]["kind"] in ("cpu_op", "kernel", "memcpy")]
+    assert work and all(e["tid"] in {r for r, _ in spans} for e in work)
+    for e in work:
+        t0, t1 = ns(e["ts"]), ns(e["ts"]) + ns(e["dur"])
+        assert any(a - 1 <= t0 and t1 <= b + 1 for a, b in spans[(e["tid"], e["name"])]), e
+
+
+def test_the_critical_path_trace_is_the_same_whatever_the_workers(client, tmp_path):
+    src = str(shared("gloo_4ranks"))
+    analyze(src, client=client, critical_path_trace=str(tmp_path / "a.json.gz"))
+    analyze(src, workers=1, critical_path_trace=str(tmp_path / "b.json.gz"))
+    a, b = (gzip.decompress((tmp_path / f).read_bytes()).split(b"\n") for f in ("a.json.gz", "b.json.gz"))
+    assert [(i, x, y) for i, (x, y) in enumerate(zip(a, b)) if x != y][:3] == [] and len(a) == len(b)
+    assert (tmp_path / "a.json.gz").read_bytes() == (tmp_path / "b.json.gz").read_bytes()
+
+
+def test_tracefuse_analyze_writes_the_critical_path_trace_from_a_fresh_process(tmp_path):
+    cmd = [sys.executable, "-m", "tracefuse_dask", "analyze", str(shared("gloo_4ranks")), "-o", str(tmp_path / "rep"),
+           "--critical-path-trace", str(tmp_path / "path.json.gz"), "--workers", "1"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "why: rank 2 is late" in done.stderr
+    assert re.search(r"wrote .*path\.json\.gz: the merged trace with the critical path marked \([\d,]+ slices on the "
+                     r"'critical path' track, [\d,]+ arrows\)", done.stderr), done.stderr
+    written = json.loads((tmp_path / "rep" / "summary.json").read_text())["critical_path_trace"]
+    track, flows, _ = trace_parts(tmp_path / "path.json.gz")
+    assert written["slices"] == sum(e["ph"] == "X" for e in track) and written["arrows"] * 2 == len(flows)
+    # a second run stops before any work: the trace exists
+    done = subprocess.run([*cmd[:6], str(tmp_path / "new"), *cmd[7:]], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 1 and done.stderr.startswith("error: ") and "path.json.gz exists; pass --force" \
+        in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_merged_trace_cannot_give_a_critical_path_trace(client, tmp_path):
+    merge_traces(str(shared("gloo_4ranks")), str(tmp_path / "merged.json"), client=client)
+    with pytest.raises(MergeError, match="merges the per-rank traces, and the input is a merged trace"):
+        analyze(str(tmp_path / "merged.json"), client=client, critical_path_trace=str(tmp_path / "path.json"))
+    assert not (tmp_path / "path.json").exists()

@@ -1,0 +1,603 @@
+"""The cross-rank critical path of each step, and why the straggler is late. Pure functions, no IO, no Dask.
+
+Map side (``rank_pieces``, in each rank's task): the rank's dependency graph is walked backwards from a
+set of anchors, always to the predecessor that finished last:
+
+- program order on each CPU thread (a parent's end waits for its last child, a child's start for the previous
+  sibling's end, a first child's for its parent's start);
+- launch -> kernel or memcpy (``args.correlation`` or the ``ac2g`` flow; a CUDA/HIP graph launch -> each of its
+  kernels), and the order of each GPU stream;
+- a blocking call (``cuda*Synchronize``, ``cudaEventQuery``, ``cudaMemcpy[Async]`` and the ``hip*`` names) waits
+  for the device work launched before it that ends while it blocks; a kernel after a ``Stream Wait Event`` on its
+  stream waits for the work of the other streams that ended before it, as HolisticTraceAnalysis models them.
+
+The anchors are each ``ProfilerStep#N``'s end and each collective call's arrival (its first NCCL/RCCL kernel's
+start; for a CPU collective such as gloo, the start of its call). A walk stops at the step's start or where it
+meets a collective: the end of a collective kernel, or, for a CPU collective, the wait after its call. Each walk
+gives a chain of segments; only those go to the reduce.
+
+Reduce (``stitch``): from the end of each step on the rank that finished last (clocks corrected), follow the
+walks; at a matched collective, the transfer runs from the last participant's arrival, and the walk goes on
+from that rank's arrival. The chain is what determined the step's length.
+
+``straggler_cause`` compares, for the collectives the straggler reached last, the work each rank did since its
+previous collective (``rank_work``, by name) with the median rank's.
+"""
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import orjson
+import pandas as pd
+
+from ..kineto.layout import CRITICAL_PATH_PID
+from ..kineto.times import to_ns
+from ..kineto.vocabulary import is_comm_kernel
+from ..model import Marks
+
+__all__ = [
+    "ANCHOR_COLUMNS",
+    "KINDS",
+    "PATH_COLUMNS",
+    "SEGMENT_COLUMNS",
+    "WORK_COLUMNS",
+    "rank_pieces",
+    "stitch",
+    "straggler_cause",
+    "trace_marks",
+]
+
+KINDS = ("cpu_op", "kernel", "memcpy", "launch gap", "sync wait", "collective transfer", "idle")
+_BLOCKING = frozenset(f"{api}{call}" for api in ("cuda", "hip") for call in (
+    "DeviceSynchronize", "StreamSynchronize", "EventSynchronize", "EventQuery", "Memcpy", "MemcpyAsync"))
+_COPIES = frozenset({"cudaMemcpy", "cudaMemcpyAsync", "hipMemcpy", "hipMemcpyAsync"})
+_STREAM_WAIT = "Stream Wait Event"
+_QUEUED_NS = 50_000  # a kernel that starts this long after both its launch and the work before it on its stream
+_HANDOFF_NS = 20_000  # and this soon after work on another stream ends was waiting for that work
+ANCHOR_COLUMNS = ["anchor", "key", "at_ns", "floor_ns", "stop", "stop_call", "stop_ns"]
+SEGMENT_COLUMNS = ["anchor", "key", "order", "kind", "name", "start_ns", "end_ns", "pid", "tid", "event_ts"]
+WORK_COLUMNS = ["call", "kind", "name", "cat", "count", "ns"]
+PATH_COLUMNS = ["step", "order", "rank", "kind", "name", "start_us", "dur_us", "pid", "tid", "event_ts"]
+_CAUSES = {"cpu_op": "host-bound", "launch gap": "host-bound", "idle": "host-bound", "memcpy": "memcpy or data loading",
+           "sync wait": "synchronisation", "collective transfer": "synchronisation"}
+
+
+class _Walker:
+    """One rank's graph, walked backwards. Times are the rank's relative ns; positions are the call tree's."""
+
+    def __init__(self, start: np.ndarray, end: np.ndarray, names: list[str], cats: list[str], tree: Any, g: Any,
+                 launch_pos: np.ndarray) -> None:
+        order, parent, thread = tree.order, tree.parent, tree.thread
+        self.hs = start[order].tolist()  # per position
+        self.he = end[order].tolist()
+        self.hn = [names[i] for i in order.tolist()]
+        self.hc = [cats[i] for i in order.tolist()]
+        m = len(self.hs)
+        self.parent = parent
+        self.prev = [-1] * m
+        self.last_child = [-1] * m
+        self.own = [e - s for s, e in zip(self.hs, self.he)]  # each position's time less its children's
+        seen: dict[int, int] = {}
+        threads = thread.tolist()
+        for k in range(m):
+            p = parent[k]
+            key = p if p >= 0 else -2 - threads[k]
+            self.prev[k] = seen.get(key, -1)
+            seen[key] = k
+            if p >= 0:
+                self.last_child[p] = k
+                self.own[p] -= self.he[k] - self.hs[k]
+        work = np.flatnonzero(g.kind != "sync")
+        self.gs, self.ge = g.start.tolist(), g.end.tolist()
+        self.gn = g.name.tolist()
+        self.gkind = g.kind.tolist()
+        self.gk = ["memcpy" if k in ("memcpy", "memset") else "kernel" for k in g.kind.tolist()]
+        self.stream = g.stream
+        self.launch = launch_pos.tolist()  # the launching call's position, -1 when none is known
+        self.launch_t = [self.hs[p] if p >= 0 else None for p in self.launch]
+        self.prev_on_stream = [-1] * len(self.gs)
+        by_stream: dict[Any, list[int]] = defaultdict(list)
+        for j in sorted(work.tolist(), key=lambda j: (self.gs[j], self.ge[j])):
+            q = by_stream[self.stream[j]]
+            self.prev_on_stream[j] = q[-1] if q else -1
+            q.append(j)
+        # device work by end, to find what a blocking call or a stream wait waited for
+        self.by_end = sorted(work.tolist(), key=lambda j: (self.ge[j], j))
+        self.ends = [self.ge[j] for j in self.by_end]
+        self.waits: dict[Any, list[int]] = defaultdict(list)  # Stream Wait Event ends per stream
+        for j in np.flatnonzero(g.kind == "sync").tolist():
+            if self.gn[j] == _STREAM_WAIT:
+                self.waits[self.stream[j]].append(self.ge[j])
+        for v in self.waits.values():
+            v.sort()
+        self.launched_by: dict[int, list[int]] = defaultdict(list)
+        for j, p in enumerate(self.launch):
+            if p >= 0:
+                self.launched_by[p].append(j)
+        self.gpu_call: dict[int, int] = {}  # comm kernel -> collective call index
+        self.cpu_call: dict[int, int] = {}  # position of a CPU collective's call -> call index
+
+    def _waited_for(self, k: int) -> int:
+        """The device work a blocking call at position ``k`` waited for: the latest to end while it blocked,
+        among the work launched before it (a copy: the work it launched); -1 when none."""
+        s, e = self.hs[k], self.he[k]
+        if self.hn[k] in _COPIES:
+            mine = [j for j in self.launched_by.get(k, ()) if s < self.ge[j] <= e]
+            return max(mine, key=lambda j: self.ge[j], default=-1)
+        i = bisect_right(self.ends, e) - 1
+        while i >= 0 and self.ends[i] > s:
+            j = self.by_end[i]
+            t = self.launch_t[j]
+            if t is not None and t < s:
+                return j
+            i -= 1
+        return -1
+
+    def _other_stream(self, j: int, after: int) -> int:
+        """Work on another stream that ended last in ``(after, start of j]``, for a kernel behind a stream wait."""
+        i = bisect_right(self.ends, self.gs[j]) - 1
+        while i >= 0 and self.ends[i] > after:
+            q = self.by_end[i]
+            if self.stream[q] != self.stream[j]:
+                return q
+            i -= 1
+        return -1
+
+    def walk(self, state: tuple[str, int], floor: float) -> tuple[list[list[Any]], tuple[str, int | None, int]]:
+        """Segments ``[kind, name, source, start, end]`` from ``state`` back to ``floor`` or a collective, latest
+        first, and the stop: ``("start", None, t)`` or ``("call", call index, t)``. A segment's source is the
+        event it is time of: a host position ``k``, device work ``j`` as ``-1 - j``, or None."""
+        segs: list[list[Any]] = []
+        where, x = state
+        t = self._time(where, x)
+        for _ in range(4 * (len(self.hs) + len(self.gs)) + 4):
+            nxt = self._step(where, x, t)
+            if nxt is None:
+                return segs, ("start", None, t)
+            if nxt[0] == "call":
+                return segs, ("call", nxt[1], t)
+            kind, name, src, where, x = nxt
+            t0 = min(self._time(where, x), t)
+            if t0 <= floor:
+                _add(segs, kind, name, src, floor, t)
+                return segs, ("start", None, floor)
+            _add(segs, kind, name, src, t0, t)
+            t = t0
+        raise RuntimeError("critical path walk did not end")  # a cycle: only with corrupt nesting
+
+    def _time(self, where: str, x: int) -> int:
+        return {"ce": self.he, "cs": self.hs, "ge": self.ge, "gs": self.gs}[where][x]
+
+    def _step(self, where: str, x: int, t: int) -> tuple[Any, ...] | None:
+        if where == "ce":
+            if x in self.cpu_call:
+                return "call", self.cpu_call[x]
+            name = self.hn[x]
+            c = self.last_child[x]
+            if name in _BLOCKING:
+                j = self._waited_for(x)
+                if j >= 0 and self.ge[j] >= (self.he[c] if c >= 0 else self.hs[x]):
+                    return "sync wait", name, x, "ge", j
+            return ("cpu_op", name, x, "ce", c) if c >= 0 else ("cpu_op", name, x, "cs", x)
+        if where == "cs":
+            ps, p = self.prev[x], self.parent[x]
+            if ps >= 0:
+                if ps in self.cpu_call:
+                    return "call", self.cpu_call[ps]
+                return ("cpu_op", self.hn[p], p, "ce", ps) if p >= 0 else ("idle", "CPU idle", None, "ce", ps)
+            return ("cpu_op", self.hn[p], p, "cs", p) if p >= 0 else None
+        if where == "ge":
+            if x in self.gpu_call:
+                return "call", self.gpu_call[x]
+            return self.gk[x], self.gn[x], -1 - x, "gs", x
+        # "gs": the latest of the previous work on the stream, a stream wait's work, the launch
+        best: tuple[int, int, tuple[Any, ...]] | None = None
+        p = self.prev_on_stream[x]
+        if p >= 0:
+            best = (min(self.ge[p], t), 2, ("idle", "GPU idle", None, "ge", p))
+        after = self.ge[p] if p >= 0 else -1
+        lp = self.launch[x]
+        launched = self.hs[lp] if lp >= 0 else None
+        w = self.waits.get(self.stream[x])
+        waited = bool(w and bisect_right(w, t) > bisect_right(w, after))
+        # Without a Stream Wait Event in the trace, a kernel queued well before it ran, right after work on
+        # another stream ended, waited for that work (an event recorded there).
+        held = max(after, launched if launched is not None else -1)
+        if waited or (launched is not None and t - held > _QUEUED_NS):
+            q = self._other_stream(x, held if not waited else after)
+            if q >= 0 and (waited or t - self.ge[q] <= _HANDOFF_NS) and (
+                    best is None or (min(self.ge[q], t), 1) > best[:2]):
+                best = (min(self.ge[q], t), 1, ("sync wait", _STREAM_WAIT, None, "ge", q))
+        if launched is not None and (best is None or (min(launched, t), 0) > best[:2]):
+            best = (min(launched, t), 0, ("launch gap", self.gn[x], lp, "cs", lp))
+        return best[2] if best else None
+
+
+def _add(segs: list[list[Any]], kind: str, name: str, src: int | None, t0: int, t1: int) -> None:
+    """Append ``[kind, name, src, t0, t1]`` (the walk goes back in time), joined to the previous segment when it
+    is the same time of the same event."""
+    if t1 <= t0:
+        return
+    last = segs[-1] if segs else None
+    if last is not None and last[0] == kind and last[1] == name and last[2] == src and last[3] == t1:
+        last[3] = t0
+    else:
+        segs.append([kind, name, src, t0, t1])
+
+
+def rank_pieces(start: np.ndarray, end: np.ndarray, names: list[str], cats: list[str], pids: np.ndarray,
+                tids: np.ndarray, tree: Any, g: Any,
+                step_spans: Sequence[tuple[int, int, int]], step_pos: Mapping[int, int], calls: pd.DataFrame,
+                base: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """One rank's walks from its anchors, and the work between its collectives (map task).
+
+    Parameters
+    ----------
+    start, end, names, cats, pids, tids
+        Per X event (relative ns, names, categories, pids and tids as in the trace).
+    tree
+        The call tree (``analysis.rank._Tree``).
+    g
+        The device work (``analysis.rank._Gpu``).
+    step_spans, step_pos
+        ``(step, start, end)`` of each ``ProfilerStep#N``, and the event index of each step's own event.
+    calls
+        The rank's collective calls (``collectives.rank_collectives``, absolute ns).
+    base
+        What makes the relative times absolute.
+
+    Returns
+    -------
+    anchors, segments, work
+        ``ANCHOR_COLUMNS``, ``SEGMENT_COLUMNS`` and ``WORK_COLUMNS`` (absolute ns).
+    """
+    launch_pos = np.where(g.launch >= 0, tree.pos[np.maximum(g.launch, 0)], -1)
+    w = _Walker(start, end, names, cats, tree, g, launch_pos)
+    arrivals: dict[int, tuple[str, int]] = {}
+    gpu_calls = calls[calls["gpu_start_ns"].notna()]
+    if len(gpu_calls):
+        spans: dict[Any, list[tuple[int, int, int]]] = defaultdict(list)
+        for c, s, e, st in zip(gpu_calls["index"], gpu_calls["gpu_start_ns"], gpu_calls["gpu_end_ns"],
+                               gpu_calls["stream"]):
+            spans[int(st)].append((int(s) - base, int(e) - base, int(c)))
+        for j in range(len(w.gs)):
+            if not is_comm_kernel(w.gn[j], g.args[j]) or w.stream[j] not in spans:
+                continue
+            for s, e, c in spans[w.stream[j]]:
+                if s <= w.gs[j] <= e:
+                    w.gpu_call[j] = c
+                    if c not in arrivals or w.gs[j] < w.gs[arrivals[c][1]]:
+                        arrivals[c] = ("gs", j)
+                    break
+    cpu_calls = calls[calls["gpu_start_ns"].isna()]
+    if len(cpu_calls):
+        at = {(s, e): k for k, (s, e) in enumerate(zip(w.hs, w.he))}
+        for c, s, e in zip(cpu_calls["index"], cpu_calls["cpu_start_ns"], cpu_calls["cpu_end_ns"]):
+            k = at.get((int(s) - base, int(e) - base))
+            if k is not None:
+                w.cpu_call[k] = int(c)
+                arrivals[int(c)] = ("cs", k)
+    starts = [s for _, s, _ in step_spans]
+
+    def floor_of(t: int) -> float:
+        i = bisect_right(starts, t) - 1
+        return step_spans[i][1] if i >= 0 and t < step_spans[i][2] else -np.inf
+
+    anchors, segments = [], []
+    order, gpu_index = tree.order.tolist(), g.index.tolist()
+
+    def source(src: int | None) -> tuple[str, str, float]:
+        """A segment's event: its pid and tid (JSON text) and ts (µs, as in its file); "" and NaN for none."""
+        if src is None:
+            return "", "", np.nan
+        i, t = (order[src], w.hs[src]) if src >= 0 else (gpu_index[-1 - src], w.gs[-1 - src])
+        return orjson.dumps(pids[i]).decode(), orjson.dumps(tids[i]).decode(), t / 1000
+    todo: list[tuple[str, int, tuple[str, int], float]] = [
+        ("step", n, ("ce", int(tree.pos[step_pos[n]])), s) for n, s, _ in step_spans]
+    ops = [k for k, c in enumerate(w.hc) if c.lower() != "trace"]  # not Kineto's span of the whole profile
+    if not step_spans and ops:  # no steps: the whole trace, from the host event that ends last
+        todo.append(("step", -1, ("ce", max(ops, key=lambda k: (w.he[k], -k))), -np.inf))
+    todo += [("call", c, state, floor_of(w._time(*state))) for c, state in sorted(arrivals.items())]
+    for anchor, key, state, floor in todo:
+        segs, (stop, call, t) = w.walk(state, floor)
+        anchors.append((anchor, key, w._time(*state) + base, floor + base if np.isfinite(floor) else None, stop,
+                        call, t + base))
+        segments += [(anchor, key, k, kind, name, t0 + base, t1 + base, *source(src))
+                     for k, (kind, name, src, t0, t1) in enumerate(segs)]
+    anchors_df = pd.DataFrame(anchors, columns=ANCHOR_COLUMNS).astype({"floor_ns": "Int64", "stop_call": "Int64"})
+    return anchors_df, pd.DataFrame(segments, columns=SEGMENT_COLUMNS), _work(w, calls, arrivals, floor_of, base)
+
+
+def _work(w: _Walker, calls: pd.DataFrame, arrivals: Mapping[int, tuple[str, int]], floor_of: Any,
+          base: int) -> pd.DataFrame:
+    """Per collective call: the work since the previous collective on this rank (or the step's start), by kind and
+    name: host ops by their own time (children's left out) and category, device work by its time, the GPU's idle
+    time (``idle``, ``GPU idle``) and the interval's length (``interval``)."""
+    ends = {int(c): int(e) - base for c, e in zip(calls["index"], calls["gpu_end_ns"]) if pd.notna(e)}
+    following = {p: k for k, p in enumerate(w.prev) if p >= 0}
+    for k, c in w.cpu_call.items():  # a CPU collective ends when its thread goes on: its next sibling's start
+        nxt, p = following.get(k, -1), w.parent[k]
+        ends[c] = w.hs[nxt] if nxt >= 0 else w.he[p] if p >= 0 else w.he[k]
+    rows: list[tuple[int, str, str, str, int, int]] = []
+    hs_sorted = np.argsort(np.array(w.hs, dtype=np.int64), kind="stable")
+    hs_at = np.array(w.hs, dtype=np.int64)[hs_sorted]
+    gs = np.array(w.gs, dtype=np.int64)
+    work_gpu = np.array([k != "sync" for k in w.gkind], dtype=bool)
+    prev_end = -np.inf
+    for c in sorted(arrivals):
+        b = w._time(*arrivals[c])
+        a = max(prev_end, floor_of(b))
+        prev_end = max(prev_end, ends.get(c, b))
+        if not np.isfinite(a):
+            continue
+        acc: dict[tuple[str, str, str], list[int]] = {("interval", "", ""): [1, int(b - a)]}
+        lo, hi = np.searchsorted(hs_at, [a, b], side="left")
+        for k in hs_sorted[lo:hi].tolist():
+            if k in w.cpu_call:
+                continue
+            r = acc.setdefault(("cpu_op", w.hn[k], w.hc[k]), [0, 0])
+            r[0] += 1
+            r[1] += w.own[k]
+        busy: list[tuple[int, int]] = []
+        for j in np.flatnonzero((gs >= a) & (gs < b) & work_gpu).tolist():
+            if j in w.gpu_call:
+                continue
+            r = acc.setdefault((w.gk[j], w.gn[j], ""), [0, 0])
+            r[0] += 1
+            r[1] += w.ge[j] - w.gs[j]
+            busy.append((w.gs[j], min(w.ge[j], b)))
+        if len(gs):
+            covered, reach = 0, a
+            for s, e in sorted(busy):
+                s = max(s, reach)
+                if e > s:
+                    covered += e - s
+                    reach = e
+            acc[("idle", "GPU idle", "")] = [1, int(b - a - covered)]
+        rows += [(c, kind, name, cat, n, ns) for (kind, name, cat), (n, ns) in acc.items()]
+    return pd.DataFrame(rows, columns=WORK_COLUMNS)
+
+
+def stitch(anchors: pd.DataFrame, segments: pd.DataFrame, calls: pd.DataFrame, matched: pd.DataFrame,
+           offsets_ns: Mapping[int, float]) -> tuple[pd.DataFrame, list[dict[str, Any]], int]:
+    """The critical path of each step across ranks (reduce), from every rank's walks.
+
+    Parameters
+    ----------
+    anchors, segments
+        Every rank's ``rank_pieces``, with a leading ``rank`` column.
+    calls
+        Every rank's collective calls; ``matched``: those matched into instances (``match_collectives``).
+    offsets_ns
+        Each rank's clock offset (what to subtract).
+
+    Returns
+    -------
+    path, steps, origin
+        One row per segment (``PATH_COLUMNS``, ``start_us`` from ``origin``); per step ``{step, start_us,
+        duration_us, path_us, by_rank, by_kind, top}``; the absolute ns (clocks corrected) where the first step
+        starts. A step runs from its earliest start on any rank to its latest end; when the path's first rank
+        began it later, that wait is an ``idle`` segment. Step -1 is the whole trace, for ranks without steps.
+    """
+    if anchors.empty:
+        return pd.DataFrame(columns=PATH_COLUMNS), [], 0
+    off = {int(r): round(v) for r, v in offsets_ns.items()}  # whole ns: absolute ns overflow a float's 53 bits
+    a = anchors.assign(shift=anchors["rank"].map(lambda r: off.get(int(r), 0)).astype("int64"))
+    by_anchor = {(int(r), k, int(key)): row for r, k, key, row in zip(a["rank"], a["anchor"], a["key"],
+                                                                       a.itertuples(index=False))}
+    segs_of: dict[tuple[int, str, int], list[tuple[Any, ...]]] = defaultdict(list)
+    for row in segments.itertuples(index=False):
+        segs_of[(int(row.rank), row.anchor, int(row.key))].append(row)
+    arrival = _arrivals(calls, off)
+    op_of = {(int(r), int(c)): op for r, c, op in zip(calls["rank"], calls["index"], calls["op"])}
+    members: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    instance_of: dict[tuple[int, int], int] = {}
+    for r, c, i in zip(matched.get("rank", []), matched.get("index", []), matched.get("instance", [])):
+        members[int(i)].append((int(r), int(c)))
+        instance_of[(int(r), int(c))] = int(i)
+    paths: list[tuple[int, list[tuple[Any, ...]], int, int]] = []
+    step_anchors = a[a["anchor"] == "step"]
+    for step, g in step_anchors.groupby("key", sort=True):
+        end = g["at_ns"] - g["shift"]
+        last = int(g.loc[end == end.max(), "rank"].min())
+        floors = (g["floor_ns"] - g["shift"]).dropna()
+        begin = int(floors.min()) if len(floors) else None
+        path: list[tuple[Any, ...]] = []
+        cur = (last, "step", int(step))
+        seen = set()
+        while cur in by_anchor and cur not in seen:
+            seen.add(cur)
+            r = cur[0]
+            row = by_anchor[cur]
+            path += [(r, s.kind, s.name, int(s.start_ns) - row.shift, int(s.end_ns) - row.shift, s.pid, s.tid,
+                      s.event_ts) for s in segs_of.get(cur, ())]
+            if row.stop != "call":
+                break
+            c, t = int(row.stop_call), int(row.stop_ns) - row.shift
+            inst = instance_of.get((r, c))
+            nxt = (r, c)
+            if inst is not None:
+                who = sorted(((arrival[m], m) for m in members[inst] if m in arrival), key=lambda x: (-x[0], x[1][0]))
+                if who and who[0][0] <= t:
+                    nxt = who[0][1]
+            t0 = min(arrival.get(nxt, t), t)
+            if t0 < t:
+                path.append((nxt[0], "collective transfer", op_of.get((r, c), "collective"), t0, t, "", "", np.nan))
+            cur = (nxt[0], "call", nxt[1])
+        path.sort(key=lambda p: (p[3], p[4]))
+        if begin is None:  # no steps: the whole trace, from where the path starts
+            begin = path[0][3] if path else int(end.max())
+        if path and path[0][3] > begin:  # the rank where the path starts began the step after another rank did
+            path.insert(0, (path[0][0], "idle", f"not yet in ProfilerStep#{step}", begin, path[0][3], "", "",
+                            np.nan))
+        paths.append((int(step), path, begin, int(end.max())))
+    origin = min((b for _, _, b, _ in paths), default=0)
+    rows = [(step, k, r, kind, name, (t0 - origin) / 1e3, (t1 - t0) / 1e3, *event)
+            for step, path, _, _ in paths for k, (r, kind, name, t0, t1, *event) in enumerate(path)]
+    steps = [_step_summary(step, path, (b - origin) / 1e3, e - b) for step, path, b, e in paths]
+    return pd.DataFrame(rows, columns=PATH_COLUMNS), steps, int(origin)
+
+
+def _arrivals(calls: pd.DataFrame, off: Mapping[int, int]) -> dict[tuple[int, int], int]:
+    """Each call's arrival, clocks corrected: its first collective kernel's start, else its CPU start."""
+    t = calls["gpu_start_ns"].astype("Int64").fillna(calls["cpu_start_ns"].astype("Int64"))
+    return {(int(r), int(c)): int(v) - off.get(int(r), 0) for r, c, v in zip(calls["rank"], calls["index"], t)}
+
+
+def _step_summary(step: int, path: Sequence[tuple[Any, ...]], start_us: float,
+                  duration_ns: int) -> dict[str, Any]:
+    by_rank: dict[int, float] = defaultdict(float)
+    by_kind: dict[str, float] = defaultdict(float)
+    by_item: dict[tuple[int, str, str], float] = defaultdict(float)
+    for r, kind, name, t0, t1, *_ in path:
+        d = (t1 - t0) / 1e3
+        by_rank[r] += d
+        by_kind[kind] += d
+        by_item[(r, kind, name)] += d
+    total = sum(by_rank.values())
+    top = sorted(by_item.items(), key=lambda kv: (-kv[1], kv[0]))[:10]
+    return {"step": step, "start_us": round(start_us, 3), "duration_us": round(duration_ns / 1e3, 3),
+            "path_us": round(total, 3),
+            "by_rank": {str(r): round(v, 3) for r, v in sorted(by_rank.items())},
+            "by_kind": {k: round(v, 3) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
+            "top": [{"rank": r, "kind": k, "name": n, "us": round(v, 3), "share": round(v / total, 4) if total else 0.0}
+                    for (r, k, n), v in top]}
+
+
+def straggler_cause(rank: int | None, instances: pd.DataFrame, matched: pd.DataFrame, work: pd.DataFrame,
+                    path: pd.DataFrame, steps: Sequence[dict[str, Any]], gpu: bool) -> dict[str, Any] | None:
+    """Why ``rank`` is late: its work before the collectives it reached last, against the median rank's, by name.
+
+    For each such collective, the median rank is the other participant whose time since its previous collective
+    is the median one. ``extra_us`` is how much longer ``rank`` took to reach those collectives (never less
+    than 0 per collective), per step; the differences by (kind, name) are ranked, and the cause's kind is the
+    class of the largest ones (host-bound, slower kernels, more work, memcpy or data loading, synchronisation).
+    The what-if step time removes from each step's critical path the time it spent on ``rank`` in the work
+    that ``rank`` did more of, up to that work's extra per step.
+    """
+    if rank is None or instances.empty or work.empty:
+        return None
+    late = instances.loc[instances["last_rank"] == rank, "instance"].astype(int).tolist()
+    call_of = {(int(i), int(r)): int(c) for i, r, c in zip(matched["instance"], matched["rank"], matched["index"])}
+    parts = {(int(r), int(c)): g for (r, c), g in work.groupby(["rank", "call"], sort=False)}
+    length = {key: float(g.loc[g["kind"] == "interval", "ns"].sum()) for key, g in parts.items()}
+    diff: dict[tuple[str, str], float] = defaultdict(float)
+    counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+    cat_of: dict[tuple[str, str], str] = {}
+    extra = idle = span = 0.0
+    medians = []
+    for inst in late:
+        mine = (rank, call_of[(inst, rank)])
+        others = sorted((length[(r, c)], r) for (i, r), c in call_of.items()
+                        if i == inst and r != rank and (r, c) in length)
+        if mine not in parts or not others:
+            continue
+        med_len, med = others[(len(others) - 1) // 2]
+        medians.append(med)
+        extra += max(0.0, length[mine] - med_len)
+        span += length[mine]
+        for key, sign, side in ((mine, 1.0, 0), ((med, call_of[(inst, med)]), -1.0, 1)):
+            g = parts[key]
+            for kind, name, cat, n, ns in zip(g["kind"], g["name"], g["cat"], g["count"], g["ns"]):
+                if kind == "idle" and side == 0:
+                    idle += ns
+                if kind in ("idle", "interval"):
+                    continue
+                diff[(kind, name)] += sign * ns
+                counts[(kind, name)][side] += int(n)
+                cat_of.setdefault((kind, name), cat)
+    positive = sorted(((v, k) for k, v in diff.items() if v > 0), key=lambda x: (-x[0], x[1]))
+    if not positive:
+        return None
+    n_steps = max(1, len(steps))
+    total = sum(v for v, _ in positive)
+    classes: dict[str, float] = defaultdict(float)
+    top = []
+    for v, key in positive[:10]:
+        cls = _cause_class(*key, *counts[key])
+        classes[cls] += v
+        top.append({"name": key[1], "kind": key[0], "cause": cls, "extra_us": round(v / 1e3 / n_steps, 3),
+                    "share": round(v / total, 4)})
+    kind = max(classes.items(), key=lambda kv: kv[1])[0]
+    lead = top[0]
+    label = (cat_of.get((lead["kind"], lead["name"])) or lead["kind"]).replace("_", " ")
+    verdict = (f"rank {rank} is late to {len(late)} of {len(instances)} collectives because of `{lead['name']}` "
+               f"({label}): {lead['extra_us'] / 1e3:,.1f} ms per step more than the median rank; {kind}")
+    if gpu and span:
+        verdict += f": its GPU was idle {100 * idle / span:.0f}% of that time"
+    return {"rank": rank, "compared_with": int(pd.Series(medians).mode().min()), "collectives_late": len(late),
+            "extra_us": round(extra / 1e3 / n_steps, 3), "kind": kind, "top": top,
+            "what_if_step_us": _what_if(rank, path, steps, {k: v / n_steps for v, k in positive}),
+            "verdict": verdict}
+
+
+def _cause_class(kind: str, name: str, n_mine: int, n_theirs: int) -> str:
+    if kind == "kernel":
+        return "more work" if n_mine > n_theirs else "slower kernels"
+    if kind == "cpu_op" and name in _BLOCKING:
+        return "memcpy or data loading" if name in _COPIES else "synchronisation"
+    return _CAUSES.get(kind, "host-bound")
+
+
+def _what_if(rank: int, path: pd.DataFrame, steps: Sequence[dict[str, Any]],
+             extra_ns: Mapping[tuple[str, str], float]) -> float | None:
+    """The mean step time with ``rank``'s extra work (per step, by (kind, name)) taken off its critical path."""
+    if not steps:
+        return None
+    mine = path[path["rank"] == rank].groupby(["step", "kind", "name"])["dur_us"].sum()
+    out = []
+    for s in steps:
+        on_path = mine.get(s["step"]) if s["step"] in mine.index.get_level_values(0) else None
+        cut = 0.0
+        if on_path is not None:
+            cut = sum(min(us, extra_ns.get(key, 0.0) / 1e3) for key, us in on_path.items())
+        out.append(s["duration_us"] - cut)
+    return round(float(np.mean(out)), 3)
+
+
+def trace_marks(path: pd.DataFrame, origin_ns: int, bases_ns: Mapping[int, int],
+                offsets_ns: Mapping[int, float]) -> dict[int, Marks]:
+    """What ``analyze --critical-path-trace`` adds to each rank's events in the merged trace.
+
+    ``flows``: an arrow (``s``/``f``, cat and name ``critical_path``) from each event of the path to the next
+    one on the same rank, bound to both events (at their ``ts``, as they are in the file), so that Perfetto draws
+    the chain; arrows never cross ranks. ``track``: the path's segments as slices of the "critical path" process
+    (``CRITICAL_PATH_PID``), one thread per rank, on that rank's own clock, so that each slice lies over the work
+    it names. Times are ns in each rank's file's frame (``Marks``).
+    """
+    off = {int(r): round(v) for r, v in offsets_ns.items()}
+    flows: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    track: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    last: tuple[Any, ...] | None = None  # the previous event-backed segment: (step, rank, pid, tid, ts)
+    for row in path.itertuples(index=False):
+        r = int(row.rank)
+        t0 = origin_ns + round(row.start_us * 1e3) + off.get(r, 0) - bases_ns[r]
+        track[r].append({"ph": "X", "cat": "critical_path", "name": row.name, "pid": CRITICAL_PATH_PID, "tid": r,
+                         "ts": t0, "dur": row.dur_us, "args": {"step": int(row.step), "order": int(row.order),
+                                                                "kind": row.kind}})
+        if row.pid == "":  # a transfer or a wait between events: the chain goes on past it, on its rank
+            if last is not None and last[1] != r:
+                last = None
+            continue
+        here = (int(row.step), r, orjson.loads(row.pid), orjson.loads(row.tid), to_ns(row.event_ts))
+        if last is not None and last[:2] == here[:2] and last[2:] != here[2:]:
+            k = len(flows[r]) // 2
+            flows[r] += [{"ph": "s", "cat": "critical_path", "name": "critical_path", "id": k, "pid": last[2],
+                          "tid": last[3], "ts": last[4]},
+                         {"ph": "f", "bp": "e", "cat": "critical_path", "name": "critical_path", "id": k,
+                          "pid": here[2], "tid": here[3], "ts": here[4]}]
+        last = here
+    for r, events in track.items():
+        events += [{"ph": "M", "name": "thread_name", "pid": CRITICAL_PATH_PID, "tid": r,
+                    "args": {"name": f"rank {r}"}},
+                   {"ph": "M", "name": "thread_sort_index", "pid": CRITICAL_PATH_PID, "tid": r,
+                    "args": {"sort_index": r}}]
+    if track:
+        track[min(track)] += [
+            {"ph": "M", "name": "process_name", "pid": CRITICAL_PATH_PID, "args": {"name": "critical path"}},
+            {"ph": "M", "name": "process_sort_index", "pid": CRITICAL_PATH_PID, "args": {"sort_index": -1}}]
+    return {r: Marks(flows[r], track[r]) for r in sorted(track)}
