@@ -237,3 +237,26 @@ def test_a_merged_trace_cannot_give_a_critical_path_trace(client, tmp_path):
     with pytest.raises(MergeError, match="merges the per-rank traces, and the input is a merged trace"):
         analyze(str(tmp_path / "merged.json"), client=client, critical_path_trace=str(tmp_path / "path.json"))
     assert not (tmp_path / "path.json").exists()
+
+
+def test_the_report_draws_the_slowest_steps_path_across_ranks_with_the_verdict(client, tmp_path):
+    from browser import chromium, console_errors, open_page
+
+    got = analyze(str(shared("gloo_4ranks")), str(tmp_path / "report"), client=client)
+    report = tmp_path / "report" / "report.html"
+    slow = max(got.summary["critical_path"], key=lambda s: s["duration_us"])
+    segments = got.critical_path[got.critical_path["step"] == slow["step"]]
+    with chromium(tmp_path / "profile") as driver:
+        open_page(driver, report, report.read_text().count('class="tf-figure"'))
+        assert console_errors(driver) == []
+        page = driver.execute_script("""
+            const plot = Array.from(document.querySelectorAll('.js-plotly-plot'))
+                .find(p => p.layout.title.text.startsWith('Critical path of the slowest step'));
+            return {text: document.body.innerText, title: plot.layout.title.text,
+                    kinds: plot.data.map(t => t.name), bars: plot.querySelectorAll('.barlayer .point').length,
+                    ranks: Array.from(plot.querySelectorAll('.ytick text')).map(t => t.textContent)}""")
+    assert f"ProfilerStep#{slow['step']}" in page["title"]
+    assert page["bars"] == len(segments)
+    assert set(page["kinds"]) == set(segments["kind"])
+    assert sorted(page["ranks"]) == sorted(f"rank {r}" for r in set(segments["rank"]))
+    assert "rank 2 is late to 10 of 18 collectives because of `straggler_sleep` (user annotation)" in page["text"]
