@@ -17,6 +17,7 @@ from .errors import (
 
 __all__ = [
     "Analysis",
+    "Diff",
     "MergeError",
     "MergeSummary",
     "OutputExistsError",
@@ -31,11 +32,13 @@ __all__ = [
     "TraceFuseError",
     "__version__",
     "analyze",
+    "diff",
     "merge_traces",
 ]
 
 
-_LAZY = {"merge_traces": "api", "TraceFuse": "api", "analyze": "api", "Analysis": "api", "MergeSummary": "model"}
+_LAZY = {"merge_traces": "api", "TraceFuse": "api", "analyze": "api", "diff": "api", "Analysis": "api", "Diff": "api",
+         "MergeSummary": "model"}
 
 
 def __getattr__(name: str) -> object:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import fsspec
 import orjson
 
-from .errors import MergeError, OutputExistsError
+from .errors import MergeError, OutputExistsError, TraceFuseError
 from .merge import MergeRequest, build_options, merge
 from .model import DEFAULT_RANK_REGEX, MergeSummary
 from .storage.files import options_for, read_bytes, storage_errors
@@ -23,9 +23,10 @@ if TYPE_CHECKING:
     from distributed import Client
 
     from .analysis import Analysis
+    from .analysis.diff import Diff
     from .analysis.info import describe_traces
 
-__all__ = ["Analysis", "TraceFuse", "analyze", "describe_traces", "merge_traces"]
+__all__ = ["Analysis", "Diff", "TraceFuse", "analyze", "describe_traces", "diff", "merge_traces"]
 
 
 def merge_traces(
@@ -151,7 +152,7 @@ def _clock_estimate(client: Client, paths: dict[int, str], storage_options: dict
     return analyze(paths, client=client, storage_options=storage_options).summary
 
 
-_ANALYSIS = {"Analysis": "analysis", "describe_traces": "analysis.info"}
+_ANALYSIS = {"Analysis": "analysis", "Diff": "analysis.diff", "describe_traces": "analysis.info"}
 
 
 def analyze(
@@ -229,6 +230,98 @@ def analyze(
     if out_dir is not None:
         write_report(result, out_dir, so, format=options.get("format", "parquet"), force=force)
     return result
+
+
+def diff(
+    base: str | Iterable[str] | Mapping[int, str],
+    new: str | Iterable[str] | Mapping[int, str],
+    out_dir: str | None = None,
+    *,
+    fail_above: float | str | None = None,
+    client: Client | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    format: str = "parquet",
+    force: bool = False,
+    workers: int | None = None,
+    scheduler: str | None = None,
+    scheduler_file: str | None = None,
+    timeout: float = 10.0,
+    show_progress: bool = False,
+    **options: Any,
+) -> Diff:
+    """Compare two runs: did the new one get slower than the base, where, and by how much?
+
+    Parameters
+    ----------
+    base, new
+        Each either traces (as ``analyze`` takes them: folders, globs, files, URLs), analysed here on one
+        cluster, or a folder that ``tracefuse analyze`` wrote (its tables are read: no re-parse).
+    out_dir
+        Write ``diff.json``, ``diff.html`` and the tables (``items``: every figure compared, job-wide and per
+        rank; ``steps``: both runs' step times) here.
+    fail_above
+        A percentage (``5``, ``"5%"``): ``Diff.failed`` (and ``tracefuse diff``'s exit code 3) when the job's step
+        time, or a figure worth at least 1% of it, regressed significantly by more than this.
+    client, storage_options, format, force, workers, scheduler, scheduler_file, timeout, show_progress
+        As in ``analyze``.
+    **options
+        Passed to ``analyze`` for a side given as traces: ``ranks``, ``steps``, ``rank_regex``,
+        ``keep_unlaunched_gpu``.
+
+    Returns
+    -------
+    Diff
+        ``tables`` and ``summary`` (what ``diff.json`` holds: ``base``, ``new``, ``step_time``, ``regressions``,
+        ``improvements``, ``straggler``, ``failing``, ``verdict``, ``notes``, ``warnings``).
+
+    Examples
+    --------
+    >>> d = diff("s3://traces/2026-11-23/", "s3://traces/2026-11-24/", "diff/", fail_above="5%")  # doctest: +SKIP
+    >>> d.summary["verdict"]  # doctest: +SKIP
+    """
+    from .analysis import analyze as analyze_ranks
+    from .analysis import is_report, read_report, write_diff
+    from .analysis.diff import compare
+    from .cluster import connect
+
+    threshold = _percent(fail_above)
+    so = dict(storage_options or {})
+    if out_dir is not None:
+        with storage_errors(out_dir, so):
+            fs, path = fsspec.core.url_to_fs(out_dir, **options_for(out_dir, so))
+            if fs.exists(path) and not force:
+                raise OutputExistsError(f"{out_dir} exists; pass --force (force=True) to replace it")
+    sides = []
+    with connect(client, scheduler=scheduler, scheduler_file=scheduler_file, workers=workers, timeout=timeout) as c:
+        for label, side in (("base", base), ("new", new)):
+            try:
+                if isinstance(side, str) and is_report(side, so):
+                    sides.append(read_report(side, so))
+                else:
+                    sides.append(analyze_ranks(side, client=c, storage_options=so, show_progress=show_progress,
+                                               **options))
+            except TraceFuseError as e:
+                raise type(e)(f"the {label} run: {e}") from None
+    try:
+        result = compare(*sides, fail_above=threshold)
+    except ValueError as e:
+        raise MergeError(f"cannot compare the runs: {e}") from None
+    if out_dir is not None:
+        write_diff(result, out_dir, so, format=format, force=force)
+    return result
+
+
+def _percent(value: float | str | None) -> float | None:
+    """``5``, ``5.0`` or ``"5%"`` as 5.0."""
+    if value is None:
+        return None
+    try:
+        pct = float(value.strip().removesuffix("%")) if isinstance(value, str) else float(value)
+    except ValueError:
+        raise MergeError(f"fail_above={value!r}: give a percentage such as 5 or '5%'") from None
+    if not pct >= 0:
+        raise MergeError(f"fail_above={value!r}: give a percentage of 0 or more")
+    return pct
 
 
 def __getattr__(name: str) -> Any:

@@ -133,6 +133,29 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("-v", "--verbose", action="store_true", help="log what happens on stderr")
     _add_cluster_args(a)
 
+    d = sub.add_parser("diff", help="compare two runs: step time, breakdown, kernels, ops, collectives, straggler",
+                       description="Compare two runs, each given as traces (analysed here) or as a folder that "
+                                   "tracefuse analyze wrote; writes diff.json, diff.html and the tables. Exit "
+                                   "codes: 0 no regression above --fail-above (or none asked), 3 a regression "
+                                   "above it, 1 an error, 2 a usage error.")
+    d.add_argument("base", metavar="BASE", help="the run to compare against: traces or an analyze report folder")
+    d.add_argument("new", metavar="NEW", help="the run to check: traces or an analyze report folder")
+    d.add_argument("-o", "--output", required=True, metavar="DIR", help="folder for diff.json, diff.html, tables")
+    d.add_argument("--fail-above", metavar="PCT",
+                   help="exit 3 when the step time, or a figure worth 1%% or more of it, regressed significantly "
+                        "by more than PCT (such as 5%%)")
+    d.add_argument("--ranks", metavar="SPEC", help="analyse a subset of ranks: A-B, :S stride, commas")
+    d.add_argument("--steps", metavar="A-B", help="only ProfilerStep#A to #B inclusive")
+    d.add_argument("--rank-regex", default=DEFAULT_RANK_REGEX, metavar="REGEX",
+                   help="regex with a named group 'rank' for file names, as in analyze")
+    d.add_argument("--format", choices=("parquet", "csv"), default="parquet", help="table files (default: parquet)")
+    d.add_argument("--storage-options", metavar="JSON", help="fsspec storage options as a JSON object")
+    d.add_argument("-f", "--force", action="store_true", help="replace an existing output folder")
+    d.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no verdict on stderr")
+    d.add_argument("-v", "--verbose", action="store_true", help="log what happens on stderr")
+    d.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
+    _add_cluster_args(d)
+
     i = sub.add_parser("info", help="describe traces without merging them",
                        description="Describe per-rank traces: ranks, sizes, events per category, time span, "
                                    "pids and flows. Nothing is written.")
@@ -177,7 +200,8 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``tracefuse`` command; return its exit code (0 ok, 1 error, 2 usage, 130 interrupted)."""
+    """Run the ``tracefuse`` command; return its exit code (0 ok, 1 error, 2 usage, 3 ``diff`` found a regression
+    above ``--fail-above``, 130 interrupted)."""
     parser = _parser()
     try:
         args = parser.parse_args(argv)
@@ -204,6 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _analyze(args, so)
             if args.command == "info":
                 return _info(args, so)
+            if args.command == "diff":
+                return _diff(args, so)
             return _example(args)
     except SystemExit as e:
         return int(e.code or 0)
@@ -304,6 +330,26 @@ def _critical_path_line(steps: list[dict[str, Any]]) -> str:
     kinds = ", ".join(f"{k} {v / slow['path_us']:.0%}" for k, v in list(slow["by_kind"].items())[:3])
     return (f"critical path of the slowest step ({step}, {slow['duration_us'] / 1e3:,.1f} ms, across ranks "
             f"{', '.join(slow['by_rank'])}): {kinds}; most of it: {top}")
+
+
+def _diff(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
+    from .api import diff
+
+    result = diff(args.base, args.new, args.output, fail_above=args.fail_above, storage_options=so, ranks=args.ranks,
+                  steps=args.steps, rank_regex=args.rank_regex, format=args.format, force=args.force,
+                  workers=args.workers, scheduler=args.scheduler, scheduler_file=args.scheduler_file,
+                  timeout=args.timeout, show_progress=not args.quiet and sys.stderr.isatty())
+    s = result.summary
+    if not args.quiet:
+        for line in (*s["notes"], *(f"warning: {w}" for w in s["warnings"])):
+            print(line, file=sys.stderr)
+        print(f"verdict: {s['verdict']}", file=sys.stderr)
+        for r in s["failing"][:10]:
+            on = "the job" if r["rank"] == -1 else f"rank {r['rank']}"
+            print(f"regression above {s['fail_above_pct']:g}%: {r['what']} `{r['name']}` on {on}: "
+                  f"{r['delta_pct']:+.1f}%", file=sys.stderr)
+        print(f"wrote {args.output.rstrip('/')}/diff.html", file=sys.stderr)
+    return 3 if result.failed else 0
 
 
 def _info(args: argparse.Namespace, so: dict[str, Any] | None) -> int:

@@ -8,7 +8,7 @@ import re
 import sys
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import fsspec
@@ -25,13 +25,14 @@ from .collective_trace import CALL_COLUMNS as CT_COLUMNS
 from .collective_trace import looks_like_collective_trace, parse_collective_trace, summarize
 from .collectives import clock_offsets, group_members, instance_metrics, match_collectives, op_summary, straggler
 from .critical_path import stitch, straggler_cause
+from .diff import Diff
 from .rank import PIECES, TABLES, RankTables, analyze_events, analyze_rank, decode_trace, rows_for
 from ..kineto.document import check_document, decode_json, paused_gc
 from ..kineto.layout import is_merged, split_merged
 from ..storage.inputs import TRACE_NAME, expand_inputs, rank_from_name, resolve_rank
 from ..storage.output import TMP_SUFFIX, open_write
 
-__all__ = ["Analysis", "analyze", "rank_stats"]
+__all__ = ["Analysis", "analyze", "is_report", "rank_stats", "read_report", "write_diff", "write_report"]
 
 log = logging.getLogger(__name__)
 _REDUCED = ("rank_stats", "collective_instances", "collective_waits", "collective_summary", "straggler_ranks",
@@ -286,7 +287,7 @@ def analyze(
                   for i in range(0, len(futures), _COMBINE)]
         del futures  # each file's result is freed once its reduce task has it
         results = c.gather(joined)
-    analysis = _reduce(results, skipped_names, step_range, keep_unlaunched_gpu)
+    analysis = _reduce(results, skipped_names, step_range, keep_unlaunched_gpu, subset)
     analysis.summary["seconds"] = round(time.perf_counter() - started, 3)
     if out_dir is not None:
         write_report(analysis, out_dir, so, format=format, force=force)
@@ -294,7 +295,7 @@ def analyze(
 
 
 def _reduce(results: list[dict[str, Any]], skipped_names: list[str], steps: tuple[int, int] | None,
-            keep_unlaunched_gpu: bool) -> Analysis:
+            keep_unlaunched_gpu: bool, subset: Any = None) -> Analysis:
     warnings: list[str] = []
     ignored = [f"{p}: not a trace or collective_trace file by name, or written by tracefuse" for p in skipped_names]
     per_rank: list[RankTables] = []
@@ -314,6 +315,10 @@ def _reduce(results: list[dict[str, Any]], skipped_names: list[str], steps: tupl
             where[rt.rank] = rt.path
             per_rank.append(rt)
     if not per_rank and not ct_calls:
+        if ignored and not subset:
+            raise RankError(f"no traces to analyse: {'; '.join(ignored[:3])}"
+                            f"{f' and {len(ignored) - 3} more' if len(ignored) > 3 else ''}; give Kineto traces "
+                            "(.json, .json.gz) or collective_trace logs")
         raise RankError("no ranks to analyse after --ranks; check the inputs and --ranks")
     per_rank.sort(key=lambda rt: rt.rank)
     if len(world_sizes) == 1:
@@ -406,21 +411,39 @@ def _check_out(out_dir: str, so: Mapping[str, Any], force: bool) -> None:
 
 def write_report(analysis: Analysis, out_dir: str, storage_options: Mapping[str, Any] | None = None, *,
                  format: str = "parquet", force: bool = False) -> None:
-    """Write the report folder: a file per table, ``summary.json`` and ``report.html``.
-
-    Every file is written under a temporary folder first, then moved into
-    place with ``summary.json`` last, so a failed run leaves nothing behind
-    and a folder with ``summary.json`` is complete.
-    """
+    """Write the report folder: a file per table, ``report.html`` and ``summary.json`` (last:
+    a folder with ``summary.json`` is complete; see ``write_folder``)."""
     from .report import render_report
 
-    so = dict(storage_options or {})
-    _check_out(out_dir, so, force)
-    tmp = out_dir.rstrip("/") + TMP_SUFFIX
     files: dict[str, bytes | pd.DataFrame] = dict(
         (f"{name}.{format}", df) for name, df in analysis.tables().items())
     files["report.html"] = render_report(analysis.tables(), analysis.summary).encode()
     files["summary.json"] = json.dumps(analysis.summary, indent=1).encode()
+    write_folder(files, out_dir, storage_options, format=format, force=force)
+
+
+def write_diff(diff: Diff, out_dir: str, storage_options: Mapping[str, Any] | None = None, *,
+               format: str = "parquet", force: bool = False) -> None:
+    """Write ``tracefuse diff``'s folder: its tables, ``diff.html`` and ``diff.json`` (last)."""
+    from .report import render_diff
+
+    files: dict[str, bytes | pd.DataFrame] = {f"{name}.{format}": df for name, df in diff.tables.items()}
+    files["diff.html"] = render_diff(diff).encode()
+    files["diff.json"] = json.dumps(diff.summary, indent=1).encode()
+    write_folder(files, out_dir, storage_options, format=format, force=force)
+
+
+def write_folder(files: Mapping[str, bytes | pd.DataFrame], out_dir: str,
+                 storage_options: Mapping[str, Any] | None = None, *, format: str = "parquet",
+                 force: bool = False) -> None:
+    """Write ``files`` (bytes, or tables in ``format``) into the folder ``out_dir``, in the order given.
+
+    Every file is written under a temporary folder first, then moved into place, so a failed run leaves
+    nothing behind and a folder with its last file is complete.
+    """
+    so = dict(storage_options or {})
+    _check_out(out_dir, so, force)
+    tmp = out_dir.rstrip("/") + TMP_SUFFIX
     with storage_errors(out_dir, so):
         fs, path = fsspec.core.url_to_fs(out_dir, **options_for(out_dir, so))
         _, tmp_path = fsspec.core.url_to_fs(tmp, **options_for(out_dir, so))
@@ -449,3 +472,41 @@ def write_report(analysis: Analysis, out_dir: str, storage_options: Mapping[str,
         finally:
             with contextlib.suppress(FileNotFoundError):
                 fs.rm(tmp_path, recursive=True)
+
+
+def is_report(url: str, storage_options: Mapping[str, Any] | None = None) -> bool:
+    """Whether ``url`` is a folder that ``analyze`` wrote (it holds ``summary.json``)."""
+    so = dict(storage_options or {})
+    with storage_errors(url, so):
+        fs, path = fsspec.core.url_to_fs(url, **options_for(url, so))
+        return fs.isdir(path) and fs.exists(f"{path.rstrip('/')}/summary.json")
+
+
+def read_report(url: str, storage_options: Mapping[str, Any] | None = None) -> Analysis:
+    """An ``analyze`` report folder read back into an ``Analysis``: its tables and ``summary.json``.
+
+    Raises
+    ------
+    MergeError
+        When the folder was not written by ``tracefuse analyze``, or by a version without the tables and
+        summary keys this one reads.
+    """
+    so = dict(storage_options or {})
+    with storage_errors(url, so):
+        fs, path = fsspec.core.url_to_fs(url, **options_for(url, so))
+        path = path.rstrip("/")
+        summary = json.loads(fs.cat_file(f"{path}/summary.json"))
+        if not isinstance(summary, dict) or summary.get("tool") != "tracefuse_dask":
+            raise MergeError(f"{url}: its summary.json was not written by tracefuse analyze")
+        fmt = "parquet" if fs.exists(f"{path}/breakdown.parquet") else "csv"
+        names = [f.name for f in fields(Analysis) if f.name != "summary"]
+        missing = [n for n in names if not fs.exists(f"{path}/{n}.{fmt}")] + \
+            [k for k in ("critical_path", "straggler", "steps") if k not in summary]
+        if missing:
+            raise MergeError(f"{url}: an analyze report without {', '.join(missing)} (tracefuse "
+                             f"{summary.get('version')}); run tracefuse analyze on the traces again")
+        tables = {}
+        for n in names:
+            with fs.open(f"{path}/{n}.{fmt}", "rb") as fh:
+                tables[n] = pd.read_parquet(fh) if fmt == "parquet" else pd.read_csv(fh)
+    return Analysis(**tables, summary=summary)

@@ -25,7 +25,9 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
-__all__ = ["SECTIONS", "Page", "render_report"]
+from .diff import ITEM_COLUMNS, Diff
+
+__all__ = ["SECTIONS", "Page", "render_diff", "render_report"]
 
 TOP_N = 20
 """Bars in the top-kernels and top-ops plots."""
@@ -146,11 +148,72 @@ def render_report(tables: dict[str, pd.DataFrame], summary: dict[str, Any]) -> s
     """
     page = Page(dict(tables), dict(summary))
     body = "\n".join(part for section in SECTIONS if (part := section(page)))
+    return _document(page, body, f"{summary.get('tool', 'tracefuse_dask')} report")
+
+
+def render_diff(diff: Diff) -> str:
+    """``tracefuse diff``'s page (HTML text): the verdict, the step times of both runs, the biggest changes first,
+    and the tables of significant regressions and improvements; self-contained and escaped as the report is."""
+    s = diff.summary
+    page = Page(dict(diff.tables), dict(s))
+    parts = ["<h1>tracefuse diff</h1>"]
+    for label in ("base", "new"):
+        side = s[label]
+        shown = ", ".join(f"<code>{html.escape(str(p))}</code>" for p in side["inputs"])
+        more = f" and {side['inputs_count'] - len(side['inputs']):,} more" if side["inputs_count"] > len(side["inputs"]) \
+            else ""
+        parts.append(f'<p class="meta">{label}: {side["ranks"]:,} rank(s), {len(side["steps"]):,} step(s), step time '
+                     f'{side["step_time_us"]["median"] / 1e3:,.1f} ms median · {shown}{more}</p>')
+    parts.append(f'<p class="note"><b>{html.escape(s["verdict"])}</b></p>')
+    if s["failing"]:
+        parts.append(f'<p class="note">{len(s["failing"]):,} regression(s) above {s["fail_above_pct"]:g}%: the check '
+                     "fails (exit code 3).</p>")
+    notes = [*s["notes"], *s["warnings"]]
+    if notes:
+        parts.append('<ul class="warnings">' + "".join(f"<li>{html.escape(str(n))}</li>" for n in notes) + "</ul>")
+    parts.append('<p class="caption">Figures are per step; job-wide ones are medians over ranks. A change is '
+                 f"significant when it is larger than both runs' step-to-step spread ({s['noise_pct']:.1f}%) and "
+                 "than 1%; the step time's when the two runs' ranges of step times do not overlap.</p>")
+    steps = page.table("steps")
+    job = steps[steps["rank"] == -1] if len(steps) else steps
+    if len(job):
+        fig = go.Figure([go.Box(name=run, y=(g["step_us"] / 1e3).tolist(), boxpoints="all", marker_color=colour)
+                         for (run, g), colour in zip(job.groupby("run", sort=False), ("#4c78a8", "#e45756"))])
+        fig.update_layout(_layout("Step time of each step (the job: earliest start to latest end)", 360),
+                          yaxis_title_text="ms")
+        parts.append("<h2>Step time</h2>" + page.figure(fig))
+    changed = pd.DataFrame(s["regressions"] + s["improvements"], columns=ITEM_COLUMNS)
+    top = changed[(changed["rank"] == -1) & (changed["what"] != "step time")]
+    top = top.reindex(top["delta_us"].abs().sort_values(ascending=False).index).head(TOP_N)
+    if len(top):
+        labels = [f"{w}: {n}" for w, n in zip(top["what"], top["name"])]
+        fig = go.Figure(go.Bar(
+            orientation="h", x=(top["delta_us"] / 1e3).tolist(), y=list(range(len(top))),
+            marker_color=["#e45756" if d > 0 else "#54a24b" for d in top["delta_us"]],
+            hovertext=[_label(t, None) for t in labels],
+            customdata=[f"{p:+.1f}%" if pd.notna(p) else "new" for p in top["delta_pct"]],
+            hovertemplate="%{hovertext}<br>%{x:+,.3f} ms per step (%{customdata})<extra></extra>"))
+        fig.update_layout(_layout("Biggest significant changes, job-wide (ms per step)", 160 + 26 * len(top)),
+                          yaxis=_name_axis(pd.Series(labels)), xaxis_title_text="ms per step, new - base")
+        parts.append("<h2>Biggest changes</h2>" + page.figure(fig))
+    for title, rows, ascending in (("Regressions", s["regressions"], False), ("Improvements", s["improvements"], True)):
+        df = pd.DataFrame(rows, columns=ITEM_COLUMNS)
+        parts.append(f"<h2>{title}</h2>" + (_html_table(df, "delta_us", ascending=ascending, what="significant changes")
+                                            if len(df) else "<p>None significant.</p>"))
+    st = s["straggler"]
+    parts.append("<h2>Straggler</h2>" + _html_table(pd.DataFrame([
+        {"run": "base", "straggler": st["base"], "cause": st["cause_base"]},
+        {"run": "new", "straggler": st["new"], "cause": st["cause_new"]}]), "run", ascending=True))
+    return _document(page, "\n".join(parts), "tracefuse diff")
+
+
+def _document(page: Page, body: str, title: str) -> str:
+    """The self-contained HTML document around ``body``: plotly.js once when it has a plot, a strict CSP."""
     scripts = [get_plotlyjs(), _BOOT] if page.figures else []
     script_src = " ".join(f"'{_sha256(s)}'" for s in scripts) or "'none'"
     csp = (f"default-src 'none'; script-src {script_src}; style-src 'unsafe-inline'; img-src data: blob:; "
            "font-src data:; base-uri 'none'; form-action 'none'")
-    title = html.escape(f"{summary.get('tool', 'tracefuse_dask')} report")
+    title = html.escape(title)
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
         f'<meta http-equiv="Content-Security-Policy" content="{csp}">',

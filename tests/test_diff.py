@@ -1,0 +1,196 @@
+"""``tracefuse diff`` on real traces and generated jobs: a run against itself, a kernel made 30% slower, a rank
+slowed, a straggler switched on; from traces and from analyze reports; the CLI's exit codes; diff.html in
+Chromium; bad input."""
+from __future__ import annotations
+
+import html
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import read_trace, shared, write_trace
+
+from tracefuse_dask import MergeError, TraceFileNotFoundError, analyze, diff
+from tracefuse_dask.analysis.diff import normalize_name
+from tracefuse_dask.synth import write_example
+
+pytestmark = pytest.mark.integration
+
+A100 = ("real", "hta_trace_filter")  # two ranks of one job, NCCL, two ProfilerStep#N
+
+
+def slowed(doc: dict, pick, factor: float) -> dict:
+    """``doc`` with the events that ``pick(event)`` selects ``factor`` times longer, and time stopped for them:
+    everything that starts at or after one's end starts that much later, and what spans its end ends later,
+    so that the trace stays a valid timeline."""
+    events = doc["traceEvents"]
+    timed = [e for e in events if "ts" in e and e.get("ph") != "M"]
+    ts = np.array([float(e["ts"]) for e in timed])
+    dur = np.array([float(e.get("dur", 0)) for e in timed])
+    chosen = sorted((i for i, e in enumerate(timed) if e.get("ph") == "X" and pick(e)), key=lambda i: -ts[i])
+    for i in chosen:  # the latest first: an earlier one then moves what the later ones moved
+        end, extra = ts[i] + dur[i], dur[i] * (factor - 1)
+        spans = (ts < end) & (ts + dur > end)
+        dur[spans] += extra
+        ts[ts >= end] += extra
+        dur[i] += extra
+    for e, t, d in zip(timed, ts, dur):
+        e["ts"] = round(float(t), 3)
+        if "dur" in e:
+            e["dur"] = round(float(d), 3)
+    return doc
+
+
+def copy_set(parts: tuple[str, ...], dest: Path, edit=None) -> Path:
+    """The shared set ``parts`` as a folder of its own, each rank's document passed through ``edit(rank, doc)``."""
+    for i, src in enumerate(sorted(p for p in shared(*parts).iterdir() if ".json" in p.name)):
+        doc = read_trace(src)
+        write_trace(dest / src.name, edit(i, doc) if edit else doc)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def a100_kernel(tmp_path_factory):
+    """The A100 set with its largest compute kernel 30% slower on both ranks: (base, new, the kernel's name)."""
+    root = tmp_path_factory.mktemp("a100-kernel")
+    doc = read_trace(next(p for p in sorted(shared(*A100).iterdir()) if ".json" in p.name))
+    totals: dict[str, float] = {}
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "kernel" and not e["name"].startswith("nccl"):
+            totals[e["name"]] = totals.get(e["name"], 0) + e["dur"]
+    kernel = max(totals, key=totals.get)
+    base = copy_set(A100, root / "base")
+    new = copy_set(A100, root / "new", lambda r, d: slowed(d, lambda e: e.get("cat") == "kernel"
+                                                            and e["name"] == kernel, 1.3))
+    return base, new, kernel
+
+
+def test_a_run_against_itself_changes_nothing(client, tmp_path):
+    for parts in (A100, ("gloo_4ranks",)):
+        got = diff(str(shared(*parts)), str(shared(*parts)), str(tmp_path / parts[-1]), client=client,
+                   fail_above="5%")
+        s = got.summary
+        assert not got.failed and s["regressions"] == [] and s["improvements"] == [] and s["failing"] == []
+        assert s["verdict"].startswith("no significant change in step time (+0.0%")
+        assert s["step_time"]["delta_pct"] == 0 and not s["straggler"]["changed"]
+        written = json.loads((tmp_path / parts[-1] / "diff.json").read_text())
+        assert written == json.loads(json.dumps(s))
+        items = pd.read_parquet(tmp_path / parts[-1] / "items.parquet")
+        assert len(items) == len(got.tables["items"]) > 10 and (items["delta_us"] == 0).all()
+
+
+def test_a_kernel_made_30_percent_slower_is_named_first_and_fails_the_check(a100_kernel, client, tmp_path):
+    base, new, kernel = a100_kernel
+    got = diff(str(base), str(new), str(tmp_path / "diff"), client=client, fail_above=10)
+    s = got.summary
+    top = s["regressions"][0]
+    assert (top["what"], top["name"], top["rank"]) == ("kernel", normalize_name(kernel), -1)
+    assert top["delta_pct"] == pytest.approx(30, abs=2) and top["ranks_regressed"] == 2
+    assert got.failed and s["failing"][0]["name"] == normalize_name(kernel)
+    assert f"kernel `{normalize_name(kernel)}` +30% on all ranks" in s["verdict"]
+    # the same from the two runs' analyze reports: no re-parse, the same comparison
+    for side in ("base", "new"):
+        analyze(str(a100_kernel[0 if side == "base" else 1]), str(tmp_path / side), client=client)
+    again = diff(str(tmp_path / "base"), str(tmp_path / "new"), client=client, fail_above=10)
+    assert again.summary["regressions"] == s["regressions"] and again.summary["verdict"] == s["verdict"]
+
+
+def test_a_slowed_rank_is_named(client, tmp_path):
+    base = copy_set(A100, tmp_path / "base")
+    new = copy_set(A100, tmp_path / "new", lambda r, d: slowed(d, lambda e: e.get("cat") == "kernel"
+                                                                and not e["name"].startswith("nccl"), 1.3)
+                   if r == 1 else d)
+    s = diff(str(base), str(new), client=client).summary
+    per_rank = [r for r in s["regressions"] if r["rank"] != -1]
+    assert per_rank[0]["rank"] == 1  # rank 0's NCCL kernels wait longer for it, but first comes the slow rank
+    assert [r["rank"] for r in per_rank if r["what"] == "rank step time"] == [1]
+    assert all(r["rank"] == 1 for r in per_rank if r["what"] == "breakdown")
+    busy = next(r for r in per_rank if r["what"] == "breakdown" and r["name"] == "computation_us")
+    assert busy["delta_pct"] == pytest.approx(30, abs=3)
+    assert "rank 1's computation +30%" in s["verdict"]
+
+
+def test_a_straggler_switched_on_is_a_step_time_regression_that_names_it(client, tmp_path):
+    write_example(str(tmp_path / "off"), ranks=4, rank_bytes=300_000, seed=1)
+    write_example(str(tmp_path / "on"), ranks=4, rank_bytes=300_000, seed=1, straggler=2)
+    got = diff(str(tmp_path / "off"), str(tmp_path / "on"), client=client, fail_above=5)
+    s = got.summary
+    assert s["step_time"]["significant"] and s["step_time"]["delta_pct"] > 5 and got.failed
+    assert s["straggler"] == {**s["straggler"], "base": None, "new": 2, "changed": True}
+    assert "the straggler changed from no straggler to rank 2" in s["verdict"]
+
+
+def test_runs_of_different_sizes_and_models_compare_with_a_note(client, tmp_path):
+    s = diff(str(shared("gloo_2ranks_tb_nostraggler")), str(shared("gloo_4ranks")), client=client).summary
+    assert s["notes"] == ["the runs have different ranks (2 and 4): compared by job-level figures (medians over "
+                          "ranks); the per-rank rows are left out"]
+    assert all(r["rank"] == -1 for r in s["regressions"] + s["improvements"])
+    assert "on the critical path `straggler_sleep`" in s["verdict"]
+    s = diff(str(shared("gloo_4ranks")), str(shared(*A100)), client=client).summary
+    assert any("kernel and op names match: two different models or programs?" in w for w in s["warnings"])
+
+
+def test_bad_sides_say_which_run_and_leave_nothing(client, tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(TraceFileNotFoundError, match=r"^the new run: .*empty"):
+        diff(str(shared("gloo_4ranks")), str(tmp_path / "empty"), str(tmp_path / "out"), client=client)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "readme.txt").write_text("not a trace")
+    with pytest.raises(Exception, match=r"^the base run: .*notes") as e:
+        diff(str(tmp_path / "notes"), str(shared("gloo_4ranks")), str(tmp_path / "out"), client=client)
+    assert "Traceback" not in str(e.value)
+    with pytest.raises(MergeError, match=r"fail_above='five': give a percentage"):
+        diff(str(shared("gloo_4ranks")), str(shared("gloo_4ranks")), client=client, fail_above="five")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_cli_exit_codes(a100_kernel, tmp_path):
+    base, new, kernel = a100_kernel
+    cmd = [sys.executable, "-m", "tracefuse_dask", "diff", "--workers", "1"]
+    same = subprocess.run([*cmd, str(base), str(base), "-o", str(tmp_path / "same"), "--fail-above", "10%"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert same.returncode == 0, same.stderr
+    assert "verdict: no significant change in step time" in same.stderr
+    worse = subprocess.run([*cmd, str(base), str(new), "-o", str(tmp_path / "worse"), "--fail-above", "10%"],
+                           capture_output=True, text=True, timeout=300, check=False)
+    assert worse.returncode == 3, worse.stderr
+    assert f"regression above 10%: kernel `{normalize_name(kernel)}` on the job: +30" in worse.stderr
+    assert (tmp_path / "worse" / "diff.html").exists() and (tmp_path / "worse" / "diff.json").exists()
+    again = subprocess.run([*cmd, str(base), str(new), "-o", str(tmp_path / "worse")], capture_output=True,
+                           text=True, timeout=300, check=False)
+    assert again.returncode == 1 and "exists; pass --force" in again.stderr and "Traceback" not in again.stderr
+
+
+def test_diff_html_renders_offline_in_chromium(a100_kernel, client, tmp_path):
+    from browser import chromium, console_errors, open_page
+
+    base, new, kernel = a100_kernel
+    diff(str(base), str(new), str(tmp_path / "diff"), client=client, fail_above=10)
+    page = tmp_path / "diff" / "diff.html"
+    with chromium(tmp_path / "profile") as driver:
+        open_page(driver, page, 2)
+        assert console_errors(driver) == []
+        got = driver.execute_script("""
+            const plots = Array.from(document.querySelectorAll('.js-plotly-plot'));
+            return {titles: plots.map(p => p.layout.title.text), text: document.body.innerText,
+                    bars: plots[1].data[0].hovertext,
+                    resources: performance.getEntriesByType('resource').map(e => e.name)}""")
+    assert got["titles"][0].startswith("Step time") and got["titles"][1].startswith("Biggest significant changes")
+    assert html.escape(f"kernel: {normalize_name(kernel)}", quote=False) in got["bars"]  # plotly reads entities
+    assert "the check fails (exit code 3)" in got["text"]
+    assert all(r.startswith(("file:", "data:", "blob:")) for r in got["resources"])
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("void k<float, 4>(float*, int)", "void k<…>(…)"),
+    ("void k<c10::Half, at::native::F<float>>(at::Acc<float, 2ul>)", "void k<…>(…)"),
+    ("triton_poi_fused_add_0", "triton_poi_fused_add_0"),
+    ("Memcpy HtoD (Pageable -> Device)", "Memcpy HtoD (…)"),
+    ("cb 0x7f3a2c001200", "cb 0x…"),
+])
+def test_names_are_normalised(name, expected):
+    assert normalize_name(name) == expected
