@@ -48,7 +48,8 @@ def test_kubernetes_manifests_parse_and_carry_the_required_fields(name, kind):
     assert containers
     for c in containers:
         assert c["image"] and c["name"] and (c.get("command") or c.get("args"))
-    commands = [" ".join(c["command"]) for c in containers]
+    commands = [" ".join(cmd) for c in containers for cmd in _tracefuse_commands(c)] or \
+        [" ".join(c["command"]) for c in containers]
     if kind != "DaskCluster":
         assert any(cmd.startswith("tracefuse merge s3://") and " -o s3://" in cmd for cmd in commands)
         assert any("--skip-if-unchanged" in cmd and "--summary-json" in cmd for cmd in commands)
@@ -62,10 +63,24 @@ def test_the_commands_of_the_manifests_parse_with_our_cli():
 
     for name in ("daskjob.yaml", "cronjob.yaml"):
         (doc,) = yaml.safe_load_all((DEPLOY / "k8s" / name).read_text())
-        for c in _containers(doc):
-            if c["command"][0] == "tracefuse":
-                args = _parser().parse_args(c["command"][1:])
-                assert args.command == "merge" and args.skip_if_unchanged
+        parsed = [_parser().parse_args(cmd[1:]) for c in _containers(doc) for cmd in _tracefuse_commands(c)]
+        assert parsed[0].command == "merge" and parsed[0].skip_if_unchanged
+        if name == "cronjob.yaml":  # tonight's traces analysed, then diffed against last night's report
+            assert [a.command for a in parsed] == ["merge", "analyze", "diff"]
+            assert parsed[2].base.endswith("/tracefuse/report") and parsed[2].new == parsed[1].output
+            assert parsed[2].fail_above == "5%"
+
+
+def _tracefuse_commands(container: dict) -> list[list[str]]:
+    """The tracefuse command lines of a container: its command, or the lines of its ``sh -c`` script, with the
+    script's night folders given values."""
+    if container["command"][0] == "tracefuse":
+        return [container["command"]]
+    if container["command"] != ["sh", "-c"]:
+        return []
+    script = container["args"][0].replace("$T", "s3://traces/nightly/2026-11-25").replace(
+        "$P", "s3://traces/nightly/2026-11-24")
+    return [shlex.split(line) for line in script.splitlines() if line.strip().startswith("tracefuse ")]
 
 
 def test_sbatch_script_is_valid_bash_and_starts_the_cluster_the_tests_use():
