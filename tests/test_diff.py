@@ -90,6 +90,10 @@ def test_a_kernel_made_30_percent_slower_is_named_first_and_fails_the_check(a100
     top = s["regressions"][0]
     assert (top["what"], top["name"], top["rank"]) == ("kernel", normalize_name(kernel), -1)
     assert top["delta_pct"] == pytest.approx(30, abs=2) and top["ranks_regressed"] == 2
+    assert top["new_count"] == top["base_count"] > 0  # as many calls, each 30% longer
+    assert top["new_mean_us"] == pytest.approx(1.3 * top["base_mean_us"], rel=0.02)
+    coll = got.tables["items"].query("what == 'collective' and rank == -1")
+    assert len(coll) and coll["base_busbw_gbps"].notna().any() and coll["base_wait_us"].notna().all()
     assert got.failed and s["failing"][0]["name"] == normalize_name(kernel)
     assert f"kernel `{normalize_name(kernel)}` +30% on all ranks" in s["verdict"]
     # the same from the two runs' analyze reports: no re-parse, the same comparison
@@ -126,8 +130,8 @@ def test_a_straggler_switched_on_is_a_step_time_regression_that_names_it(client,
 
 def test_runs_of_different_sizes_and_models_compare_with_a_note(client, tmp_path):
     s = diff(str(shared("gloo_2ranks_tb_nostraggler")), str(shared("gloo_4ranks")), client=client).summary
-    assert s["notes"] == ["the runs have different ranks (2 and 4): compared by job-level figures (medians over "
-                          "ranks); the per-rank rows are left out"]
+    assert s["notes"] == [("the runs have different ranks (2 and 4): compared by job-level figures (medians over "
+                           "ranks); the per-rank rows are left out")]
     assert all(r["rank"] == -1 for r in s["regressions"] + s["improvements"])
     assert "on the critical path `straggler_sleep`" in s["verdict"]
     s = diff(str(shared("gloo_4ranks")), str(shared(*A100)), client=client).summary
@@ -194,3 +198,20 @@ def test_diff_html_renders_offline_in_chromium(a100_kernel, client, tmp_path):
 ])
 def test_names_are_normalised(name, expected):
     assert normalize_name(name) == expected
+
+
+def test_diff_from_and_to_s3_with_reports_in_the_bucket(client, s3, bucket_name):
+    """Tonight's traces against last night's report, both in the bucket, and diff/ written beside them."""
+    bucket, fs = s3.bucket(bucket_name), s3.fs()
+    for night in ("2026-11-24", "2026-11-25"):
+        for p in sorted(shared("gloo_4ranks").glob("rank*.json.gz")):
+            fs.put(str(p), f"{bucket}/{night}/{p.name}")
+    analyze(f"s3://{bucket}/2026-11-24/", f"s3://{bucket}/2026-11-24/tracefuse/report", client=client,
+            storage_options=s3.options)
+    got = diff(f"s3://{bucket}/2026-11-24/tracefuse/report", f"s3://{bucket}/2026-11-25/",
+               f"s3://{bucket}/2026-11-25/tracefuse/diff", client=client, storage_options=s3.options, fail_above=5)
+    assert not got.failed and got.summary["verdict"].startswith("no significant change")
+    written = json.loads(fs.cat_file(f"{bucket}/2026-11-25/tracefuse/diff/diff.json"))
+    assert written["verdict"] == got.summary["verdict"]
+    assert sorted(p.rsplit("/", 1)[1] for p in fs.ls(f"{bucket}/2026-11-25/tracefuse/diff")) == [
+        "diff.html", "diff.json", "items.parquet", "steps.parquet"]

@@ -38,7 +38,9 @@ MIN_SHARE = 0.01
 MIN_NAME_OVERLAP = 0.2  # below this share of matching kernel and op names, two runs look like different models
 LISTED = 100  # job-wide and per-rank rows of each list in diff.json; the tables hold them all
 BREAKDOWN = ("computation_us", "communication_us", "exposed_comm_us", "memcpy_us", "idle_us")
-ITEM_COLUMNS = ["what", "name", "rank", "base", "new", "delta_us", "delta_pct", "significant", "ranks_regressed"]
+_EXTRAS = ("count", "mean_us", "busbw_gbps", "wait_us")  # also shown, per step: calls, µs a call, collectives' own
+ITEM_COLUMNS = ["what", "name", "rank", "base", "new", "delta_us", "delta_pct", "significant", "ranks_regressed",
+                *(f"{side}_{x}" for x in _EXTRAS for side in ("base", "new"))]
 _ORDER = ("kernel", "critical path", "collective", "op")
 _TEMPLATE = re.compile(r"<[^<>]*>")
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
@@ -156,12 +158,17 @@ class _Side:
         df = getattr(self.a, table) if table != "collectives" else self._collectives()
         if table == "breakdown":
             cols = [c for c in BREAKDOWN if c in df]
-            long = df.melt(id_vars="rank", value_vars=cols, var_name="name", value_name="us")
+            long = df.melt(id_vars="rank", value_vars=cols, var_name="name", value_name="us").assign(
+                count=np.nan, busbw_gbps=np.nan, wait_us=np.nan)
         else:
-            long = pd.DataFrame({"rank": df["rank"], "us": df[value],
-                                 "name": df["name"] if table == "collectives" else df["name"].map(normalize_name)})
-        long = long.dropna(subset=["us"]).groupby(["rank", "name"], as_index=False, sort=True)["us"].sum()
-        long["us"] = long["us"].astype(float) / self.n_steps
+            long = pd.DataFrame({"rank": df["rank"], "us": df[value], "count": df["count"],
+                                 "name": df["name"] if table == "collectives" else df["name"].map(normalize_name),
+                                 "busbw_gbps": df.get("busbw_gbps", np.nan), "wait_us": df.get("wait_us", np.nan)})
+        long = long.dropna(subset=["us"]).groupby(["rank", "name"], as_index=False, sort=True).agg(
+            us=("us", "sum"), count=("count", lambda c: c.sum(min_count=1)), busbw_gbps=("busbw_gbps", "mean"),
+            wait_us=("wait_us", lambda w: w.sum(min_count=1)))
+        for col in ("us", "count", "wait_us"):
+            long[col] = long[col].astype(float) / self.n_steps
         return long
 
     def path(self) -> pd.Series:
@@ -175,12 +182,14 @@ class _Side:
         inst = self.a.collective_instances
         if inst.empty:
             return pd.DataFrame({"rank": pd.Series(dtype=int), "name": pd.Series(dtype=str),
-                                 "latency_us": pd.Series(dtype=float)})
-        waits = self.a.collective_waits[["instance", "rank"]]
-        calls = waits.merge(inst[["instance", "op", "group", "bytes", "comm_latency_us"]], on="instance")
+                                 **{c: pd.Series(dtype=float) for c in ("latency_us", "count", "busbw_gbps",
+                                                                        "wait_us")}})
+        waits = self.a.collective_waits[["instance", "rank", "wait_us"]]
+        calls = waits.merge(inst[["instance", "op", "group", "bytes", "comm_latency_us", "busbw_gbps"]],
+                            on="instance")
         calls["name"] = [f"{op} group {g} {int(b):,} B" if pd.notna(b) else f"{op} group {g}"
                          for op, g, b in zip(calls["op"], calls["group"], calls["bytes"])]
-        return calls.rename(columns={"comm_latency_us": "latency_us"})
+        return calls.assign(count=1).rename(columns={"comm_latency_us": "latency_us"})
 
     def step_rows(self, label: str) -> pd.DataFrame:
         rows = [{"run": label, "rank": -1, "step": p["step"], "step_us": p["duration_us"]}
@@ -213,14 +222,30 @@ def _items(what: str, per_rank: Sequence[pd.DataFrame], ranks: Sequence[list[int
     job = _frame(what, names, -1, *(w.reindex(index=names, columns=r, fill_value=0.0).median(axis=1).fillna(0.0)
                                     for w, r in zip(wide, ranks)))
     job["significant"] = job["delta_pct"].abs() > limit
+    for side, p, r in zip(("base", "new"), per_rank, ranks):
+        for x in ("count", "busbw_gbps", "wait_us"):  # a rank without the name: no calls, no bandwidth or wait
+            w = p.pivot_table(index="name", columns="rank", values=x, aggfunc="sum", dropna=False)
+            w = w.reindex(index=names, columns=r, fill_value=np.nan)
+            job[f"{side}_{x}"] = (w.fillna(0.0) if x == "count" else w).median(axis=1).to_numpy()
     if not same_ranks:
-        return job
-    both = per_rank[0].merge(per_rank[1], on=["rank", "name"], how="outer", suffixes=("_b", "_n")).fillna(0.0)
+        return _means(job)
+    both = per_rank[0].merge(per_rank[1], on=["rank", "name"], how="outer", suffixes=("_b", "_n"))
+    both[["us_b", "us_n", "count_b", "count_n"]] = both[["us_b", "us_n", "count_b", "count_n"]].fillna(0.0)
     each = _frame(what, both["name"], both["rank"].astype(int), both["us_b"], both["us_n"])
+    for x in ("count", "busbw_gbps", "wait_us"):
+        each[f"base_{x}"], each[f"new_{x}"] = both[f"{x}_b"].to_numpy(), both[f"{x}_n"].to_numpy()
     each["significant"] = each["delta_pct"].abs() > limit
     up = each[each["significant"] & (each["delta_us"] > 0)].groupby("name").size()
     job["ranks_regressed"] = job["name"].map(up).fillna(0).astype(int)
-    return pd.concat([job, each], ignore_index=True)
+    return _means(pd.concat([job, each], ignore_index=True))
+
+
+def _means(df: pd.DataFrame) -> pd.DataFrame:
+    """µs a call, where there are calls."""
+    for side in ("base", "new"):
+        count = df[f"{side}_count"].astype(float)
+        df[f"{side}_mean_us"] = (df[side] / count).where(count > 0)
+    return df
 
 
 def _frame(what: str, names: Any, rank: Any, base: Any, new: Any) -> pd.DataFrame:
