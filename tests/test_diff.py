@@ -15,7 +15,8 @@ import pytest
 from conftest import read_trace, shared, write_trace
 
 from tracefuse_dask import MergeError, TraceFileNotFoundError, analyze, diff
-from tracefuse_dask.analysis.diff import normalize_name
+from tracefuse_dask.analysis.diff import _spread, normalize_name
+from tracefuse_dask.cli import main
 from tracefuse_dask.synth import write_example
 
 pytestmark = pytest.mark.integration
@@ -126,11 +127,22 @@ def test_a_straggler_switched_on_is_a_step_time_regression_that_names_it(client,
     assert s["step_time"]["significant"] and s["step_time"]["delta_pct"] > 5 and got.failed
     assert s["straggler"] == {**s["straggler"], "base": None, "new": 2, "changed": True}
     assert "the straggler changed from no straggler to rank 2" in s["verdict"]
+    assert "on the critical path `straggler_sleep` takes +" in s["verdict"]
+    assert {"what": "op", "name": "straggler_sleep"} in [{k: a[k] for k in ("what", "name")} for a in s["added"]]
+
+
+def test_the_cli_lists_a_new_name_among_the_regressions(tmp_path, capsys):
+    write_example(str(tmp_path / "off"), ranks=2, rank_bytes=200_000, seed=1)
+    write_example(str(tmp_path / "on"), ranks=2, rank_bytes=200_000, seed=1, straggler=1)
+    code = main(["diff", str(tmp_path / "off"), str(tmp_path / "on"), "-o", str(tmp_path / "d"), "--fail-above",
+                 "5%", "--workers", "1"])
+    err = capsys.readouterr().err
+    assert code == 3 and "regression above 5%: op `straggler_sleep` on the job: new" in err, err
 
 
 def test_runs_of_different_sizes_and_models_compare_with_a_note(client, tmp_path):
     s = diff(str(shared("gloo_2ranks_tb_nostraggler")), str(shared("gloo_4ranks")), client=client).summary
-    assert s["notes"] == [("the runs have different ranks (2 and 4): compared by job-level figures (medians over "
+    assert s["notes"] == [("the runs have different ranks (2 and 4): compared by job-wide figures (means over "
                            "ranks); the per-rank rows are left out")]
     assert all(r["rank"] == -1 for r in s["regressions"] + s["improvements"])
     assert "on the critical path `straggler_sleep`" in s["verdict"]
@@ -195,6 +207,7 @@ def test_diff_html_renders_offline_in_chromium(a100_kernel, client, tmp_path):
     ("triton_poi_fused_add_0", "triton_poi_fused_add_0"),
     ("Memcpy HtoD (Pageable -> Device)", "Memcpy HtoD (…)"),
     ("cb 0x7f3a2c001200", "cb 0x…"),
+    ("not yet in ProfilerStep#12", "not yet in ProfilerStep#…"),
 ])
 def test_names_are_normalised(name, expected):
     assert normalize_name(name) == expected
@@ -215,3 +228,22 @@ def test_diff_from_and_to_s3_with_reports_in_the_bucket(client, s3, bucket_name)
     assert written["verdict"] == got.summary["verdict"]
     assert sorted(p.rsplit("/", 1)[1] for p in fs.ls(f"{bucket}/2026-11-25/tracefuse/diff")) == [
         "diff.html", "diff.json", "items.parquet", "steps.parquet"]
+
+
+@pytest.mark.parametrize("steps, spread", [
+    ([100.0], 0.0), ([100.0, 100.0, 400.0], 0.0),  # one warm-up or checkpoint step does not blind the check
+    ([90.0, 100.0, 110.0], 2 * 1.4826 * 10), ([608.0, 632.0], 2 * 1.4826 * 12 / 620 * 100),
+])
+def test_the_spread_is_robust_to_one_odd_step(steps, spread):
+    assert _spread(steps) == pytest.approx(spread)
+
+
+def test_report_sides_refuse_trace_options_and_paths_are_accepted(client, tmp_path):
+    analyze(str(shared("gloo_4ranks")), str(tmp_path / "report"), client=client)
+    with pytest.raises(MergeError, match=r"the base run, .*report, is an analyze report: --ranks and --steps"):
+        diff(str(tmp_path / "report"), str(shared("gloo_4ranks")), client=client, steps="2-3")
+    got = diff(tmp_path / "report", shared("gloo_4ranks"), client=client)  # pathlib paths, as users pass them
+    assert got.summary["step_time"]["delta_pct"] == 0
+    with pytest.raises(MergeError, match="inside the report folder"):
+        analyze(str(shared("gloo_4ranks")), str(tmp_path / "rep"), client=client,
+                critical_path_trace=str(tmp_path / "rep" / "path.json.gz"))

@@ -7,6 +7,7 @@ the other.
 """
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable
@@ -204,6 +205,9 @@ def analyze(
     if critical_path_trace is None:
         return analyze_ranks(urlpath, out_dir, client=client, force=force, **cluster, **common, **options)
     so = dict(storage_options or {})
+    if out_dir is not None and critical_path_trace.startswith(out_dir.rstrip("/") + "/"):
+        raise MergeError(f"{critical_path_trace} is inside the report folder {out_dir}, which is written as a whole; "
+                         "write the critical-path trace beside it")
     for out in filter(None, (out_dir, critical_path_trace)):  # before any work: both are written at the end
         with storage_errors(out, so):
             fs, path = fsspec.core.url_to_fs(out, **options_for(out, so))
@@ -279,33 +283,44 @@ def diff(
     >>> d = diff("s3://traces/2026-11-23/", "s3://traces/2026-11-24/", "diff/", fail_above="5%")  # doctest: +SKIP
     >>> d.summary["verdict"]  # doctest: +SKIP
     """
+    from .analysis import Analysis, is_report, read_report, write_diff
     from .analysis import analyze as analyze_ranks
-    from .analysis import is_report, read_report, write_diff
     from .analysis.diff import compare
     from .cluster import connect
 
     threshold = _percent(fail_above)
+    if format not in ("parquet", "csv"):
+        raise MergeError(f"format={format!r}; use 'parquet' or 'csv'")
     so = dict(storage_options or {})
     if out_dir is not None:
         with storage_errors(out_dir, so):
             fs, path = fsspec.core.url_to_fs(out_dir, **options_for(out_dir, so))
             if fs.exists(path) and not force:
                 raise OutputExistsError(f"{out_dir} exists; pass --force (force=True) to replace it")
-    sides = []
-    with connect(client, scheduler=scheduler, scheduler_file=scheduler_file, workers=workers, timeout=timeout) as c:
-        for label, side in (("base", base), ("new", new)):
-            try:
-                if isinstance(side, str) and is_report(side, so):
-                    sides.append(read_report(side, so))
-                else:
-                    sides.append(analyze_ranks(side, client=c, storage_options=so, show_progress=show_progress,
-                                               **options))
-            except TraceFuseError as e:
-                raise type(e)(f"the {label} run: {e}") from None
+    sides: dict[str, Any] = {}
+    for label, side in (("base", base), ("new", new)):
+        side = os.fspath(side) if isinstance(side, os.PathLike) else side
+        if isinstance(side, str) and is_report(side, so):
+            if any(v is not None for k, v in options.items() if k in ("ranks", "steps")):
+                raise MergeError(f"the {label} run, {side}, is an analyze report: --ranks and --steps apply to "
+                                 "traces; diff the traces, or analyze them again with those options")
+            sides[label] = read_report(side, so)
+        else:
+            sides[label] = side
+    traces = [label for label, side in sides.items() if not isinstance(side, Analysis)]
+    if traces:
+        with connect(client, scheduler=scheduler, scheduler_file=scheduler_file, workers=workers,
+                     timeout=timeout) as c:
+            for label in traces:
+                try:
+                    sides[label] = analyze_ranks(sides[label], client=c, storage_options=so,
+                                                 show_progress=show_progress, **options)
+                except TraceFuseError as e:
+                    raise type(e)(f"the {label} run: {e}") from None
     try:
-        result = compare(*sides, fail_above=threshold)
+        result = compare(sides["base"], sides["new"], fail_above=threshold)
     except ValueError as e:
-        raise MergeError(f"cannot compare the runs: {e}") from None
+        raise MergeError(str(e)) from None
     if out_dir is not None:
         write_diff(result, out_dir, so, format=format, force=force)
     return result

@@ -488,25 +488,29 @@ def read_report(url: str, storage_options: Mapping[str, Any] | None = None) -> A
     Raises
     ------
     MergeError
-        When the folder was not written by ``tracefuse analyze``, or by a version without the tables and
-        summary keys this one reads.
+        When the folder was not written by ``tracefuse analyze``, or by a version without the summary keys this
+        one reads; a table it lacks reads as empty.
     """
     so = dict(storage_options or {})
     with storage_errors(url, so):
         fs, path = fsspec.core.url_to_fs(url, **options_for(url, so))
         path = path.rstrip("/")
-        summary = json.loads(fs.cat_file(f"{path}/summary.json"))
+        try:
+            summary = json.loads(fs.cat_file(f"{path}/summary.json"))
+        except ValueError:
+            summary = None
         if not isinstance(summary, dict) or summary.get("tool") != "tracefuse_dask":
             raise MergeError(f"{url}: its summary.json was not written by tracefuse analyze")
-        fmt = "parquet" if fs.exists(f"{path}/breakdown.parquet") else "csv"
-        names = [f.name for f in fields(Analysis) if f.name != "summary"]
-        missing = [n for n in names if not fs.exists(f"{path}/{n}.{fmt}")] + \
-            [k for k in ("critical_path", "straggler", "steps") if k not in summary]
+        missing = [k for k in ("critical_path", "straggler", "steps", "ranks", "inputs") if k not in summary]
         if missing:
-            raise MergeError(f"{url}: an analyze report without {', '.join(missing)} (tracefuse "
+            raise MergeError(f"{url}: an analyze report without {', '.join(missing)} in its summary.json (tracefuse "
                              f"{summary.get('version')}); run tracefuse analyze on the traces again")
+        fmt = "parquet" if fs.exists(f"{path}/breakdown.parquet") else "csv"
         tables = {}
-        for n in names:
+        for n in (f.name for f in fields(Analysis) if f.name != "summary"):
+            if not fs.exists(f"{path}/{n}.{fmt}"):  # a table an older version did not write
+                tables[n] = pd.DataFrame()
+                continue
             with fs.open(f"{path}/{n}.{fmt}", "rb") as fh:
                 tables[n] = pd.read_parquet(fh) if fmt == "parquet" else pd.read_csv(fh)
     return Analysis(**tables, summary=summary)

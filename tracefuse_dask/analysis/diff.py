@@ -1,20 +1,20 @@
 """Two runs compared (``tracefuse diff``): pure functions on two ``Analysis`` objects, no IO and no Dask.
 
 Every figure is per step, so that runs of different lengths compare: a rank's total over its trace divided by
-the steps analysed (1 without steps). A job-level figure is the median over ranks of the per-rank figures; the
-job's step time is each step's length across ranks (its earliest start to its latest end, as the critical
-path measures it).
+the run's steps (each step's length across ranks, as the critical path measures it; the whole trace counts as
+one without steps). A job-wide figure is the mean over the run's ranks (the job's total over its ranks; a rank
+without the name counts 0), the job's step time the median over its steps.
 
-Noise. A change is significant when it is larger than both runs' step-to-step spread and than
-``MIN_CHANGE_PCT``:
-
-- the step time (job and per rank): the ranges of the step times over the steps do not overlap, and the medians
-  differ by more than ``MIN_CHANGE_PCT``;
-- the other figures (breakdown, kernels, ops, collectives), which the analysis does not keep per step: the change
-  is larger than each run's spread of its job step times ((max - min) / median), and than ``MIN_CHANGE_PCT``.
+Noise. A run's spread is ``2 × 1.4826 × MAD / median`` of its step times (about two standard deviations for
+normal noise; the median absolute deviation, so that one warm-up or checkpoint step does not blind the check;
+0 with fewer than two steps). A change is significant when it is larger than both runs' spreads and than
+``MIN_CHANGE_PCT``; for a rank's step time, than that rank's spreads. The other figures (breakdown, kernels,
+ops, collectives) are kept per trace, not per step: they are held to the job's spreads.
 
 A check with ``fail_above`` fails on a significant regression above it of the job's step time, or of a figure
 that is at least ``MIN_SHARE`` of the step time (so that a 2 µs kernel that doubles does not fail a nightly job).
+A name only in the new run (a renamed kernel, a recompiled Triton one) fails it only when the step time also
+regressed significantly; with fewer than two steps in a run only the step time can fail it.
 """
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from ..kineto.vocabulary import is_comm_kernel
+
 if TYPE_CHECKING:
     from . import Analysis
 
@@ -38,12 +40,14 @@ MIN_SHARE = 0.01
 MIN_NAME_OVERLAP = 0.2  # below this share of matching kernel and op names, two runs look like different models
 LISTED = 100  # job-wide and per-rank rows of each list in diff.json; the tables hold them all
 BREAKDOWN = ("computation_us", "communication_us", "exposed_comm_us", "memcpy_us", "idle_us")
+_SUMMED = ("us", "count", "busbw_gbps", "wait_us")  # per rank and name (bandwidth: the mean of the calls')
 _EXTRAS = ("count", "mean_us", "busbw_gbps", "wait_us")  # also shown, per step: calls, µs a call, collectives' own
 ITEM_COLUMNS = ["what", "name", "rank", "base", "new", "delta_us", "delta_pct", "significant", "ranks_regressed",
                 *(f"{side}_{x}" for x in _EXTRAS for side in ("base", "new"))]
 _ORDER = ("kernel", "critical path", "collective", "op")
 _TEMPLATE = re.compile(r"<[^<>]*>")
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+_STEP = re.compile(r"#\d+")
 _ARGS = re.compile(r"\((?:[^()]|\([^()]*\))*\)$")
 
 
@@ -62,9 +66,9 @@ class Diff:
 
 
 def normalize_name(name: str) -> str:
-    """A kernel or op name without what splits one kernel into many: template arguments, addresses and a
-    trailing parameter list become ``…``."""
-    text = _ADDRESS.sub("0x…", str(name))
+    """A kernel or op name without what splits one kernel into many: template arguments, addresses, step
+    numbers (``ProfilerStep#…``) and a trailing parameter list become ``…``."""
+    text = _STEP.sub("#…", _ADDRESS.sub("0x…", str(name)))
     while (cut := _TEMPLATE.sub("\0", text)) != text:  # the innermost first, each as a mark
         text = cut
     return _ARGS.sub("(…)", text.replace("\0", "<…>"))
@@ -72,12 +76,15 @@ def normalize_name(name: str) -> str:
 
 def compare(base: Analysis, new: Analysis, *, fail_above: float | None = None) -> Diff:
     """Compare two analysed runs; see the module's notes on significance and ``fail_above`` (a percentage)."""
-    sides = (_Side(base), _Side(new))
+    sides = (_Side(base, "base"), _Side(new, "new"))
     same_ranks = sides[0].ranks == sides[1].ranks
     notes: list[str] = []
     if not same_ranks:
         notes.append(f"the runs have different ranks ({len(sides[0].ranks)} and {len(sides[1].ranks)}): compared by "
-                     "job-level figures (medians over ranks); the per-rank rows are left out")
+                     "job-wide figures (means over ranks); the per-rank rows are left out")
+    few = [s for s in sides if len(s.steps_us) < 2]
+    notes += [f"the {s.label} run has {len(s.steps_us)} step: its step-to-step spread is unknown, so a change "
+              "counts from 1%, and only the step time can fail a check" for s in few]
     noise = max(s.spread_pct for s in sides)
     step = _step_item(sides)
     rows = [step]
@@ -97,7 +104,7 @@ def compare(base: Analysis, new: Analysis, *, fail_above: float | None = None) -
     cp = _frame("critical path", names_cp, -1, *(p.reindex(names_cp, fill_value=0.0) for p in paths))
     cp["significant"] = cp["delta_pct"].abs() > max(noise, MIN_CHANGE_PCT)
     frames.append(cp)
-    items = pd.concat(frames, ignore_index=True)
+    items = pd.concat([f for f in frames if len(f)], ignore_index=True).astype({"significant": bool})
     warnings = []
     if names[0] | names[1] and len(names[0] & names[1]) < MIN_NAME_OVERLAP * len(names[0] | names[1]):
         warnings.append(f"only {len(names[0] & names[1]):,} of {len(names[0] | names[1]):,} kernel and op names "
@@ -107,8 +114,9 @@ def compare(base: Analysis, new: Analysis, *, fail_above: float | None = None) -
     regressions = _ordered(significant[significant["delta_us"] > 0])
     improvements = _ordered(significant[significant["delta_us"] < 0])
     failing = [] if fail_above is None else [
-        r for r in regressions if (r["delta_pct"] is None or r["delta_pct"] > fail_above)  # None: a new name
-        and (r["what"] == "step time" or (step_us and r["new"] >= MIN_SHARE * step_us))]
+        r for r in regressions if r["what"] == "step time" and r["delta_pct"] > fail_above
+        or not few and step_us and r["new"] >= MIN_SHARE * step_us
+        and (r["delta_pct"] > fail_above if r["delta_pct"] is not None else step["significant"])]
     straggler = _straggler(sides)
     summary = {
         "base": sides[0].describe(),
@@ -133,25 +141,25 @@ def compare(base: Analysis, new: Analysis, *, fail_above: float | None = None) -
 class _Side:
     """One run's figures per step."""
 
-    def __init__(self, a: Analysis) -> None:
-        self.a = a
+    def __init__(self, a: Analysis, label: str) -> None:
+        self.a, self.label = a, label
         s = a.summary
         self.ranks = [int(r) for r in s["ranks"]]
-        self.n_steps = max(1, len(s["steps"]))
         self.steps_us = [float(p["duration_us"]) for p in s.get("critical_path") or []]
         if not self.steps_us:
-            raise ValueError("no step times: the analysis has no critical path")
-        med = statistics.median(self.steps_us)
-        self.spread_pct = 100 * (max(self.steps_us) - min(self.steps_us)) / med if med else 0.0
+            raise ValueError(f"the {label} run has no step times (its analysis found no critical path: no host "
+                             "events?)")
+        self.n_steps = len(self.steps_us)
+        self.spread_pct = _spread(self.steps_us)
         by_step = a.breakdown_by_step
-        self.rank_steps = {int(r): g["step_us"].astype(float).tolist() for r, g in by_step.groupby("rank")} \
-            if len(by_step) else {}
+        self.rank_steps = {int(r): (g["step"].astype(int).tolist(), g["step_us"].astype(float).tolist())
+                           for r, g in by_step.groupby("rank")} if len(by_step) else {}
 
     def describe(self) -> dict[str, Any]:
         s = self.a.summary
         return {"inputs": s["inputs"][:10], "inputs_count": len(s["inputs"]), "ranks": len(self.ranks),
                 "steps": s["steps"], "step_time_us": _stats(self.steps_us),
-                "straggler": s["straggler"]["rank"], "cause": _cause_name(s)}
+                "straggler": s["straggler"]["rank"], "cause": _cause_name(s), "spread_pct": round(self.spread_pct, 3)}
 
     def per_rank(self, table: str, value: str | None) -> pd.DataFrame:
         """``rank, name, us`` per step: the table's figure by (normalised) name, or the breakdown's columns."""
@@ -175,7 +183,7 @@ class _Side:
         """Time per step on the critical path by (normalised) name, whatever the rank and kind."""
         cp = self.a.critical_path
         return (cp.assign(name=cp["name"].map(normalize_name)).groupby("name", sort=True)["dur_us"].sum()
-                .astype(float) / max(1, len(self.steps_us)))
+                .astype(float) / self.n_steps)
 
     def _collectives(self) -> pd.DataFrame:
         """Each rank's collective latency by type, group and message size."""
@@ -194,39 +202,47 @@ class _Side:
     def step_rows(self, label: str) -> pd.DataFrame:
         rows = [{"run": label, "rank": -1, "step": p["step"], "step_us": p["duration_us"]}
                 for p in self.a.summary["critical_path"]]
-        rows += [{"run": label, "rank": r, "step": k, "step_us": us} for r, g in self.rank_steps.items()
-                 for k, us in enumerate(g)]
+        rows += [{"run": label, "rank": r, "step": k, "step_us": us} for r, (ks, us_) in self.rank_steps.items()
+                 for k, us in zip(ks, us_)]
         return pd.DataFrame(rows, columns=["run", "rank", "step", "step_us"])
 
 
-def _step_item(sides: Sequence[_Side], rank: int | None = None) -> dict[str, Any]:
-    b, n = (s.steps_us if rank is None else s.rank_steps.get(rank, []) for s in sides)
+def _step_item(sides: Sequence[_Side], rank: int = -1) -> dict[str, Any]:
+    """The job's step time (rank -1), or a rank's, with its significance against the runs' spreads."""
+    b, n = (s.steps_us if rank == -1 else s.rank_steps.get(rank, ([], []))[1] for s in sides)
+    what = "step time" if rank == -1 else "rank step time"
     if not b or not n:
-        return _row("rank step time", "step time", rank, float("nan"), float("nan"), False)
-    apart = min(n) > max(b) or max(n) < min(b)
-    mb, mn = statistics.median(b), statistics.median(n)
-    pct = _pct(mb, mn)
-    return _row("step time" if rank is None else "rank step time", "step time", -1 if rank is None else rank,
-                mb, mn, bool(apart and abs(pct) > MIN_CHANGE_PCT))
+        return _row(what, "step time", rank, float("nan"), float("nan"), False)
+    row = _row(what, "step time", rank, statistics.median(b), statistics.median(n), False)
+    row["significant"] = bool(abs(row["delta_pct"]) > max(_spread(b), _spread(n), MIN_CHANGE_PCT))
+    return row
+
+
+def _spread(values: Sequence[float]) -> float:
+    """A run's step-to-step spread in % of its median: ``2 × 1.4826 × MAD / median``; 0 below two steps."""
+    if len(values) < 2:
+        return 0.0
+    med = statistics.median(values)
+    mad = statistics.median(abs(v - med) for v in values)
+    return 100 * 2 * 1.4826 * mad / med if med else 0.0
 
 
 def _items(what: str, per_rank: Sequence[pd.DataFrame], ranks: Sequence[list[int]], noise: float,
            same_ranks: bool) -> pd.DataFrame:
-    """Job-wide rows (rank -1: the median over the run's ranks, a rank without the name counting 0) and, for runs
+    """Job-wide rows (rank -1: the mean over the run's ranks, a rank without the name counting 0) and, for runs
     of the same ranks, per-rank rows; ``ranks_regressed`` counts the ranks where the name went up significantly."""
     if all(p.empty for p in per_rank):  # such as the kernels of a CPU-only job
         return pd.DataFrame(columns=ITEM_COLUMNS)
     limit = max(noise, MIN_CHANGE_PCT)
-    wide = [p.pivot_table(index="name", columns="rank", values="us", aggfunc="sum", fill_value=0.0) for p in per_rank]
-    names = wide[0].index.union(wide[1].index)
-    job = _frame(what, names, -1, *(w.reindex(index=names, columns=r, fill_value=0.0).median(axis=1).fillna(0.0)
-                                    for w, r in zip(wide, ranks)))
+    wide = [{x: p.set_index(["name", "rank"])[x].unstack("rank").reindex(columns=r) for x in _SUMMED}
+            for p, r in zip(per_rank, ranks)]
+    names = wide[0]["us"].index.union(wide[1]["us"].index)
+    job = _frame(what, names, -1, *(w["us"].reindex(names).fillna(0.0).mean(axis=1) for w in wide))
     job["significant"] = job["delta_pct"].abs() > limit
-    for side, p, r in zip(("base", "new"), per_rank, ranks):
-        for x in ("count", "busbw_gbps", "wait_us"):  # a rank without the name: no calls, no bandwidth or wait
-            w = p.pivot_table(index="name", columns="rank", values=x, aggfunc="sum", dropna=False)
-            w = w.reindex(index=names, columns=r, fill_value=np.nan)
-            job[f"{side}_{x}"] = (w.fillna(0.0) if x == "count" else w).median(axis=1).to_numpy()
+    for side, w in zip(("base", "new"), wide):
+        job[f"{side}_count"] = w["count"].reindex(names).fillna(0.0).mean(axis=1).to_numpy()
+        for x in ("busbw_gbps", "wait_us"):  # over the ranks that have it
+            job[f"{side}_{x}"] = w[x].reindex(names).mean(axis=1).to_numpy()
     if not same_ranks:
         return _means(job)
     both = per_rank[0].merge(per_rank[1], on=["rank", "name"], how="outer", suffixes=("_b", "_n"))
@@ -322,7 +338,7 @@ def _stats(values: Iterable[float]) -> dict[str, float]:
 
 def _cause_name(summary: dict[str, Any]) -> str | None:
     cause = summary["straggler"].get("cause")
-    return cause["top"][0]["name"] if cause and cause.get("top") else None
+    return normalize_name(cause["top"][0]["name"]) if cause and cause.get("top") else None
 
 
 def _straggler(sides: Sequence[_Side]) -> dict[str, Any]:
@@ -338,21 +354,27 @@ def _verdict(step: dict[str, Any], regressions: list[dict[str, Any]], straggler:
         text = f"step time {pct:+.1f}% ({step['base'] / 1e3:,.1f} ms → {step['new'] / 1e3:,.1f} ms, median over steps)"
         job = [r for r in regressions if r["rank"] == -1]
         path = next((r for r in job if r["what"] == "critical path"), None)
-        kernel = next((r for r in job if r["what"] == "kernel"), None)
+        # a collective's kernels grow when their ranks wait for a late one: the waiting, not the cause
+        kernel = next((r for r in job if r["what"] == "kernel" and not is_comm_kernel(r["name"])), None)
+        if step["delta_us"] < 0:  # faster: what got slower does not explain it
+            path = kernel = None
+        if path is not None:
+            share = f"{path['delta_us'] / step['delta_us']:.0%}"
+            if kernel is not None and path["name"] == kernel["name"]:
+                text += f"; {share} of it is kernel `{kernel['name']}` {_pct_text(kernel)}{_where(kernel, sides)}"
+                kernel = None
+            else:
+                text += (f"; on the critical path `{path['name']}` takes {path['delta_us'] / 1e3:+,.1f} ms per step "
+                         f"({share} of the increase)")
         if kernel is not None:
-            share = (f"{path['delta_us'] / step['delta_us']:.0%} of it is " if path is not None
-                     and path["name"] == kernel["name"] and step["delta_us"] > 0 else "")
-            text += f"; {share}kernel `{kernel['name']}` {_pct_text(kernel)}{_where(kernel, sides)}"
-        if path is not None and (kernel is None or path["name"] != kernel["name"]) and step["delta_us"] > 0:
-            text += (f"; on the critical path `{path['name']}` takes {path['delta_us'] / 1e3:+,.1f} ms per step "
-                     f"({path['delta_us'] / step['delta_us']:.0%} of the increase)")
+            text += f"; kernel `{kernel['name']}` {_pct_text(kernel)}{_where(kernel, sides)}"
         busy = next((r for r in regressions if r["rank"] != -1 and r["what"] == "breakdown"
                      and r["name"] == "computation_us"), None)
         if busy is not None and len(sides[0].ranks) > 1:
             text += f"; rank {busy['rank']}'s computation {_pct_text(busy)}"
     else:
-        text = (f"no significant change in step time ({pct:+.1f}%; the step times of the two runs overlap, "
-                f"step-to-step spread {noise:.1f}%)")
+        text = (f"no significant change in step time ({pct:+.1f}%, within the runs' step-to-step spread of "
+                f"{noise:.1f}% and {MIN_CHANGE_PCT:g}%)")
         if regressions:
             top = regressions[0]
             on = _where(top, sides) if top["rank"] == -1 else f" on rank {top['rank']}"

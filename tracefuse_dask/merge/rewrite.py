@@ -20,7 +20,6 @@ PROCESS_M = frozenset({"process_name", "process_labels", "process_sort_index"})
 _ID_FIELDS = ("External id", "correlation")
 
 
-
 def rewrite(sel: RankEvents, rank: int, base_out: int, marks: Marks | None = None) -> tuple[list[Any], list[Any]]:
     """The rank's merged events, as ``(head, body)``.
 
@@ -121,6 +120,7 @@ def rewrite(sel: RankEvents, rank: int, base_out: int, marks: Marks | None = Non
             body.append(ev)
     head, shown_pids = process_metadata(rank, slots, used, sel.options.keep_empty_processes)
     return head, [ev for ev in threads if ev["pid"] in shown_pids] + body
+
 
 def _early(sel: RankEvents, i: int, ev: dict[str, Any], ns: int) -> MergeError:
     return MergeError(
