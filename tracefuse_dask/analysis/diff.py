@@ -40,8 +40,9 @@ MIN_SHARE = 0.01
 MIN_NAME_OVERLAP = 0.2  # below this share of matching kernel and op names, two runs look like different models
 LISTED = 100  # job-wide and per-rank rows of each list in diff.json; the tables hold them all
 BREAKDOWN = ("computation_us", "communication_us", "exposed_comm_us", "memcpy_us", "idle_us")
-_SUMMED = ("us", "count", "busbw_gbps", "wait_us")  # per rank and name (bandwidth: the mean of the calls')
-_EXTRAS = ("count", "mean_us", "busbw_gbps", "wait_us")  # also shown, per step: calls, µs a call, collectives' own
+# per rank and name: summed per step (bandwidths: the mean of the calls'); beside each figure in the items
+_SUMMED = ("us", "count", "algbw_gbps", "busbw_gbps", "wait_us")
+_EXTRAS = ("count", "mean_us", "algbw_gbps", "busbw_gbps", "wait_us")
 ITEM_COLUMNS = ["what", "name", "rank", "base", "new", "delta_us", "delta_pct", "significant", "ranks_regressed",
                 *(f"{side}_{x}" for x in _EXTRAS for side in ("base", "new"))]
 _ORDER = ("kernel", "critical path", "collective", "op")
@@ -167,13 +168,14 @@ class _Side:
         if table == "breakdown":
             cols = [c for c in BREAKDOWN if c in df]
             long = df.melt(id_vars="rank", value_vars=cols, var_name="name", value_name="us").assign(
-                count=np.nan, busbw_gbps=np.nan, wait_us=np.nan)
+                count=np.nan, algbw_gbps=np.nan, busbw_gbps=np.nan, wait_us=np.nan)
         else:
             long = pd.DataFrame({"rank": df["rank"], "us": df[value], "count": df["count"],
                                  "name": df["name"] if table == "collectives" else df["name"].map(normalize_name),
-                                 "busbw_gbps": df.get("busbw_gbps", np.nan), "wait_us": df.get("wait_us", np.nan)})
+                                 **{x: df.get(x, np.nan) for x in ("algbw_gbps", "busbw_gbps", "wait_us")}})
         long = long.dropna(subset=["us"]).groupby(["rank", "name"], as_index=False, sort=True).agg(
-            us=("us", "sum"), count=("count", lambda c: c.sum(min_count=1)), busbw_gbps=("busbw_gbps", "mean"),
+            us=("us", "sum"), count=("count", lambda c: c.sum(min_count=1)), algbw_gbps=("algbw_gbps", "mean"),
+            busbw_gbps=("busbw_gbps", "mean"),
             wait_us=("wait_us", lambda w: w.sum(min_count=1)))
         for col in ("us", "count", "wait_us"):
             long[col] = long[col].astype(float) / self.n_steps
@@ -190,10 +192,10 @@ class _Side:
         inst = self.a.collective_instances
         if inst.empty:
             return pd.DataFrame({"rank": pd.Series(dtype=int), "name": pd.Series(dtype=str),
-                                 **{c: pd.Series(dtype=float) for c in ("latency_us", "count", "busbw_gbps",
-                                                                        "wait_us")}})
+                                 **{c: pd.Series(dtype=float) for c in ("latency_us", "count", "algbw_gbps",
+                                                                        "busbw_gbps", "wait_us")}})
         waits = self.a.collective_waits[["instance", "rank", "wait_us"]]
-        calls = waits.merge(inst[["instance", "op", "group", "bytes", "comm_latency_us", "busbw_gbps"]],
+        calls = waits.merge(inst[["instance", "op", "group", "bytes", "comm_latency_us", "algbw_gbps", "busbw_gbps"]],
                             on="instance")
         calls["name"] = [f"{op} group {g} {int(b):,} B" if pd.notna(b) else f"{op} group {g}"
                          for op, g, b in zip(calls["op"], calls["group"], calls["bytes"])]
@@ -241,14 +243,14 @@ def _items(what: str, per_rank: Sequence[pd.DataFrame], ranks: Sequence[list[int
     job["significant"] = job["delta_pct"].abs() > limit
     for side, w in zip(("base", "new"), wide):
         job[f"{side}_count"] = w["count"].reindex(names).fillna(0.0).mean(axis=1).to_numpy()
-        for x in ("busbw_gbps", "wait_us"):  # over the ranks that have it
+        for x in ("algbw_gbps", "busbw_gbps", "wait_us"):  # over the ranks that have it
             job[f"{side}_{x}"] = w[x].reindex(names).mean(axis=1).to_numpy()
     if not same_ranks:
         return _means(job)
     both = per_rank[0].merge(per_rank[1], on=["rank", "name"], how="outer", suffixes=("_b", "_n"))
     both[["us_b", "us_n", "count_b", "count_n"]] = both[["us_b", "us_n", "count_b", "count_n"]].fillna(0.0)
     each = _frame(what, both["name"], both["rank"].astype(int), both["us_b"], both["us_n"])
-    for x in ("count", "busbw_gbps", "wait_us"):
+    for x in ("count", "algbw_gbps", "busbw_gbps", "wait_us"):
         each[f"base_{x}"], each[f"new_{x}"] = both[f"{x}_b"].to_numpy(), both[f"{x}_n"].to_numpy()
     each["significant"] = each["delta_pct"].abs() > limit
     up = each[each["significant"] & (each["delta_us"] > 0)].groupby("name").size()
@@ -351,7 +353,8 @@ def _verdict(step: dict[str, Any], regressions: list[dict[str, Any]], straggler:
              sides: Sequence[_Side], noise: float) -> str:
     pct = step["delta_pct"]
     if step["significant"]:
-        text = f"step time {pct:+.1f}% ({step['base'] / 1e3:,.1f} ms → {step['new'] / 1e3:,.1f} ms, median over steps)"
+        text = (f"step time {pct:+.1f}% ({step['base'] / 1e3:,.1f} ms → {step['new'] / 1e3:,.1f} ms, median over "
+                "steps)")
         job = [r for r in regressions if r["rank"] == -1]
         path = next((r for r in job if r["what"] == "critical path"), None)
         # a collective's kernels grow when their ranks wait for a late one: the waiting, not the cause
