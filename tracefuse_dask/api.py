@@ -12,13 +12,12 @@ import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Callable
 
-import fsspec
 import orjson
 
-from .errors import MergeError, OutputExistsError, TraceFuseError
+from .errors import MergeError, TraceFuseError
 from .merge import MergeRequest, build_options, merge
 from .model import DEFAULT_RANK_REGEX, MergeSummary
-from .storage.files import options_for, read_bytes, storage_errors
+from .storage.files import read_bytes
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -196,7 +195,7 @@ def analyze(
     >>> a.summary["straggler"]["cause"]["verdict"]  # doctest: +SKIP
     """
     from .analysis import analyze as analyze_ranks
-    from .analysis import write_report
+    from .analysis import check_new, write_report
     from .analysis.critical_path import trace_marks
     from .cluster import connect
 
@@ -209,10 +208,7 @@ def analyze(
         raise MergeError(f"{critical_path_trace} is inside the report folder {out_dir}, which is written as a whole; "
                          "write the critical-path trace beside it")
     for out in filter(None, (out_dir, critical_path_trace)):  # before any work: both are written at the end
-        with storage_errors(out, so):
-            fs, path = fsspec.core.url_to_fs(out, **options_for(out, so))
-            if fs.exists(path) and not force:
-                raise OutputExistsError(f"{out} exists; pass --force (force=True) to replace it")
+        check_new(out, so, force)
     with connect(client, **cluster) as c:
         result = analyze_ranks(urlpath, None, client=c, **common, **options)
         s = result.summary
@@ -283,7 +279,7 @@ def diff(
     >>> d = diff("s3://traces/2026-11-23/", "s3://traces/2026-11-24/", "diff/", fail_above="5%")  # doctest: +SKIP
     >>> d.summary["verdict"]  # doctest: +SKIP
     """
-    from .analysis import Analysis, is_report, read_report, write_diff
+    from .analysis import Analysis, check_new, is_report, read_report, write_diff
     from .analysis import analyze as analyze_ranks
     from .analysis.diff import compare
     from .cluster import connect
@@ -293,10 +289,7 @@ def diff(
         raise MergeError(f"format={format!r}; use 'parquet' or 'csv'")
     so = dict(storage_options or {})
     if out_dir is not None:
-        with storage_errors(out_dir, so):
-            fs, path = fsspec.core.url_to_fs(out_dir, **options_for(out_dir, so))
-            if fs.exists(path) and not force:
-                raise OutputExistsError(f"{out_dir} exists; pass --force (force=True) to replace it")
+        check_new(out_dir, so, force)
     sides: dict[str, Any] = {}
     for label, side in (("base", base), ("new", new)):
         side = os.fspath(side) if isinstance(side, os.PathLike) else side

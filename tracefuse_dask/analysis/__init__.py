@@ -32,7 +32,7 @@ from ..kineto.layout import is_merged, split_merged
 from ..storage.inputs import TRACE_NAME, expand_inputs, rank_from_name, resolve_rank
 from ..storage.output import TMP_SUFFIX, open_write
 
-__all__ = ["Analysis", "analyze", "is_report", "rank_stats", "read_report", "write_diff", "write_report"]
+__all__ = ["Analysis", "analyze", "check_new", "is_report", "rank_stats", "read_report", "write_diff", "write_report"]
 
 log = logging.getLogger(__name__)
 _REDUCED = ("rank_stats", "collective_instances", "collective_waits", "collective_summary", "straggler_ranks",
@@ -273,7 +273,7 @@ def analyze(
         raise MergeError(str(e)) from None
     so = dict(storage_options or {})
     if out_dir is not None:
-        _check_out(out_dir, so, force)
+        check_new(out_dir, so, force)
     files, skipped_names = expand_inputs(urlpath, storage_options=storage_options, rank_regex=rank_regex,
                                          names=_NAMES, subset=subset)
     with connect(client, scheduler=scheduler, scheduler_file=scheduler_file, workers=workers,
@@ -401,12 +401,13 @@ def _plain(numbers: Mapping[str, Any]) -> dict[str, Any]:
     return {k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in numbers.items()}
 
 
-def _check_out(out_dir: str, so: Mapping[str, Any], force: bool) -> None:
+def check_new(out_dir: str, so: Mapping[str, Any], force: bool) -> None:
+    """Raise ``OutputExistsError`` when ``out_dir`` (a folder or a file) exists and ``force`` is not set."""
     with storage_errors(out_dir, so):
         fs, path = fsspec.core.url_to_fs(out_dir, **options_for(out_dir, so))
         if fs.exists(path) and not force:
             raise OutputExistsError(f"{out_dir} exists; pass --force (force=True) to replace it, or choose "
-                                    "another folder")
+                                    "another name")
 
 
 def write_report(analysis: Analysis, out_dir: str, storage_options: Mapping[str, Any] | None = None, *,
@@ -442,7 +443,7 @@ def write_folder(files: Mapping[str, bytes | pd.DataFrame], out_dir: str,
     nothing behind and a folder with its last file is complete.
     """
     so = dict(storage_options or {})
-    _check_out(out_dir, so, force)
+    check_new(out_dir, so, force)
     tmp = out_dir.rstrip("/") + TMP_SUFFIX
     with storage_errors(out_dir, so):
         fs, path = fsspec.core.url_to_fs(out_dir, **options_for(out_dir, so))

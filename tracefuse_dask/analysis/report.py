@@ -160,8 +160,8 @@ def render_diff(diff: Diff) -> str:
     for label in ("base", "new"):
         side = s[label]
         shown = ", ".join(f"<code>{html.escape(str(p))}</code>" for p in side["inputs"])
-        more = f" and {side['inputs_count'] - len(side['inputs']):,} more" if side["inputs_count"] > len(side["inputs"]) \
-            else ""
+        left = side["inputs_count"] - len(side["inputs"])
+        more = f" and {left:,} more" if left > 0 else ""
         parts.append(f'<p class="meta">{label}: {side["ranks"]:,} rank(s), {len(side["steps"]):,} step(s), step time '
                      f'{side["step_time_us"]["median"] / 1e3:,.1f} ms median · {shown}{more}</p>')
     parts.append(f'<p class="note"><b>{html.escape(s["verdict"])}</b></p>')
