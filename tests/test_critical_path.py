@@ -197,7 +197,8 @@ def test_the_critical_path_trace_marks_the_path_and_changes_no_other_event(name,
     for e in rest:
         if e["ph"] == "X":
             spans.setdefault((pid_rank[e["pid"]], e["name"]), []).append((ns(e["ts"]), ns(e["ts"]) + ns(e["dur"])))
-    work = [e for e in slices if e["args"]["kind"] in ("cpu_op", "kernel", "memcpy")]
+    work = [e for e in slices if e["args"]["kind"] in ("cpu_op", "kernel", "memcpy")
+            and not re.fullmatch(r"\d+ short \w+ segments", e["name"])]  # runs of short segments have no event
     assert work and all(e["tid"] in {r for r, _ in spans} for e in work)
     for e in work:
         t0, t1 = ns(e["ts"]), ns(e["ts"]) + ns(e["dur"])

@@ -58,6 +58,7 @@ _COPIES = frozenset({"cudaMemcpy", "cudaMemcpyAsync", "hipMemcpy", "hipMemcpyAsy
 _STREAM_WAIT = "Stream Wait Event"
 _QUEUED_NS = 50_000  # a kernel that starts this long after both its launch and the work before it on its stream
 _HANDOFF_NS = 20_000  # and this soon after work on another stream ends was waiting for that work
+_SHORT_PER_WALK = 1000  # segments shorter than a walk's length over this are joined in runs (``_short_runs``)
 ANCHOR_COLUMNS = ["anchor", "key", "at_ns", "floor_ns", "stop", "stop_call", "stop_ns"]
 SEGMENT_COLUMNS = ["anchor", "key", "order", "kind", "name", "start_ns", "end_ns", "pid", "tid", "event_ts"]
 WORK_COLUMNS = ["call", "kind", "name", "cat", "count", "ns"]
@@ -118,8 +119,47 @@ class _Walker:
         for j, p in enumerate(self.launch):
             if p >= 0:
                 self.launched_by[p].append(j)
+        self.times = {"ce": self.he, "cs": self.hs, "ge": self.ge, "gs": self.gs}
         self.gpu_call: dict[int, int] = {}  # comm kernel -> collective call index
         self.cpu_call: dict[int, int] = {}  # position of a CPU collective's call -> call index
+        # Each thread's states in time order (its Euler tour: a position's start, its subtree, its end), so that
+        # a walk runs back along a thread without deciding each step (``index``, ``walk``). A position's end
+        # comes just before the start its subtree stops at, the deeper ends first.
+        depth = [0] * m
+        for k in range(m):
+            if parent[k] >= 0:
+                depth[k] = depth[parent[k]] + 1
+        pos = np.arange(m)
+        keys = np.concatenate([2 * pos, 2 * np.asarray(tree.stop) - 1])
+        tie = np.concatenate([np.zeros(m, dtype=np.int64), -np.asarray(depth, dtype=np.int64)])
+        by = np.lexsort((tie, keys))
+        self.tour_ce = is_ce = by >= m
+        self.tour_k = tk = np.where(is_ce, by - m, by)
+        self.first = ~is_ce & np.isin(tk, [0, *(np.flatnonzero(thread[1:] != thread[:-1]) + 1).tolist()])
+        idx = np.arange(len(by))
+        at_ce, at_cs = np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.int64)
+        at_ce[tk[is_ce]], at_cs[tk[~is_ce]] = idx[is_ce], idx[~is_ce]
+        self.at = {"ce": at_ce.tolist(), "cs": at_cs.tolist()}
+        self.tour = [("ce" if c else "cs", k) for c, k in zip(is_ce.tolist(), tk.tolist())]
+        self.tour_t = np.where(is_ce, end[order][tk], start[order][tk]).tolist()
+        # the time from state i-1 to state i is a position's own time (its end, or its child's start: its
+        # parent's), or the thread's idle time between roots
+        src = np.where(is_ce, tk, np.asarray(parent, dtype=np.int64)[tk])
+        hn = np.array([*self.hn, "CPU idle"], dtype=object)
+        self.own_kind = np.where(src >= 0, "cpu_op", "idle").tolist()
+        self.own_name = hn[src].tolist()  # -1: the last, "CPU idle"
+        self.own_src = [k if k >= 0 else None for k in src.tolist()]
+        self.last_special: list[int] = []
+
+    def index(self) -> None:
+        """Mark the states where a walk has a choice to make (``_step``), once the collective calls are known: a
+        blocking call's or a CPU collective's end, the start after a CPU collective, a thread's first state."""
+        calls = np.array(sorted(self.cpu_call), dtype=np.int64)
+        blocking = np.array([n in _BLOCKING for n in self.hn], dtype=bool)
+        prev = np.asarray(self.prev, dtype=np.int64)
+        is_ce, tk = self.tour_ce, self.tour_k
+        special = self.first | np.where(is_ce, np.isin(tk, calls) | blocking[tk], np.isin(prev[tk], calls))
+        self.last_special = np.maximum.accumulate(np.where(special, np.arange(len(tk)), -1)).tolist()
 
     def _waited_for(self, k: int) -> int:
         """The device work a blocking call at position ``k`` waited for: the latest to end while it blocked,
@@ -153,15 +193,34 @@ class _Walker:
         event it is time of: a host position ``k``, device work ``j`` as ``-1 - j``, or None."""
         segs: list[list[Any]] = []
         where, x = state
-        t = self._time(where, x)
+        times, step = self.times, self._step
+        tour, tour_t, at, last_special = self.tour, self.tour_t, self.at, self.last_special
+        own_kind, own_name, own_src = self.own_kind, self.own_name, self.own_src
+        t = times[where][x]
         for _ in range(4 * (len(self.hs) + len(self.gs)) + 4):
-            nxt = self._step(where, x, t)
+            if where in at and last_special[i := at[where][x]] != i:  # along the thread to its next choice
+                for k in range(i, last_special[i], -1):
+                    kind, name, src = own_kind[k], own_name[k], own_src[k]
+                    t0 = min(tour_t[k - 1], t)
+                    if t0 <= floor:
+                        _add(segs, kind, name, src, floor, t)
+                        return segs, ("start", None, floor)
+                    if t0 < t:  # as _add, inline: this loop runs once per host event and more
+                        last = segs[-1] if segs else None
+                        if last is not None and last[3] == t and last[2] == src and last[0] == kind \
+                                and last[1] == name:
+                            last[3] = t0
+                        else:
+                            segs.append([kind, name, src, t0, t])
+                    t = t0
+                where, x = tour[last_special[i]]
+            nxt = step(where, x, t)
             if nxt is None:
                 return segs, ("start", None, t)
             if nxt[0] == "call":
                 return segs, ("call", nxt[1], t)
             kind, name, src, where, x = nxt
-            t0 = min(self._time(where, x), t)
+            t0 = min(times[where][x], t)
             if t0 <= floor:
                 _add(segs, kind, name, src, floor, t)
                 return segs, ("start", None, floor)
@@ -170,7 +229,7 @@ class _Walker:
         raise RuntimeError("critical path walk did not end")  # a cycle: only with corrupt nesting
 
     def _time(self, where: str, x: int) -> int:
-        return {"ce": self.he, "cs": self.hs, "ge": self.ge, "gs": self.gs}[where][x]
+        return self.times[where][x]
 
     def _step(self, where: str, x: int, t: int) -> tuple[Any, ...] | None:
         if where == "ce":
@@ -265,7 +324,7 @@ def rank_pieces(start: np.ndarray, end: np.ndarray, names: list[str], cats: list
                                gpu_calls["stream"]):
             spans[int(st)].append((int(s) - base, int(e) - base, int(c)))
         for j in range(len(w.gs)):
-            if not is_comm_kernel(w.gn[j], g.args[j]) or w.stream[j] not in spans:
+            if w.stream[j] not in spans or not is_comm_kernel(w.gn[j], g.args[j]):
                 continue
             for s, e, c in spans[w.stream[j]]:
                 if s <= w.gs[j] <= e:
@@ -281,21 +340,29 @@ def rank_pieces(start: np.ndarray, end: np.ndarray, names: list[str], cats: list
             if k is not None:
                 w.cpu_call[k] = int(c)
                 arrivals[int(c)] = ("cs", k)
+    w.index()
     starts = [s for _, s, _ in step_spans]
 
     def floor_of(t: int) -> float:
         i = bisect_right(starts, t) - 1
         return step_spans[i][1] if i >= 0 and t < step_spans[i][2] else -np.inf
 
-    anchors, segments = [], []
+    anchors = []
+    columns: dict[str, list[Any]] = {c: [] for c in SEGMENT_COLUMNS}
     order, gpu_index = tree.order.tolist(), g.index.tolist()
+    text: dict[Any, str] = {}
+
+    def json_text(value: Any) -> str:
+        if value not in text:
+            text[value] = orjson.dumps(value).decode()
+        return text[value]
 
     def source(src: int | None) -> tuple[str, str, float]:
         """A segment's event: its pid and tid (JSON text) and ts (µs, as in its file); "" and NaN for none."""
         if src is None:
             return "", "", np.nan
         i, t = (order[src], w.hs[src]) if src >= 0 else (gpu_index[-1 - src], w.gs[-1 - src])
-        return orjson.dumps(pids[i]).decode(), orjson.dumps(tids[i]).decode(), t / 1000
+        return json_text(pids[i]), json_text(tids[i]), t / 1000
     todo: list[tuple[str, int, tuple[str, int], float]] = [
         ("step", n, ("ce", int(tree.pos[step_pos[n]])), s) for n, s, _ in step_spans]
     ops = [k for k, c in enumerate(w.hc) if c.lower() != "trace"]  # not Kineto's span of the whole profile
@@ -304,12 +371,34 @@ def rank_pieces(start: np.ndarray, end: np.ndarray, names: list[str], cats: list
     todo += [("call", c, state, floor_of(w._time(*state))) for c, state in sorted(arrivals.items())]
     for anchor, key, state, floor in todo:
         segs, (stop, call, t) = w.walk(state, floor)
-        anchors.append((anchor, key, w._time(*state) + base, floor + base if np.isfinite(floor) else None, stop,
-                        call, t + base))
-        segments += [(anchor, key, k, kind, name, t0 + base, t1 + base, *source(src))
-                     for k, (kind, name, src, t0, t1) in enumerate(segs)]
+        at = w._time(*state)
+        anchors.append((anchor, key, at + base, floor + base if np.isfinite(floor) else None, stop, call, t + base))
+        for k, (kind, name, src, t0, t1) in enumerate(_short_runs(segs, (at - t) // _SHORT_PER_WALK)):
+            for c, v in zip(SEGMENT_COLUMNS, (anchor, key, k, kind, name, t0 + base, t1 + base, *source(src))):
+                columns[c].append(v)
     anchors_df = pd.DataFrame(anchors, columns=ANCHOR_COLUMNS).astype({"floor_ns": "Int64", "stop_call": "Int64"})
-    return anchors_df, pd.DataFrame(segments, columns=SEGMENT_COLUMNS), _work(w, calls, arrivals, floor_of, base)
+    return anchors_df, pd.DataFrame(columns), _work(w, calls, arrivals, floor_of, base)
+
+
+def _short_runs(segs: list[list[Any]], short: int) -> list[list[Any]]:
+    """A walk's segments with each run of consecutive ones of one kind shorter than ``short`` ns joined into one
+    (named by how many it holds, with no event), so that a rank's walks stay small whatever its event count; the
+    walk's time and its time by kind are unchanged."""
+    out: list[list[Any]] = []
+    run = 0
+    for seg in segs:
+        kind, _, _, t0, t1 = seg
+        if t1 - t0 >= short:
+            out.append(seg)
+            run = 0
+            continue
+        if run and out[-1][0] == kind:  # segments go back in time: this one ends where the run starts
+            run += 1
+            out[-1][1], out[-1][2], out[-1][3] = f"{run} short {kind} segments", None, t0
+        else:
+            out.append(seg)
+            run = 1
+    return out
 
 
 def _work(w: _Walker, calls: pd.DataFrame, arrivals: Mapping[int, tuple[str, int]], floor_of: Any,
