@@ -70,6 +70,9 @@ def a100_kernel(tmp_path_factory):
     return base, new, kernel
 
 
+RANKS = {A100: {0, 1}, ("gloo_4ranks",): {0, 1, 2, 3}}
+
+
 def test_a_run_against_itself_changes_nothing(client, tmp_path):
     for parts in (A100, ("gloo_4ranks",)):
         got = diff(str(shared(*parts)), str(shared(*parts)), str(tmp_path / parts[-1]), client=client,
@@ -82,6 +85,11 @@ def test_a_run_against_itself_changes_nothing(client, tmp_path):
         assert written == json.loads(json.dumps(s))
         items = pd.read_parquet(tmp_path / parts[-1] / "items.parquet")
         assert len(items) == len(got.tables["items"]) > 10 and (items["delta_us"] == 0).all()
+        stats = got.tables["step_stats"]
+        job = stats[stats["rank"] == -1].set_index("run")
+        assert job.loc["base", "median_us"] == job.loc["new", "median_us"]
+        assert job.loc["base", "median_us"] == pytest.approx(s["base"]["step_time_us"]["median"], abs=0.001)
+        assert set(stats["rank"]) == {-1, *RANKS[parts]}
 
 
 def test_a_kernel_made_30_percent_slower_is_named_first_and_fails_the_check(a100_kernel, client, tmp_path):
@@ -228,7 +236,7 @@ def test_diff_from_and_to_s3_with_reports_in_the_bucket(client, s3, bucket_name)
     written = json.loads(fs.cat_file(f"{bucket}/2026-11-25/tracefuse/diff/diff.json"))
     assert written["verdict"] == got.summary["verdict"]
     assert sorted(p.rsplit("/", 1)[1] for p in fs.ls(f"{bucket}/2026-11-25/tracefuse/diff")) == [
-        "diff.html", "diff.json", "items.parquet", "steps.parquet"]
+        "diff.html", "diff.json", "items.parquet", "step_stats.parquet", "steps.parquet"]
 
 
 @pytest.mark.parametrize("steps, spread", [

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -478,9 +478,12 @@ def stitch(anchors: pd.DataFrame, segments: pd.DataFrame, calls: pd.DataFrame, m
     a = anchors.assign(shift=anchors["rank"].map(lambda r: off.get(int(r), 0)).astype("int64"))
     by_anchor = {(int(r), k, int(key)): row for r, k, key, row in zip(a["rank"], a["anchor"], a["key"],
                                                                        a.itertuples(index=False))}
-    segs_of: dict[tuple[int, str, int], list[tuple[Any, ...]]] = defaultdict(list)
-    for row in segments.itertuples(index=False):
-        segs_of[(int(row.rank), row.anchor, int(row.key))].append(row)
+    rows_of = segments.groupby(["rank", "anchor", "key"], sort=False).indices if len(segments) else {}
+
+    def segs_of(cur: tuple[int, str, int]) -> Iterable[Any]:
+        """The segments of one walk, read only for the walks the path takes."""
+        idx = rows_of.get(cur)
+        return () if idx is None else segments.iloc[idx].itertuples(index=False)
     arrival = _arrivals(calls, off)
     op_of = {(int(r), int(c)): op for r, c, op in zip(calls["rank"], calls["index"], calls["op"])}
     members: dict[int, list[tuple[int, int]]] = defaultdict(list)
@@ -503,7 +506,7 @@ def stitch(anchors: pd.DataFrame, segments: pd.DataFrame, calls: pd.DataFrame, m
             r = cur[0]
             row = by_anchor[cur]
             path += [(r, s.kind, s.name, int(s.start_ns) - row.shift, int(s.end_ns) - row.shift, s.pid, s.tid,
-                      s.event_ts) for s in segs_of.get(cur, ())]
+                      s.event_ts) for s in segs_of(cur)]
             if row.stop != "call":
                 break
             c, t = int(row.stop_call), int(row.stop_ns) - row.shift

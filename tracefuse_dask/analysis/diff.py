@@ -54,8 +54,9 @@ _ARGS = re.compile(r"\((?:[^()]|\([^()]*\))*\)$")
 
 @dataclass
 class Diff:
-    """The comparison: ``tables`` (``items``, one row per figure compared, job-wide (rank -1) and per rank; and
-    ``steps``, the step times of both runs) and ``summary`` (``diff.json``)."""
+    """The comparison: ``tables`` (``items``, one row per figure compared, job-wide (rank -1) and per rank;
+    ``steps``, the step times of both runs; ``step_stats``, their min, median and max per run and rank) and
+    ``summary`` (``diff.json``)."""
 
     tables: dict[str, pd.DataFrame]
     summary: dict[str, Any]
@@ -136,7 +137,10 @@ def compare(base: Analysis, new: Analysis, *, fail_above: float | None = None) -
         "warnings": warnings,
     }
     steps = pd.concat([s.step_rows(label) for s, label in zip(sides, ("base", "new"))], ignore_index=True)
-    return Diff({"items": items, "steps": steps}, summary)
+    step_stats = (steps.groupby(["run", "rank"], sort=False)["step_us"].agg(["count", "min", "median", "max"])
+                  .rename(columns={"count": "steps", "min": "min_us", "median": "median_us", "max": "max_us"})
+                  .reset_index())
+    return Diff({"items": items, "steps": steps, "step_stats": step_stats}, summary)
 
 
 class _Side:
