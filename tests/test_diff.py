@@ -137,6 +137,7 @@ def test_a_straggler_switched_on_is_a_step_time_regression_that_names_it(client,
     assert s["straggler"] == {**s["straggler"], "base": None, "new": 2, "changed": True}
     assert "the straggler changed from no straggler to rank 2" in s["verdict"]
     assert "on the critical path `straggler_sleep` takes +" in s["verdict"]
+    assert not [r for r in s["regressions"] if "short" in r["name"] and r["delta_pct"] is None]  # no count in names
     assert {"what": "op", "name": "straggler_sleep"} in [{k: a[k] for k in ("what", "name")} for a in s["added"]]
 
 
@@ -217,6 +218,7 @@ def test_diff_html_renders_offline_in_chromium(a100_kernel, client, tmp_path):
     ("Memcpy HtoD (Pageable -> Device)", "Memcpy HtoD (…)"),
     ("cb 0x7f3a2c001200", "cb 0x…"),
     ("not yet in ProfilerStep#12", "not yet in ProfilerStep#…"),
+    ("37 short cpu_op segments", "short cpu_op segments"), ("2 short launch gap segments", "short launch gap segments"),
 ])
 def test_names_are_normalised(name, expected):
     assert normalize_name(name) == expected

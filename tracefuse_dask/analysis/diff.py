@@ -49,6 +49,7 @@ _ORDER = ("kernel", "critical path", "collective", "op")
 _TEMPLATE = re.compile(r"<[^<>]*>")
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
 _STEP = re.compile(r"#\d+")
+_SHORT_RUN = re.compile(r"^\d+ (short \w[\w ]* segments)$")  # the critical path's joined runs
 _ARGS = re.compile(r"\((?:[^()]|\([^()]*\))*\)$")
 
 
@@ -69,8 +70,9 @@ class Diff:
 
 def normalize_name(name: str) -> str:
     """A kernel or op name without what splits one kernel into many: template arguments, addresses, step
-    numbers (``ProfilerStep#…``) and a trailing parameter list become ``…``."""
-    text = _STEP.sub("#…", _ADDRESS.sub("0x…", str(name)))
+    numbers (``ProfilerStep#…``) and a trailing parameter list become ``…``; the critical path's
+    ``N short cpu_op segments`` lose their count."""
+    text = _SHORT_RUN.sub(r"\1", _STEP.sub("#…", _ADDRESS.sub("0x…", str(name))))
     while (cut := _TEMPLATE.sub("\0", text)) != text:  # the innermost first, each as a mark
         text = cut
     return _ARGS.sub("(…)", text.replace("\0", "<…>"))
