@@ -347,8 +347,7 @@ def rank_pieces(start: np.ndarray, end: np.ndarray, names: list[str], cats: list
         i = bisect_right(starts, t) - 1
         return step_spans[i][1] if i >= 0 and t < step_spans[i][2] else -np.inf
 
-    anchors = []
-    columns: dict[str, list[Any]] = {c: [] for c in SEGMENT_COLUMNS}
+    anchors, rows = [], []
     order, gpu_index = tree.order.tolist(), g.index.tolist()
     text: dict[Any, str] = {}
 
@@ -373,10 +372,10 @@ def rank_pieces(start: np.ndarray, end: np.ndarray, names: list[str], cats: list
         segs, (stop, call, t) = w.walk(state, floor)
         at = w._time(*state)
         anchors.append((anchor, key, at + base, floor + base if np.isfinite(floor) else None, stop, call, t + base))
-        for k, (kind, name, src, t0, t1) in enumerate(_short_runs(segs, (at - t) // _SHORT_PER_WALK)):
-            for c, v in zip(SEGMENT_COLUMNS, (anchor, key, k, kind, name, t0 + base, t1 + base, *source(src))):
-                columns[c].append(v)
+        rows += [(anchor, key, k, kind, name, t0 + base, t1 + base, *source(src))
+                 for k, (kind, name, src, t0, t1) in enumerate(_short_runs(segs, (at - t) // _SHORT_PER_WALK))]
     anchors_df = pd.DataFrame(anchors, columns=ANCHOR_COLUMNS).astype({"floor_ns": "Int64", "stop_call": "Int64"})
+    columns = dict(zip(SEGMENT_COLUMNS, map(list, zip(*rows)))) if rows else {c: [] for c in SEGMENT_COLUMNS}
     return anchors_df, pd.DataFrame(columns), _work(w, calls, arrivals, floor_of, base)
 
 
