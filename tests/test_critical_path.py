@@ -22,6 +22,7 @@ from conftest import make_trace, shared, write_trace
 from perfetto_rules import assert_perfetto_rules, load_exact, ns
 
 from tracefuse_dask import MergeError, analyze, merge_traces
+from tracefuse_dask.analysis.critical_path import _short_runs
 from tracefuse_dask.kineto.layout import CRITICAL_PATH_PID
 from tracefuse_dask.synth import write_example
 
@@ -261,3 +262,14 @@ def test_the_report_draws_the_slowest_steps_path_across_ranks_with_the_verdict(c
     assert set(page["kinds"]) == set(segments["kind"])
     assert sorted(page["ranks"]) == sorted(f"rank {r}" for r in set(segments["rank"]))
     assert "rank 2 is late to 10 of 18 collectives because of `straggler_sleep` (user annotation)" in page["text"]
+
+
+def test_runs_of_short_segments_are_joined_and_their_time_by_kind_kept():
+    """A walk's segments, latest first: runs of one kind shorter than the limit become one; the rest stay."""
+    segs = [["cpu_op", "a", 1, 90, 100], ["cpu_op", "b", 2, 85, 90], ["cpu_op", "c", 3, 80, 85],
+            ["kernel", "k", -1, 78, 80], ["cpu_op", "d", 4, 40, 78], ["cpu_op", "e", 5, 38, 40]]
+    got = _short_runs([list(s) for s in segs], 20)
+    assert got == [["cpu_op", "3 short cpu_op segments", None, 80, 100], ["kernel", "k", -1, 78, 80],
+                   ["cpu_op", "d", 4, 40, 78], ["cpu_op", "e", 5, 38, 40]]
+    for kind in ("cpu_op", "kernel"):
+        assert sum(t1 - t0 for k, *_, t0, t1 in got if k == kind) == sum(t1 - t0 for k, *_, t0, t1 in segs if k == kind)

@@ -91,6 +91,32 @@ def test_sbatch_script_is_valid_bash_and_starts_the_cluster_the_tests_use():
     assert "tracefuse merge" in text and "--scheduler-file" in text
 
 
+@pytest.mark.parametrize("failing, ran, code", [
+    (None, ["merge", "analyze", "diff"], 0),
+    ("merge", ["merge"], 1),  # the first failing step stops the job, with its code, and the scheduler file goes
+    ("diff", ["merge", "analyze", "diff"], 3),
+])
+def test_sbatch_script_runs_its_steps_in_order_and_stops_at_the_first_failure(tmp_path, failing, ran, code):
+    """The script with stand-ins for srun, dask and tracefuse that log what they are asked."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(  # the scheduler writes its file; workers only read it
+        '#!/bin/sh\ncase "$*" in *"dask scheduler"*) for a; do [ "$p" = --scheduler-file ] && touch "$a"; p=$a; done;; '
+        'esac\n')
+    (bin_dir / "tracefuse").write_text(
+        '#!/bin/sh\necho "$1" >> "$LOG"\n[ "$1" = "$FAIL" ] && exit "$CODE"\nexit 0\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "LOG": str(tmp_path / "log"),
+           "FAIL": failing or "", "CODE": str(code), "SLURM_NTASKS": "2", "SLURM_JOB_ID": "7",
+           "PREVIOUS": str(tmp_path / "old.report")}
+    done = subprocess.run(["bash", str(DEPLOY / "slurm" / "tracefuse.sbatch"), "in", str(tmp_path / "m.json.gz")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == code, done.stderr
+    assert (tmp_path / "log").read_text().split() == ran
+    assert not list(tmp_path.glob("tracefuse-scheduler-*.json"))
+
+
 @pytest.mark.integration
 def test_the_deploy_files_workers_keep_glibc_malloc_trimming(scheduler_file):
     from distributed import Client

@@ -171,6 +171,16 @@ def test_bad_sides_say_which_run_and_leave_nothing(client, tmp_path):
     assert "Traceback" not in str(e.value)
     with pytest.raises(MergeError, match=r"fail_above='five': give a percentage"):
         diff(str(shared("gloo_4ranks")), str(shared("gloo_4ranks")), client=client, fail_above="five")
+    with pytest.raises(MergeError, match=r"format='json'; use 'parquet' or 'csv'"):
+        diff(str(shared("gloo_4ranks")), str(shared("gloo_4ranks")), client=client, format="json")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "summary.json").write_text('{"tool": "something else"}')
+    with pytest.raises(MergeError, match=r"other: its summary.json was not written by tracefuse analyze"):
+        diff(str(tmp_path / "other"), str(shared("gloo_4ranks")), client=client)
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "summary.json").write_text('{"tool": "tracefuse_dask", "version": "0.0.9", "ranks": [0]}')
+    with pytest.raises(MergeError, match=r"report without critical_path, straggler, steps, inputs .*0\.0\.9"):
+        diff(str(tmp_path / "old"), str(shared("gloo_4ranks")), client=client)
     assert not (tmp_path / "out").exists()
 
 

@@ -167,6 +167,8 @@ def _request(**changes):
     ({"format": "perfetto-archive", "out": "m.tar", "split": 2}, "a perfetto archive already holds one trace"),
     ({"split": 2, "skip_if_unchanged": True}, "--skip-if-unchanged works with one output file"),
     ({"ranks": "3-1"}, "3-1"),
+    ({"marks": {}, "split": 2}, "marks go into one merged JSON trace"),
+    ({"marks": {}, "format": "perfetto-archive", "out": "m.tar"}, "marks go into one merged JSON trace"),
 ])
 def test_a_merge_request_checks_itself_before_any_io(changes, message):
     with pytest.raises(MergeError) as err:

@@ -219,9 +219,10 @@ def analyze(
         marks = trace_marks(result.critical_path, s["critical_path_origin_ns"],
                             {int(r): b for r, b in s["base_time_ns"].items()},
                             {int(r): us * 1e3 for r, us in s["clock_offset_us"].items()})
-        request = MergeRequest(critical_path_trace, build_options(steps=options.get("steps")), so, None,
-                               DEFAULT_RANK_REGEX, "rank", "raise", False, "base", None, "json", force, False,
-                               show_progress, marks)
+        request = MergeRequest(out=critical_path_trace, options=build_options(steps=options.get("steps")),
+                               storage_options=so, ranks=None, rank_regex=DEFAULT_RANK_REGEX, gzip_members="rank",
+                               on_error="raise", repair=False, align="base", split=None, format="json", force=force,
+                               skip_if_unchanged=False, show_progress=show_progress, marks=marks)
         merged = merge(inputs, request, client=c)
     s["critical_path_trace"] = {"output": merged.output, "ranks": merged.ranks, "bytes": merged.bytes_out,
                                 "arrows": sum(len(m.flows) for m in marks.values()) // 2,

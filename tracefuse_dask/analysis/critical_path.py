@@ -14,7 +14,10 @@ set of anchors, always to the predecessor that finished last:
 The anchors are each ``ProfilerStep#N``'s end and each collective call's arrival (its first NCCL/RCCL kernel's
 start; for a CPU collective such as gloo, the start of its call). A walk stops at the step's start or where it
 meets a collective: the end of a collective kernel, or, for a CPU collective, the wait after its call. Each walk
-gives a chain of segments; only those go to the reduce.
+gives a chain of segments; only those go to the reduce, each run of segments shorter than a thousandth of its
+walk joined into one (``_short_runs``), so that a walk sends at most about 2,000 whatever its events. On a
+thread, a walk runs along the thread's Euler tour from one choice (a blocking call, a CPU collective) to the
+next without deciding each step.
 
 Reduce (``stitch``): from the end of each step on the rank that finished last (clocks corrected), follow the
 walks; at a matched collective, the transfer runs from the last participant's arrival, and the walk goes on

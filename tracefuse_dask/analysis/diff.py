@@ -138,7 +138,7 @@ def compare(base: Analysis, new: Analysis, *, fail_above: float | None = None) -
         "notes": notes,
         "warnings": warnings,
     }
-    steps = pd.concat([s.step_rows(label) for s, label in zip(sides, ("base", "new"))], ignore_index=True)
+    steps = pd.concat([s.step_rows() for s in sides], ignore_index=True)
     step_stats = (steps.groupby(["run", "rank"], sort=False)["step_us"].agg(["count", "min", "median", "max"])
                   .rename(columns={"count": "steps", "min": "min_us", "median": "median_us", "max": "max_us"})
                   .reset_index())
@@ -207,10 +207,11 @@ class _Side:
                          for op, g, b in zip(calls["op"], calls["group"], calls["bytes"])]
         return calls.assign(count=1).rename(columns={"comm_latency_us": "latency_us"})
 
-    def step_rows(self, label: str) -> pd.DataFrame:
-        rows = [{"run": label, "rank": -1, "step": p["step"], "step_us": p["duration_us"]}
+    def step_rows(self) -> pd.DataFrame:
+        """The run's step times: the job's (rank -1) and each rank's."""
+        rows = [{"run": self.label, "rank": -1, "step": p["step"], "step_us": p["duration_us"]}
                 for p in self.a.summary["critical_path"]]
-        rows += [{"run": label, "rank": r, "step": k, "step_us": us} for r, (ks, us_) in self.rank_steps.items()
+        rows += [{"run": self.label, "rank": r, "step": k, "step_us": us} for r, (ks, us_) in self.rank_steps.items()
                  for k, us in zip(ks, us_)]
         return pd.DataFrame(rows, columns=["run", "rank", "step", "step_us"])
 
@@ -220,8 +221,8 @@ def _step_item(sides: Sequence[_Side], rank: int = -1) -> dict[str, Any]:
     b, n = (s.steps_us if rank == -1 else s.rank_steps.get(rank, ([], []))[1] for s in sides)
     what = "step time" if rank == -1 else "rank step time"
     if not b or not n:
-        return _row(what, "step time", rank, float("nan"), float("nan"), False)
-    row = _row(what, "step time", rank, statistics.median(b), statistics.median(n), False)
+        return _row(what, rank, float("nan"), float("nan"))
+    row = _row(what, rank, statistics.median(b), statistics.median(n))
     row["significant"] = bool(abs(row["delta_pct"]) > max(_spread(b), _spread(n), MIN_CHANGE_PCT))
     return row
 
@@ -281,9 +282,10 @@ def _frame(what: str, names: Any, rank: Any, base: Any, new: Any) -> pd.DataFram
                          "ranks_regressed": None}, columns=ITEM_COLUMNS)
 
 
-def _row(what: str, name: str, rank: int | None, base: float, new: float, significant: bool) -> dict[str, Any]:
-    return {"what": what, "name": name, "rank": rank, "base": base, "new": new, "delta_us": new - base,
-            "delta_pct": _pct(base, new), "significant": significant, "ranks_regressed": None}
+def _row(what: str, rank: int, base: float, new: float) -> dict[str, Any]:
+    """A step-time row (its significance is the caller's)."""
+    return {"what": what, "name": "step time", "rank": rank, "base": base, "new": new, "delta_us": new - base,
+            "delta_pct": _pct(base, new), "significant": False, "ranks_regressed": None}
 
 
 def _pct(base: float, new: float) -> float:

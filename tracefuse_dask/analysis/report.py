@@ -171,9 +171,10 @@ def render_diff(diff: Diff) -> str:
     notes = [*s["notes"], *s["warnings"]]
     if notes:
         parts.append('<ul class="warnings">' + "".join(f"<li>{html.escape(str(n))}</li>" for n in notes) + "</ul>")
-    parts.append('<p class="caption">Figures are per step; job-wide ones are medians over ranks. A change is '
-                 f"significant when it is larger than both runs' step-to-step spread ({s['noise_pct']:.1f}%) and "
-                 "than 1%; the step time's when the two runs' ranges of step times do not overlap.</p>")
+    parts.append('<p class="caption">Figures are per step; job-wide ones are means over ranks. A change is '
+                 f"significant when it is larger than both runs' step-to-step spread (2 × 1.4826 × MAD / median of "
+                 f"the step times; here up to {s['noise_pct']:.1f}%) and than 1%; a rank's step time is held to that "
+                 "rank's spreads.</p>")
     steps = page.table("steps")
     job = steps[steps["rank"] == -1] if len(steps) else steps
     if len(job):

@@ -2,8 +2,8 @@
 
 A rank's processes get the pids ``2**22 + rank*64 + slot``: unique across ranks, below 2**31, and the
 rank can be read back from the pid. ``tracefuse analyze --critical-path-trace`` adds one process below
-them, ``CRITICAL_PATH_PID``, the "critical path" track, which belongs to no rank. The merge writes this layout; the analysis and ``tracefuse info``
-read it to split a merged trace back into its ranks.
+them, ``CRITICAL_PATH_PID``, the "critical path" track, which belongs to no rank. The merge writes this
+layout; the analysis and ``tracefuse info`` read it to split a merged trace back into its ranks.
 """
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import re
 import zlib
 from typing import Any
 
-__all__ = ["CRITICAL_PATH_PID", "MAX_RANK", "PID_BASE", "SLOTS_PER_RANK", "U32", "is_merged", "map_tid", "out_pid", "split_merged"]
+__all__ = ["CRITICAL_PATH_PID", "MAX_RANK", "PID_BASE", "SLOTS_PER_RANK", "U32", "is_merged", "map_tid", "out_pid",
+           "split_merged"]
 
 
 PID_BASE = 1 << 22
