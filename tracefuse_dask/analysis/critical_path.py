@@ -31,6 +31,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -55,6 +56,8 @@ __all__ = [
 ]
 
 KINDS = ("cpu_op", "kernel", "memcpy", "launch gap", "sync wait", "collective transfer", "idle")
+_KIND = {k: i for i, k in enumerate(KINDS)}
+_NONE = -(2**62)  # a segment's source when it has no event
 _BLOCKING = frozenset(f"{api}{call}" for api in ("cuda", "hip") for call in (
     "DeviceSynchronize", "StreamSynchronize", "EventSynchronize", "EventQuery", "Memcpy", "MemcpyAsync"))
 _COPIES = frozenset({"cudaMemcpy", "cudaMemcpyAsync", "hipMemcpy", "hipMemcpyAsync"})
@@ -73,69 +76,66 @@ _CAUSES = {"cpu_op": "host-bound", "launch gap": "host-bound", "idle": "host-bou
 class _Walker:
     """One rank's graph, walked backwards. Times are the rank's relative ns; positions are the call tree's."""
 
-    def __init__(self, start: np.ndarray, end: np.ndarray, names: list[str], cats: list[str], tree: Any, g: Any,
+    def __init__(self, start: np.ndarray, end: np.ndarray, names: np.ndarray, cats: np.ndarray, tree: Any, g: Any,
                  launch_pos: np.ndarray) -> None:
         order, parent, thread = tree.order, tree.parent, tree.thread
         self.hs = start[order].tolist()  # per position
         self.he = end[order].tolist()
-        self.hn = [names[i] for i in order.tolist()]
-        self.hc = [cats[i] for i in order.tolist()]
+        self.hn = names[order].tolist()
+        self.hc = cats[order]
         m = len(self.hs)
         self.parent = parent
-        self.prev = [-1] * m
-        self.last_child = [-1] * m
-        self.own = [e - s for s, e in zip(self.hs, self.he)]  # each position's time less its children's
-        seen: dict[int, int] = {}
-        threads = thread.tolist()
-        for k in range(m):
-            p = parent[k]
-            key = p if p >= 0 else -2 - threads[k]
-            self.prev[k] = seen.get(key, -1)
-            seen[key] = k
-            if p >= 0:
-                self.last_child[p] = k
-                self.own[p] -= self.he[k] - self.hs[k]
+        up = np.asarray(parent, dtype=np.int64)
+        child = np.flatnonzero(up >= 0)
+        # each position's previous sibling (a root's: the previous root of its thread)
+        key = np.where(up >= 0, up, -2 - np.asarray(thread, dtype=np.int64))
+        by_key = np.argsort(key, kind="stable")
+        same = key[by_key][1:] == key[by_key][:-1]
+        prev = np.full(m, -1, dtype=np.int64)
+        prev[by_key[1:][same]] = by_key[:-1][same]
+        self.prev = prev.tolist()
+        last_child = np.full(m, -1, dtype=np.int64)
+        np.maximum.at(last_child, up[child], child)
+        self.last_child = last_child.tolist()
+        dur = end[order] - start[order]
+        children = np.zeros(m, dtype=np.int64)
+        np.add.at(children, up[child], dur[child])
+        self.own = (dur - children).tolist()  # each position's time less its children's
         work = np.flatnonzero(g.kind != "sync")
         self.gs, self.ge = g.start.tolist(), g.end.tolist()
+        self.g = g
         self.gn = g.name.tolist()
         self.gkind = g.kind.tolist()
         self.gk = ["memcpy" if k in ("memcpy", "memset") else "kernel" for k in g.kind.tolist()]
         self.stream = g.stream
         self.launch = launch_pos.tolist()  # the launching call's position, -1 when none is known
         self.launch_t = [self.hs[p] if p >= 0 else None for p in self.launch]
-        self.prev_on_stream = [-1] * len(self.gs)
-        by_stream: dict[Any, list[int]] = defaultdict(list)
-        for j in sorted(work.tolist(), key=lambda j: (self.gs[j], self.ge[j])):
-            q = by_stream[self.stream[j]]
-            self.prev_on_stream[j] = q[-1] if q else -1
-            q.append(j)
+        by_start = work[np.lexsort((g.end[work], g.start[work]))]
+        stream = pd.factorize(pd.Series(self.stream, dtype=object))[0]
+        by_stream = by_start[np.argsort(stream[by_start], kind="stable")]
+        same = stream[by_stream][1:] == stream[by_stream][:-1]
+        prev_on_stream = np.full(len(self.gs), -1, dtype=np.int64)
+        prev_on_stream[by_stream[1:][same]] = by_stream[:-1][same]
+        self.prev_on_stream = prev_on_stream.tolist()
         # device work by end, to find what a blocking call or a stream wait waited for
-        self.by_end = sorted(work.tolist(), key=lambda j: (self.ge[j], j))
-        self.ends = [self.ge[j] for j in self.by_end]
+        by_end = work[np.lexsort((work, g.end[work]))]
+        self.by_end, self.ends = by_end.tolist(), g.end[by_end].tolist()
         self.waits: dict[Any, list[int]] = defaultdict(list)  # Stream Wait Event ends per stream
         for j in np.flatnonzero(g.kind == "sync").tolist():
             if self.gn[j] == _STREAM_WAIT:
                 self.waits[self.stream[j]].append(self.ge[j])
         for v in self.waits.values():
             v.sort()
-        self.launched_by: dict[int, list[int]] = defaultdict(list)
-        for j, p in enumerate(self.launch):
-            if p >= 0:
-                self.launched_by[p].append(j)
         self.times = {"ce": self.he, "cs": self.hs, "ge": self.ge, "gs": self.gs}
         self.gpu_call: dict[int, int] = {}  # comm kernel -> collective call index
         self.cpu_call: dict[int, int] = {}  # position of a CPU collective's call -> call index
         # Each thread's states in time order (its Euler tour: a position's start, its subtree, its end), so that
         # a walk runs back along a thread without deciding each step (``index``, ``walk``). A position's end
         # comes just before the start its subtree stops at, the deeper ends first.
-        depth = [0] * m
-        for k in range(m):
-            if parent[k] >= 0:
-                depth[k] = depth[parent[k]] + 1
         pos = np.arange(m)
         keys = np.concatenate([2 * pos, 2 * np.asarray(tree.stop) - 1])
-        tie = np.concatenate([np.zeros(m, dtype=np.int64), -np.asarray(depth, dtype=np.int64)])
-        by = np.lexsort((tie, keys))
+        # ends at one place are of nested positions: the deeper, later one first
+        by = np.lexsort((np.concatenate([np.zeros(m, dtype=np.int64), -pos]), keys))
         self.tour_ce = is_ce = by >= m
         self.tour_k = tk = np.where(is_ce, by - m, by)
         self.first = ~is_ce & np.isin(tk, [0, *(np.flatnonzero(thread[1:] != thread[:-1]) + 1).tolist()])
@@ -143,15 +143,19 @@ class _Walker:
         at_ce, at_cs = np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.int64)
         at_ce[tk[is_ce]], at_cs[tk[~is_ce]] = idx[is_ce], idx[~is_ce]
         self.at = {"ce": at_ce.tolist(), "cs": at_cs.tolist()}
-        self.tour = [("ce" if c else "cs", k) for c, k in zip(is_ce.tolist(), tk.tolist())]
-        self.tour_t = np.where(is_ce, end[order][tk], start[order][tk]).tolist()
+        self.tour_is_end = is_ce.tolist()
+        self.tour_x = tk.tolist()
+        self.tour_t = np.where(is_ce, end[order][tk], start[order][tk])
         # the time from state i-1 to state i is a position's own time (its end, or its child's start: its
         # parent's), or the thread's idle time between roots
-        src = np.where(is_ce, tk, np.asarray(parent, dtype=np.int64)[tk])
-        hn = np.array([*self.hn, "CPU idle"], dtype=object)
-        self.own_kind = np.where(src >= 0, "cpu_op", "idle").tolist()
-        self.own_name = hn[src].tolist()  # -1: the last, "CPU idle"
-        self.own_src = [k if k >= 0 else None for k in src.tolist()]
+        src = np.where(is_ce, tk, up[tk])
+        self.own_kind = np.where(src >= 0, _KIND["cpu_op"], _KIND["idle"])
+        code, names = pd.factorize(np.array([*self.hn, "CPU idle"], dtype=object))
+        self.hn_code = code[:m]
+        self.own_name = code[src]  # -1: the last, "CPU idle"; segments' names are codes into name_table
+        self.name_table: list[str] = names.tolist()
+        self.name_code = {n: i for i, n in enumerate(self.name_table)}
+        self.own_src = np.where(src >= 0, src, _NONE)
         self.last_special: list[int] = []
 
     def index(self) -> None:
@@ -162,7 +166,21 @@ class _Walker:
         prev = np.asarray(self.prev, dtype=np.int64)
         is_ce, tk = self.tour_ce, self.tour_k
         special = self.first | np.where(is_ce, np.isin(tk, calls) | blocking[tk], np.isin(prev[tk], calls))
-        self.last_special = np.maximum.accumulate(np.where(special, np.arange(len(tk)), -1)).tolist()
+        last = np.maximum.accumulate(np.where(special, np.arange(len(tk)), -1))
+        self.last_special = last.tolist()
+        # run_min[i]: the earliest time among states last_special[i] .. i-1, what a walk along the thread from i
+        # reaches (times along a thread's tour mostly grow; overlapping siblings make them dip)
+        t = pd.Series(self.tour_t).groupby(last).cummin().to_numpy()
+        self.run_min = np.concatenate([[np.iinfo(np.int64).max], t[:-1]]).tolist()
+
+    @cached_property
+    def launched_by(self) -> dict[int, list[int]]:
+        """The device work each host position launched."""
+        out: dict[int, list[int]] = defaultdict(list)
+        for j, p in enumerate(self.launch):
+            if p >= 0:
+                out[p].append(j)
+        return out
 
     def _waited_for(self, k: int) -> int:
         """The device work a blocking call at position ``k`` waited for: the latest to end while it blocked,
@@ -190,44 +208,45 @@ class _Walker:
             i -= 1
         return -1
 
-    def walk(self, state: tuple[str, int], floor: float) -> tuple[list[list[Any]], tuple[str, int | None, int]]:
-        """Segments ``[kind, name, source, start, end]`` from ``state`` back to ``floor`` or a collective, latest
-        first, and the stop: ``("start", None, t)`` or ``("call", call index, t)``. A segment's source is the
-        event it is time of: a host position ``k``, device work ``j`` as ``-1 - j``, or None."""
-        segs: list[list[Any]] = []
+    def walk(self, state: tuple[str, int], floor: float) -> tuple[list[Any], tuple[str, int | None, int]]:
+        """The walk from ``state`` back to ``floor`` or a collective, latest first, as pieces, and the stop:
+        ``("start", None, t)`` or ``("call", call index, t)``.
+
+        A piece is a segment ``[kind, name, source, start, end]`` (codes into ``KINDS`` and ``name_table``; a
+        source is the event it is time of: a host position ``k``, device work ``j`` as ``-1 - j``, or ``_NONE``),
+        or a run along a thread's tour ``(i, s, t)``: the own times of its states ``i`` down to ``s + 1``, from
+        ``t`` back (``_segments``)."""
+        pieces: list[Any] = []
         where, x = state
-        times, step = self.times, self._step
-        tour, tour_t, at, last_special = self.tour, self.tour_t, self.at, self.last_special
-        own_kind, own_name, own_src = self.own_kind, self.own_name, self.own_src
+        times, step, at, last_special, run_min = self.times, self._step, self.at, self.last_special, self.run_min
         t = times[where][x]
         for _ in range(4 * (len(self.hs) + len(self.gs)) + 4):
             if where in at and last_special[i := at[where][x]] != i:  # along the thread to its next choice
-                for k in range(i, last_special[i], -1):
-                    kind, name, src = own_kind[k], own_name[k], own_src[k]
-                    t0 = min(tour_t[k - 1], t)
-                    if t0 <= floor:
-                        _add(segs, kind, name, src, floor, t)
-                        return segs, ("start", None, floor)
-                    if t0 < t:  # as _add, inline: this loop runs once per host event and more
-                        last = segs[-1] if segs else None
-                        if last is not None and last[3] == t and last[2] == src and last[0] == kind \
-                                and last[1] == name:
-                            last[3] = t0
-                        else:
-                            segs.append([kind, name, src, t0, t])
-                    t = t0
-                where, x = tour[last_special[i]]
+                s = last_special[i]
+                if min(t, run_min[i]) <= floor:  # the walk ends in this run, at the last state k reached after it
+                    k = s + 1 + int(np.flatnonzero(self.tour_t[s:i] <= floor)[-1])
+                    if k < i:
+                        pieces.append((i, k, t))
+                        t = min(t, int(self.tour_t[k:i].min()))
+                    pieces.append([int(self.own_kind[k]), int(self.own_name[k]), int(self.own_src[k]), floor, t])
+                    return pieces, ("start", None, floor)
+                pieces.append((i, s, t))
+                t = min(t, run_min[i])
+                where, x = "ce" if self.tour_is_end[s] else "cs", self.tour_x[s]
             nxt = step(where, x, t)
             if nxt is None:
-                return segs, ("start", None, t)
+                return pieces, ("start", None, t)
             if nxt[0] == "call":
-                return segs, ("call", nxt[1], t)
+                return pieces, ("call", nxt[1], t)
             kind, name, src, where, x = nxt
             t0 = min(times[where][x], t)
+            code = self.name_code.get(name)
+            if code is None:
+                code = self.name_code[name] = len(self.name_table)
+                self.name_table.append(name)
+            pieces.append([_KIND[kind], code, _NONE if src is None else src, max(t0, floor), t])
             if t0 <= floor:
-                _add(segs, kind, name, src, floor, t)
-                return segs, ("start", None, floor)
-            _add(segs, kind, name, src, t0, t)
+                return pieces, ("start", None, floor)
             t = t0
         raise RuntimeError("critical path walk did not end")  # a cycle: only with corrupt nesting
 
@@ -277,18 +296,6 @@ class _Walker:
         if launched is not None and (best is None or (min(launched, t), 0) > best[:2]):
             best = (min(launched, t), 0, ("launch gap", self.gn[x], lp, "cs", lp))
         return best[2] if best else None
-
-
-def _add(segs: list[list[Any]], kind: str, name: str, src: int | None, t0: int, t1: int) -> None:
-    """Append ``[kind, name, src, t0, t1]`` (the walk goes back in time), joined to the previous segment when it
-    is the same time of the same event."""
-    if t1 <= t0:
-        return
-    last = segs[-1] if segs else None
-    if last is not None and last[0] == kind and last[1] == name and last[2] == src and last[3] == t1:
-        last[3] = t0
-    else:
-        segs.append([kind, name, src, t0, t1])
 
 
 def rank_pieces(start: np.ndarray, end: np.ndarray, names: list[str], cats: list[str], pids: np.ndarray,
@@ -350,57 +357,106 @@ def rank_pieces(start: np.ndarray, end: np.ndarray, names: list[str], cats: list
         i = bisect_right(starts, t) - 1
         return step_spans[i][1] if i >= 0 and t < step_spans[i][2] else -np.inf
 
-    anchors, rows = [], []
-    order, gpu_index = tree.order.tolist(), g.index.tolist()
-    text: dict[Any, str] = {}
-
-    def json_text(value: Any) -> str:
-        if value not in text:
-            text[value] = orjson.dumps(value).decode()
-        return text[value]
-
-    def source(src: int | None) -> tuple[str, str, float]:
-        """A segment's event: its pid and tid (JSON text) and ts (µs, as in its file); "" and NaN for none."""
-        if src is None:
-            return "", "", np.nan
-        i, t = (order[src], w.hs[src]) if src >= 0 else (gpu_index[-1 - src], w.gs[-1 - src])
-        return json_text(pids[i]), json_text(tids[i]), t / 1000
+    anchors, walks = [], []
     todo: list[tuple[str, int, tuple[str, int], float]] = [
         ("step", n, ("ce", int(tree.pos[step_pos[n]])), s) for n, s, _ in step_spans]
-    ops = [k for k, c in enumerate(w.hc) if c.lower() != "trace"]  # not Kineto's span of the whole profile
-    if not step_spans and ops:  # no steps: the whole trace, from the host event that ends last
-        todo.append(("step", -1, ("ce", max(ops, key=lambda k: (w.he[k], -k))), -np.inf))
+    if not step_spans:  # no steps: the whole trace, from the host event that ends last
+        ops = [k for k, c in enumerate(w.hc) if c.lower() != "trace"]  # not Kineto's span of the whole profile
+        if ops:
+            todo.append(("step", -1, ("ce", max(ops, key=lambda k: (w.he[k], -k))), -np.inf))
     todo += [("call", c, state, floor_of(w._time(*state))) for c, state in sorted(arrivals.items())]
     for anchor, key, state, floor in todo:
-        segs, (stop, call, t) = w.walk(state, floor)
+        pieces, (stop, call, t) = w.walk(state, floor)
         at = w._time(*state)
         anchors.append((anchor, key, at + base, floor + base if np.isfinite(floor) else None, stop, call, t + base))
-        rows += [(anchor, key, k, kind, name, t0 + base, t1 + base, *source(src))
-                 for k, (kind, name, src, t0, t1) in enumerate(_short_runs(segs, (at - t) // _SHORT_PER_WALK))]
+        walks.append((pieces, (at - t) // _SHORT_PER_WALK))
     anchors_df = pd.DataFrame(anchors, columns=ANCHOR_COLUMNS).astype({"floor_ns": "Int64", "stop_call": "Int64"})
-    columns = dict(zip(SEGMENT_COLUMNS, map(list, zip(*rows)))) if rows else {c: [] for c in SEGMENT_COLUMNS}
-    return anchors_df, pd.DataFrame(columns), _work(w, calls, arrivals, floor_of, base)
+    segments = _segments(w, walks, anchors, start, pids, tids, np.concatenate([tree.order, g.index]), base)
+    return anchors_df, segments, _work(w, calls, arrivals, floor_of, base)
 
 
-def _short_runs(segs: list[list[Any]], short: int) -> list[list[Any]]:
-    """A walk's segments with each run of consecutive ones of one kind shorter than ``short`` ns joined into one
-    (named by how many it holds, with no event), so that a rank's walks stay small whatever its event count; the
-    walk's time and its time by kind are unchanged."""
-    out: list[list[Any]] = []
-    run = 0
-    for seg in segs:
-        kind, _, _, t0, t1 = seg
-        if t1 - t0 >= short:
-            out.append(seg)
-            run = 0
-            continue
-        if run and out[-1][0] == kind:  # segments go back in time: this one ends where the run starts
-            run += 1
-            out[-1][1], out[-1][2], out[-1][3] = f"{run} short {kind} segments", None, t0
-        else:
-            out.append(seg)
-            run = 1
-    return out
+def _segments(w: _Walker, walks: list[tuple[list[Any], int]], anchors: list[tuple[Any, ...]], start: np.ndarray,
+              pids: np.ndarray, tids: np.ndarray, event_of: np.ndarray, base: int) -> pd.DataFrame:
+    """Every walk's pieces (``_Walker.walk``) as segment rows (``SEGMENT_COLUMNS``): runs along a thread expanded
+    into their states' own times, empty segments dropped, consecutive ones of one event joined, then runs of short
+    ones joined (``_short_runs``, below each walk's limit). ``event_of`` maps a source (host positions, then device
+    work) to its X event."""
+    item_walk, counts, runs, singles, single_rows = [], [], [], [], []
+    for n, (pieces, _) in enumerate(walks):
+        for piece in pieces:
+            if type(piece) is tuple:
+                i, s, t = piece
+                runs.append((len(counts), i, s, t))
+                counts.append(i - s)
+            else:
+                singles.append(len(counts))
+                single_rows.append(piece)
+                counts.append(1)
+            item_walk.append(n)
+    size = np.array(counts, dtype=np.int64)
+    offset = np.cumsum(size) - size
+    total = int(size.sum())
+    kind, name, src, t0, t1 = (np.empty(total, dtype=np.int64) for _ in range(5))
+    if runs:
+        item, i, s, t = (np.array(v, dtype=np.int64) for v in zip(*runs))
+        n = i - s
+        first = np.repeat(offset[item], n)
+        step = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)  # 0, 1, ... within each run
+        rows, k, cap = first + step, np.repeat(i, n) - step, np.repeat(t, n)
+        # a state's segment starts at the earliest time of the run so far (times along a tour mostly grow)
+        begin = pd.Series(np.minimum(w.tour_t[k - 1], cap)).groupby(np.repeat(np.arange(len(n)), n)).cummin()
+        begin = begin.to_numpy()
+        stop = np.concatenate([[0], begin[:-1]])
+        stop[step == 0] = cap[step == 0]
+        kind[rows], name[rows], src[rows], t0[rows], t1[rows] = w.own_kind[k], w.own_name[k], w.own_src[k], begin, stop
+    if singles:
+        at = offset[singles]
+        columns = list(zip(*single_rows))
+        kind[at], name[at], src[at], t0[at], t1[at] = columns
+    walk = np.repeat(np.array(item_walk, dtype=np.int64), size)
+    keep = t1 > t0
+    walk, kind, name, src, t0, t1 = walk[keep], kind[keep], name[keep], src[keep], t0[keep], t1[keep]
+    same = (walk[1:] == walk[:-1]) & (kind[1:] == kind[:-1]) & (src[1:] == src[:-1]) & (t1[1:] == t0[:-1]) \
+        & (name[1:] == name[:-1])
+    head = np.flatnonzero(np.concatenate([[True], ~same]))
+    tail = np.append(head[1:], len(t0)) - 1
+    limit = np.array([short for _, short in walks], dtype=np.int64)
+    walk, kind, name, src, t0, t1 = _short_runs(walk[head], kind[head], np.array(w.name_table, dtype=object)[
+        name[head]], src[head], t0[tail], t1[head], limit[walk[head]])
+    has = src != _NONE
+    event = event_of[np.where(src >= 0, src, np.where(has, len(w.hs) - 1 - src, 0))]
+    pid, tid = (_texts(v[event], has) for v in (pids, tids))
+    label = np.array([a for a, *_ in anchors], dtype=object)
+    key = np.array([k for _, k, *_ in anchors], dtype=np.int64)
+    return pd.DataFrame({"anchor": label[walk], "key": key[walk],
+                         "order": np.arange(len(walk)) - np.searchsorted(walk, walk),
+                         "kind": np.array(KINDS, dtype=object)[kind], "name": name,
+                         "start_ns": t0 + base, "end_ns": t1 + base, "pid": pid, "tid": tid,
+                         "event_ts": np.where(has, start[event] / 1000, np.nan)}, columns=SEGMENT_COLUMNS)
+
+
+def _texts(values: np.ndarray, has: np.ndarray) -> np.ndarray:
+    """Each value as JSON text (a pid or tid as in its file), "" where ``has`` is false; rendered once each."""
+    code, distinct = pd.factorize(values, use_na_sentinel=False)
+    text = np.array([orjson.dumps(v).decode() for v in distinct] + [""], dtype=object)
+    return text[np.where(has, code, len(distinct))]
+
+
+def _short_runs(walk: np.ndarray, kind: np.ndarray, name: np.ndarray, src: np.ndarray, t0: np.ndarray,
+                t1: np.ndarray, limit: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Segments (latest first within each walk) with each run of consecutive ones of one kind shorter than their
+    row's ``limit`` ns joined into one (named by how many it holds, with no event), so that a rank's walks stay
+    small whatever its event count; each walk's time and its time by kind are unchanged."""
+    short = t1 - t0 < limit
+    joins = short[1:] & short[:-1] & (kind[1:] == kind[:-1]) & (walk[1:] == walk[:-1])
+    head = np.flatnonzero(np.concatenate([[True], ~joins]))
+    size = np.diff(np.append(head, len(t0)))
+    name, src = name[head], src[head]
+    many = np.flatnonzero(size > 1)
+    name[many] = np.array([f"{c} short {KINDS[k]} segments" for c, k in zip(size[many].tolist(),
+                                                                          kind[head][many].tolist())], dtype=object)
+    src[many] = _NONE
+    return walk[head], kind[head], name, src, t0[head + size - 1], t1[head]
 
 
 def _work(w: _Walker, calls: pd.DataFrame, arrivals: Mapping[int, tuple[str, int]], floor_of: Any,
@@ -409,48 +465,67 @@ def _work(w: _Walker, calls: pd.DataFrame, arrivals: Mapping[int, tuple[str, int
     name: host ops by their own time (children's left out) and category, device work by its time, the GPU's idle
     time (``idle``, ``GPU idle``) and the interval's length (``interval``)."""
     ends = {int(c): int(e) - base for c, e in zip(calls["index"], calls["gpu_end_ns"]) if pd.notna(e)}
-    following = {p: k for k, p in enumerate(w.prev) if p >= 0}
+    following = {p: k for k, p in enumerate(w.prev) if p >= 0} if w.cpu_call else {}
     for k, c in w.cpu_call.items():  # a CPU collective ends when its thread goes on: its next sibling's start
         nxt, p = following.get(k, -1), w.parent[k]
         ends[c] = w.hs[nxt] if nxt >= 0 else w.he[p] if p >= 0 else w.he[k]
-    rows: list[tuple[int, str, str, str, int, int]] = []
-    hs_sorted = np.argsort(np.array(w.hs, dtype=np.int64), kind="stable")
-    hs_at = np.array(w.hs, dtype=np.int64)[hs_sorted]
-    gs = np.array(w.gs, dtype=np.int64)
-    work_gpu = np.array([k != "sync" for k in w.gkind], dtype=bool)
+    spans = []
     prev_end = -np.inf
     for c in sorted(arrivals):
         b = w._time(*arrivals[c])
         a = max(prev_end, floor_of(b))
         prev_end = max(prev_end, ends.get(c, b))
-        if not np.isfinite(a):
-            continue
-        acc: dict[tuple[str, str, str], list[int]] = {("interval", "", ""): [1, int(b - a)]}
-        lo, hi = np.searchsorted(hs_at, [a, b], side="left")
-        for k in hs_sorted[lo:hi].tolist():
-            if k in w.cpu_call:
-                continue
-            r = acc.setdefault(("cpu_op", w.hn[k], w.hc[k]), [0, 0])
-            r[0] += 1
-            r[1] += w.own[k]
-        busy: list[tuple[int, int]] = []
-        for j in np.flatnonzero((gs >= a) & (gs < b) & work_gpu).tolist():
-            if j in w.gpu_call:
-                continue
-            r = acc.setdefault((w.gk[j], w.gn[j], ""), [0, 0])
-            r[0] += 1
-            r[1] += w.ge[j] - w.gs[j]
-            busy.append((w.gs[j], min(w.ge[j], b)))
-        if len(gs):
-            covered, reach = 0, a
-            for s, e in sorted(busy):
-                s = max(s, reach)
-                if e > s:
-                    covered += e - s
-                    reach = e
-            acc[("idle", "GPU idle", "")] = [1, int(b - a - covered)]
-        rows += [(c, kind, name, cat, n, ns) for (kind, name, cat), (n, ns) in acc.items()]
-    return pd.DataFrame(rows, columns=WORK_COLUMNS)
+        if np.isfinite(a):
+            spans.append((c, int(a), b))
+    if not spans:
+        return pd.DataFrame({c: [] for c in WORK_COLUMNS})
+    call, a, b = (np.array(v, dtype=np.int64) for v in zip(*spans))
+    seq = np.arange(len(spans))
+    parts = [pd.DataFrame({"seq": seq, "part": 0, "kind": "interval", "name": "", "cat": "", "count": 1,
+                           "ns": b - a})]
+    hs = np.array(w.hs, dtype=np.int64)
+    k, at = _starting(hs, a, b)  # host ops by their own time, but not a CPU collective's own call
+    mine = ~np.isin(k, list(w.cpu_call))
+    k, at = k[mine], at[mine]
+    cat, cats = pd.factorize(w.hc)
+    parts.append(_sums(at, 1, np.array(w.own, dtype=np.int64)[k], kind=(np.zeros(len(k), dtype=np.int64), ["cpu_op"]),
+                       name=(w.hn_code[k], w.name_table), cat=(cat[k], cats)))
+    gs, ge = np.array(w.gs, dtype=np.int64), np.array(w.ge, dtype=np.int64)
+    work = np.array([k != "sync" and j not in w.gpu_call for j, k in enumerate(w.gkind)], dtype=bool)
+    j, at = _starting(np.where(work, gs, np.iinfo(np.int64).min), a, b)  # device work, in its input order
+    by = np.lexsort((j, at))
+    j, at = j[by], at[by]
+    name, names = pd.factorize(w.g.name)
+    parts.append(_sums(at, 2, ge[j] - gs[j], kind=(np.isin(w.g.kind[j], ("memcpy", "memset")), ["kernel", "memcpy"]),
+                       name=(name[j], names), cat=(np.zeros(len(j), dtype=np.int64), [""])))
+    if len(gs):  # the GPU's idle time: the interval less the union of its work, cut at the interval's end
+        s, e = gs[j], np.minimum(ge[j], b[at])
+        by = np.lexsort((e, s, at))
+        s, e, at = s[by], e[by], at[by]
+        reach = pd.Series(e).groupby(at).cummax().groupby(at).shift(fill_value=np.iinfo(np.int64).min).to_numpy()
+        covered = np.bincount(at, np.maximum(0, e - np.maximum(s, np.maximum(reach, a[at]))), len(spans))
+        parts.append(pd.DataFrame({"seq": seq, "part": 3, "kind": "idle", "name": "GPU idle", "cat": "", "count": 1,
+                                   "ns": b - a - covered.astype(np.int64)}))
+    rows = pd.concat(parts, ignore_index=True).sort_values(["seq", "part"], kind="stable")
+    return pd.DataFrame({"call": call[rows["seq"].to_numpy()], **{c: rows[c].to_numpy() for c in WORK_COLUMNS[1:]}})
+
+
+def _starting(t: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The indices of ``t`` that fall in each ``[a, b)``, by time, and the interval of each."""
+    order = np.argsort(t, kind="stable")
+    lo, hi = np.searchsorted(t[order], a), np.searchsorted(t[order], b)
+    n = np.maximum(hi - lo, 0)
+    return order[np.repeat(lo - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))], np.repeat(np.arange(len(a)), n)
+
+
+def _sums(at: np.ndarray, part: int, ns: np.ndarray, **keys: tuple[np.ndarray, Any]) -> pd.DataFrame:
+    """Count and total ``ns`` per interval and keys (each given as codes and their values), in order of first
+    appearance."""
+    rows = pd.DataFrame({"seq": at, "ns": ns, **{k: code for k, (code, _) in keys.items()}})
+    out = rows.groupby(["seq", *keys], sort=False)["ns"].agg(["size", "sum"]).reset_index()
+    return pd.DataFrame({"seq": out["seq"], "part": part, "count": out["size"], "ns": out["sum"],
+                         **{k: np.asarray(values, dtype=object)[out[k].to_numpy(dtype=np.int64)]
+                            for k, (_, values) in keys.items()}})
 
 
 def stitch(anchors: pd.DataFrame, segments: pd.DataFrame, calls: pd.DataFrame, matched: pd.DataFrame,

@@ -15,6 +15,7 @@ from bisect import bisect_right
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import compress
 from operator import attrgetter
 from typing import Any
 
@@ -357,9 +358,6 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
     xs = [e for e in events if e.ph == "X" and e.cat != "python_function"]
     if steps is not None:
         xs = _in_steps(events, xs, steps)
-    left_out = 0
-    if not keep_unlaunched_gpu:
-        xs, left_out = _launched_only(xs)
     n = len(xs)
     durs = np.array(list(map(_DUR, xs)), dtype=object)  # as parsed: ops sum them as Python does
     start = to_ns_array(np.fromiter(map(_TS, xs), np.float64, n))
@@ -370,10 +368,18 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
     pids = np.array(list(map(_PID, xs)), dtype=object)
     tids = np.array(list(map(_TID, xs)), dtype=object)
     dev = _device(cat_code, cats, pids, args)
+    step_of = np.array([int(m.group(1)) if (m := STEP.match(nm)) else -1 for nm in names], dtype=np.int64)
+    left_out = 0
+    keep = None if keep_unlaunched_gpu else _launched_only(dev, start, end, np.where(step_of[name_code] >= 0,
+                                                                                    name_code, -1), args)
+    if keep is not None:
+        left_out = n - int(keep.sum())
+        xs, args = list(compress(xs, keep)), list(compress(args, keep))
+        durs, start, end, name_code, cat_code, pids, tids, dev = (
+            v[keep] for v in (durs, start, end, name_code, cat_code, pids, tids, dev))
     host = np.flatnonzero(~dev)
     tree = _call_tree(pids, tids, host, start, end)
     g = _gpu_arrays(events, xs, dev, host, cat_code, cats, name_code, names, args, tids, start, end)
-    step_of = np.array([int(m.group(1)) if (m := STEP.match(nm)) else -1 for nm in names], dtype=np.int64)
     step_events = host[step_of[name_code[host]] >= 0]
     step_spans = sorted((int(step_of[name_code[i]]), int(start[i]), int(end[i])) for i in step_events)
     tables: dict[str, pd.DataFrame] = {}
@@ -396,7 +402,7 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
                                              tree.stop.tolist(), members.tolist(), start.tolist(), end.tolist(),
                                              gpu_launch, step_spans, base, pgs)
     tables["path_anchors"], tables["path_segments"], tables["path_work"] = rank_pieces(
-        start, end, names[name_code].tolist(), cats[cat_code].tolist(), pids, tids, tree, g, step_spans,
+        start, end, names[name_code], cats[cat_code], pids, tids, tree, g, step_spans,
         {int(step_of[name_code[i]]): int(i) for i in step_events}, tables["collectives"], base)
     host_name = header.get("host_name")
     return RankTables(rank, path, tables, numbers, [s for s, _, _ in step_spans],
@@ -449,31 +455,31 @@ def _in_steps(events: list[_Event], xs: list[_Event], steps: tuple[int, int]) ->
     return out
 
 
-def _launched_only(xs: list[_Event]) -> tuple[list[_Event], int]:
-    """The events without the device work HTA leaves out, and how many device events that is.
+def _launched_only(dev: np.ndarray, start: np.ndarray, end: np.ndarray, step: np.ndarray,
+                   args: list[_Args]) -> np.ndarray | None:
+    """Which events to keep without the device work HTA leaves out; None to keep them all.
 
     HTA's rule (``hta/common/trace.py``, ``_filter_irrelevant_gpu_kernels``, as ``TraceAnalysis`` calls it with
     ``include_last_profiler_step=True``): when a trace has two or more ``ProfilerStep#N``, device work with a
     correlation is kept only when a host event that starts by the end of the last step has that correlation
     (work queued before the profiler started has none), and device work without one only when it starts by
     that end. Host events are all kept.
+
+    Parameters
+    ----------
+    dev, start, end, step
+        Per X event: on a device, its times (ns), its name's code when it is a ``ProfilerStep#N``, else -1.
+    args
+        Per X event.
     """
-    device: dict[Any, bool | None] = {}
-    on_gpu = [_is_gpu(e, device) for e in xs]
-    steps = [(e.name, to_ns(e.ts) + to_ns(e.dur)) for e, dev in zip(xs, on_gpu) if not dev and STEP.match(e.name)]
-    if len({name for name, _ in steps}) < 2:
-        return xs, 0
-    last = max(end for _, end in steps)
-    launched = {c for e, dev in zip(xs, on_gpu) if not dev and type(e.args) is _Args
-                and (type(c := e.args.correlation) is int or type(c) is str) and to_ns(e.ts) <= last}
-    kept = []
-    for e, dev in zip(xs, on_gpu):
-        if dev:
-            c = e.args.correlation if type(e.args) is _Args else None
-            if not (c in launched if type(c) is int or type(c) is str else to_ns(e.ts) <= last):
-                continue
-        kept.append(e)
-    return kept, len(xs) - len(kept)
+    steps = ~dev & (step >= 0)
+    if len(np.unique(step[steps])) < 2:
+        return None
+    last = end[steps].max()
+    corr = pd.Series([a.correlation for a in args], dtype=object)
+    has = np.array([type(c) is int or type(c) is str for c in corr], dtype=bool)
+    launched = corr[~dev & has & (start <= last)].unique()
+    return ~dev | np.where(has, corr.isin(launched).to_numpy(), start <= last)
 
 
 def _on_gpu(cat: Any, pid: Any, device: dict[Any, bool | None]) -> bool | None:
