@@ -22,7 +22,7 @@ from conftest import make_trace, shared, write_trace
 from perfetto_rules import assert_perfetto_rules, load_exact, ns
 
 from tracefuse_dask import MergeError, analyze, merge_traces
-from tracefuse_dask.analysis.critical_path import _short_runs
+from tracefuse_dask.analysis.critical_path import _NONE, KINDS, _short_runs
 from tracefuse_dask.kineto.layout import CRITICAL_PATH_PID
 from tracefuse_dask.synth import write_example
 
@@ -265,11 +265,17 @@ def test_the_report_draws_the_slowest_steps_path_across_ranks_with_the_verdict(c
 
 
 def test_runs_of_short_segments_are_joined_and_their_time_by_kind_kept():
-    """A walk's segments, latest first: runs of one kind shorter than the limit become one; the rest stay."""
-    segs = [["cpu_op", "a", 1, 90, 100], ["cpu_op", "b", 2, 85, 90], ["cpu_op", "c", 3, 80, 85],
-            ["kernel", "k", -1, 78, 80], ["cpu_op", "d", 4, 40, 78], ["cpu_op", "e", 5, 38, 40]]
-    got = _short_runs([list(s) for s in segs], 20)
-    assert got == [["cpu_op", "3 short cpu_op segments", None, 80, 100], ["kernel", "k", -1, 78, 80],
-                   ["cpu_op", "d", 4, 40, 78], ["cpu_op", "e", 5, 38, 40]]
+    """A walk's segments, latest first: runs of one kind shorter than the limit become one; the rest stay; walks
+    never join."""
+    segs = [(0, "cpu_op", "a", 1, 90, 100), (0, "cpu_op", "b", 2, 85, 90), (0, "cpu_op", "c", 3, 80, 85),
+            (0, "kernel", "k", -1, 78, 80), (0, "cpu_op", "d", 4, 40, 78), (0, "cpu_op", "e", 5, 38, 40),
+            (1, "cpu_op", "f", 6, 30, 38), (1, "cpu_op", "g", 7, 25, 30)]
+    walk, kind, name, src, t0, t1 = (np.array(v, dtype=object if i == 2 else None) for i, v in enumerate(zip(*segs)))
+    kind = np.array([KINDS.index(k) for k in kind])
+    out = _short_runs(walk, kind, name, src, t0, t1, np.full(len(segs), 20))
+    got = [(w, KINDS[k], n, s, a, b) for w, k, n, s, a, b in zip(*(v.tolist() for v in out))]
+    assert got == [(0, "cpu_op", "3 short cpu_op segments", _NONE, 80, 100), (0, "kernel", "k", -1, 78, 80),
+                   (0, "cpu_op", "d", 4, 40, 78), (0, "cpu_op", "e", 5, 38, 40),
+                   (1, "cpu_op", "2 short cpu_op segments", _NONE, 25, 38)]
     for kind in ("cpu_op", "kernel"):
-        assert sum(t1 - t0 for k, *_, t0, t1 in got if k == kind) == sum(t1 - t0 for k, *_, t0, t1 in segs if k == kind)
+        assert sum(b - a for _, k, *_, a, b in got if k == kind) == sum(b - a for _, k, *_, a, b in segs if k == kind)

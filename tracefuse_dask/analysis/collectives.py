@@ -238,24 +238,30 @@ def match_collectives(calls: pd.DataFrame, pg_members: Mapping[str, set[int]]) -
     df["key"] = np.where(by_seq, "seq " + df["seq"].astype("string").fillna(""), "n " + df["ordinal"].astype(str))
     present = set(df["rank"])
     problems: list[str] = []
-    ids: dict[tuple[str, str], int] = {}
+    group = df.groupby(["channel", "key"], sort=False).ngroup().to_numpy()
+    members = np.split(np.argsort(group, kind="stable"), np.cumsum(np.bincount(group))[:-1])
+    ops, sizes = df["op"].groupby(group).nunique().to_numpy(), df["in_nelems"].groupby(group).nunique().to_numpy()
+    op, channel, key, rank = (df[c].to_numpy() for c in ("op", "channel", "key", "rank"))
+    group_ranks, pg_name, nelems = (df[c].to_numpy() for c in ("group_ranks", "pg_name", "in_nelems"))
     keep = np.zeros(len(df), dtype=bool)
     inst = np.full(len(df), -1, dtype=np.int64)
-    for k, ((channel, key), g) in enumerate(df.groupby(["channel", "key"], sort=False)):
-        where = f"{g['op'].iloc[0]} #{key.split()[-1]} of group {channel}"
-        if g["op"].nunique() > 1 or g["in_nelems"].dropna().nunique() > 1:
-            sizes = ", ".join(f"rank {r}: {o} {n}" for r, o, n in zip(g["rank"], g["op"], g["in_nelems"]))
-            problems.append(f"inconsistent {where}: {sizes}")
+    n = 0
+    for k, rows in enumerate(members):
+        f = rows[0]
+        where = f"{op[f]} #{key[f].split()[-1]} of group {channel[f]}"
+        if ops[k] > 1 or sizes[k] > 1:
+            listed = ", ".join(f"rank {rank[i]}: {op[i]} {nelems[i]}" for i in rows)
+            problems.append(f"inconsistent {where}: {listed}")
             continue
-        expected = _expected(g["group_ranks"].iloc[0], g["pg_name"].iloc[0], pg_members)
-        missing = sorted((expected & present) - set(g["rank"])) if expected else []
-        if missing or len(g) < 2:
-            who = missing or f"other than {list(g['rank'])}"
+        expected = _expected(group_ranks[f], pg_name[f], pg_members)
+        missing = sorted((expected & present) - set(rank[rows].tolist())) if expected else []
+        if missing or len(rows) < 2:
+            who = missing or f"other than {rank[rows].tolist()}"
             problems.append(f"unmatched {where}: no call from rank(s) {who}")
             continue
-        pos = df.index.get_indexer(g.index)
-        keep[pos] = True
-        inst[pos] = ids.setdefault((channel, key), len(ids))
+        keep[rows] = True
+        inst[rows] = n
+        n += 1
     out = df.assign(instance=inst)[keep]
     return out.reset_index(drop=True), problems
 
@@ -274,27 +280,35 @@ def instance_metrics(matched: pd.DataFrame, offsets_ns: Mapping[int, float]) -> 
             "busbw_gbps", "step", "on_gpu"]
     if matched.empty:
         return pd.DataFrame(columns=cols), pd.DataFrame(columns=["instance", "rank", "arrival_us", "wait_us"])
-    rows, waits = [], []
-    shift = matched["rank"].map(lambda r: offsets_ns.get(r, 0.0)).astype(float)
-    for inst, g in matched.assign(shift=shift).groupby("instance", sort=True):
-        on_gpu = bool(g["gpu_start_ns"].notna().all())
-        start = (g["gpu_start_ns"] if on_gpu else g["cpu_start_ns"]).astype(float) - g["shift"]
-        end = (g["gpu_end_ns"] if on_gpu else g["cpu_end_ns"]).astype(float) - g["shift"]
-        last = start.max()
-        ranks = g["rank"].to_numpy()
-        last_rank = int(ranks[start.to_numpy() == last].min())
-        latency = float((end - start).min()) / 1e3
-        n = len(g)
-        size = pd.concat([g["in_bytes"], g["out_bytes"]]).dropna()
-        nbytes = int(size.max()) if len(size) else None
-        op = g["op"].iloc[0]
+    m = matched.sort_values("instance", kind="stable")
+    inst = m["instance"].to_numpy(dtype=np.int64)
+    on_gpu = m["gpu_start_ns"].notna().groupby(inst).transform("all").to_numpy()
+    shift = m["rank"].map(lambda r: offsets_ns.get(r, 0.0)).to_numpy(dtype=float)
+    start = np.where(on_gpu, m["gpu_start_ns"].astype(float), m["cpu_start_ns"].astype(float)) - shift
+    end = np.where(on_gpu, m["gpu_end_ns"].astype(float), m["cpu_end_ns"].astype(float)) - shift
+    ranks = m["rank"].to_numpy(dtype=np.int64)
+    t = pd.DataFrame({"start": start, "took": end - start, "bytes": np.fmax(m["in_bytes"].astype(float),
+                                                                           m["out_bytes"].astype(float))})
+    by = t.groupby(inst, sort=True)
+    first, last = by["start"].min(), by["start"].max()
+    at_last = start == last.reindex(inst).to_numpy()
+    last_rank = pd.Series(ranks[at_last]).groupby(inst[at_last]).min()
+    firsts = m.groupby(inst, sort=True)[["op", "channel"]].first()
+    steps = m["step"].groupby(inst, sort=True).min()
+    rows = []
+    for i, n, took, size, lo, hi, who, on, op, channel, step in zip(
+            first.index.tolist(), by.size().tolist(), by["took"].min().tolist(), by["bytes"].max().tolist(),
+            first.tolist(), last.tolist(), last_rank.tolist(), m.groupby(inst, sort=True)["gpu_start_ns"].count(),
+            firsts["op"], firsts["channel"], steps):
+        latency = took / 1e3
+        nbytes = None if np.isnan(size) else int(size)
         algbw = nbytes / (latency * 1e3) if nbytes and latency > 0 else None  # bytes/ns = GB/s
         busbw = algbw * _BUS_FACTOR.get(op, lambda n: 1.0)(n) if algbw is not None else None
-        rows.append([int(inst), op, g["channel"].iloc[0], nbytes, n, (last - start.min()) / 1e3, last_rank, latency,
-                     algbw, busbw, g["step"].dropna().min() if g["step"].notna().any() else None, on_gpu])
-        first = start.min()
-        waits += [[int(inst), int(r), (a - first) / 1e3, (last - a) / 1e3] for r, a in zip(ranks, start)]
-    return pd.DataFrame(rows, columns=cols), pd.DataFrame(waits, columns=["instance", "rank", "arrival_us", "wait_us"])
+        rows.append([i, op, channel, nbytes, n, (hi - lo) / 1e3, who, latency, algbw, busbw,
+                     None if pd.isna(step) else step, on == n])
+    waits = pd.DataFrame({"instance": inst, "rank": ranks, "arrival_us": (start - first.reindex(inst).to_numpy()) / 1e3,
+                          "wait_us": (last.reindex(inst).to_numpy() - start) / 1e3})
+    return pd.DataFrame(rows, columns=cols), waits
 
 
 def op_summary(instances: pd.DataFrame) -> pd.DataFrame:
@@ -372,26 +386,30 @@ def clock_offsets(matched: pd.DataFrame, hosts: Mapping[int, str | None]) -> dic
     if gpu.empty:
         return {"clock_offset_us": {}, "clock_offset_spread_us": {},
                 "clock_note": "no matched GPU collectives: clock offsets need NCCL/RCCL kernels"}
-    pair: dict[tuple[int, int], list[float]] = {}
-    for _, g in gpu.groupby("instance"):
-        ends = dict(zip(g["rank"].astype(int), g["gpu_end_ns"].astype(float)))
-        ref = min(ends)
-        for r, e in ends.items():
-            if r != ref:
-                pair.setdefault((ref, r), []).append(e - ends[ref])
+    ends = pd.DataFrame({"instance": gpu["instance"].to_numpy(), "rank": gpu["rank"].astype(int).to_numpy(),
+                         "end": gpu["gpu_end_ns"].astype(float).to_numpy()})
+    ends = ends.drop_duplicates(["instance", "rank"], keep="last")
+    ref = ends.groupby("instance")["rank"].transform("min")
+    ref_end = ends["end"].where(ends["rank"] == ref).groupby(ends["instance"]).transform("max")
+    others = ends.assign(ref=ref, d=ends["end"] - ref_end)[ends["rank"] != ref]
+    # the ends' differences per pair of ranks (the lower one is the instance's reference), each pair under both ranks
+    edges: dict[int, list[tuple[tuple[int, int], int, int, np.ndarray]]] = {}
+    for (x, y), d in others.groupby(["ref", "rank"], sort=True)["d"]:
+        d = d.to_numpy()
+        edges.setdefault(int(x), []).append(((x, y), int(y), 1, d))
+        edges.setdefault(int(y), []).append(((x, y), int(x), -1, d))
     lowest = int(gpu["rank"].min())
     offset = {lowest: 0.0}
     spread = {lowest: 0.0}
     frontier = [lowest]
     while frontier:
         a = frontier.pop()
-        for (x, y), d in sorted(pair.items()):
-            for src, dst, sign in ((x, y, 1), (y, x, -1)):
-                if src == a and dst not in offset:
-                    med = float(np.median(d))
-                    offset[dst] = offset[a] + sign * med
-                    spread[dst] = float(np.median(np.abs(np.array(d) - med)))
-                    frontier.append(dst)
+        for _, dst, sign, d in sorted(edges.get(a, []), key=lambda e: e[0]):
+            if dst not in offset:
+                med = float(np.median(d))
+                offset[dst] = offset[a] + sign * med
+                spread[dst] = float(np.median(np.abs(d - med)))
+                frontier.append(dst)
     by_host: dict[str, list[int]] = {}
     for r in sorted(offset):
         by_host.setdefault(hosts.get(r) or "?", []).append(r)

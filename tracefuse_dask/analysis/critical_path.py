@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
@@ -416,6 +416,8 @@ def _segments(w: _Walker, walks: list[tuple[list[Any], int]], anchors: list[tupl
     walk = np.repeat(np.array(item_walk, dtype=np.int64), size)
     keep = t1 > t0
     walk, kind, name, src, t0, t1 = walk[keep], kind[keep], name[keep], src[keep], t0[keep], t1[keep]
+    if not len(walk):
+        return pd.DataFrame({c: [] for c in SEGMENT_COLUMNS})
     same = (walk[1:] == walk[:-1]) & (kind[1:] == kind[:-1]) & (src[1:] == src[:-1]) & (t1[1:] == t0[:-1]) \
         & (name[1:] == name[:-1])
     head = np.flatnonzero(np.concatenate([[True], ~same]))
@@ -556,25 +558,32 @@ def stitch(anchors: pd.DataFrame, segments: pd.DataFrame, calls: pd.DataFrame, m
     by_anchor = {(int(r), k, int(key)): row for r, k, key, row in zip(a["rank"], a["anchor"], a["key"],
                                                                        a.itertuples(index=False))}
     rows_of = segments.groupby(["rank", "anchor", "key"], sort=False).indices if len(segments) else {}
+    columns = {c: segments[c].to_numpy() for c in ("kind", "name", "start_ns", "end_ns", "pid", "tid", "event_ts")}
 
-    def segs_of(cur: tuple[int, str, int]) -> Iterable[Any]:
-        """The segments of one walk, read only for the walks the path takes."""
+    def segs_of(cur: tuple[int, str, int], shift: int) -> list[tuple[Any, ...]]:
+        """The segments of one walk (read only for the walks the path takes), on the rank's corrected clock."""
         idx = rows_of.get(cur)
-        return () if idx is None else segments.iloc[idx].itertuples(index=False)
+        if idx is None:
+            return []
+        c = {k: v[idx] for k, v in columns.items()}
+        return list(zip([cur[0]] * len(idx), c["kind"].tolist(), c["name"].tolist(), (c["start_ns"] - shift).tolist(),
+                        (c["end_ns"] - shift).tolist(), c["pid"].tolist(), c["tid"].tolist(), c["event_ts"].tolist()))
     arrival = _arrivals(calls, off)
     op_of = {(int(r), int(c)): op for r, c, op in zip(calls["rank"], calls["index"], calls["op"])}
     members: dict[int, list[tuple[int, int]]] = defaultdict(list)
     instance_of: dict[tuple[int, int], int] = {}
-    for r, c, i in zip(matched.get("rank", []), matched.get("index", []), matched.get("instance", [])):
-        members[int(i)].append((int(r), int(c)))
-        instance_of[(int(r), int(c))] = int(i)
+    for r, c, i in zip(*(matched[k].astype("int64").tolist() if k in matched else [] for k in
+                         ("rank", "index", "instance"))):
+        members[i].append((r, c))
+        instance_of[(r, c)] = i
     paths: list[tuple[int, list[tuple[Any, ...]], int, int]] = []
-    step_anchors = a[a["anchor"] == "step"]
-    for step, g in step_anchors.groupby("key", sort=True):
-        end = g["at_ns"] - g["shift"]
-        last = int(g.loc[end == end.max(), "rank"].min())
-        floors = (g["floor_ns"] - g["shift"]).dropna()
-        begin = int(floors.min()) if len(floors) else None
+    ends = a[a["anchor"] == "step"].assign(end=a["at_ns"] - a["shift"], floor=a["floor_ns"] - a["shift"])
+    latest = ends["end"] == ends.groupby("key")["end"].transform("max")
+    by_step = pd.DataFrame({"last": ends[latest].groupby("key")["rank"].min(),
+                            "begin": ends.groupby("key")["floor"].min(), "end": ends.groupby("key")["end"].max()})
+    for step, last, begin, end in zip(by_step.index.tolist(), by_step["last"].tolist(), by_step["begin"].tolist(),
+                                      by_step["end"].tolist()):
+        begin = None if pd.isna(begin) else int(begin)
         path: list[tuple[Any, ...]] = []
         cur = (last, "step", int(step))
         seen = set()
@@ -582,8 +591,7 @@ def stitch(anchors: pd.DataFrame, segments: pd.DataFrame, calls: pd.DataFrame, m
             seen.add(cur)
             r = cur[0]
             row = by_anchor[cur]
-            path += [(r, s.kind, s.name, int(s.start_ns) - row.shift, int(s.end_ns) - row.shift, s.pid, s.tid,
-                      s.event_ts) for s in segs_of(cur)]
+            path += segs_of(cur, row.shift)
             if row.stop != "call":
                 break
             c, t = int(row.stop_call), int(row.stop_ns) - row.shift
@@ -599,11 +607,11 @@ def stitch(anchors: pd.DataFrame, segments: pd.DataFrame, calls: pd.DataFrame, m
             cur = (nxt[0], "call", nxt[1])
         path.sort(key=lambda p: (p[3], p[4]))
         if begin is None:  # no steps: the whole trace, from where the path starts
-            begin = path[0][3] if path else int(end.max())
+            begin = path[0][3] if path else int(end)
         if path and path[0][3] > begin:  # the rank where the path starts began the step after another rank did
             path.insert(0, (path[0][0], "idle", f"not yet in ProfilerStep#{step}", begin, path[0][3], "", "",
                             np.nan))
-        paths.append((int(step), path, begin, int(end.max())))
+        paths.append((int(step), path, begin, int(end)))
     origin = min((b for _, _, b, _ in paths), default=0)
     rows = [(step, k, r, kind, name, (t0 - origin) / 1e3, (t1 - t0) / 1e3, *event)
             for step, path, _, _ in paths for k, (r, kind, name, t0, t1, *event) in enumerate(path)]
