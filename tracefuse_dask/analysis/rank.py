@@ -649,24 +649,34 @@ def _op_tables(tree: _Tree, is_op: np.ndarray, is_cpu_op: np.ndarray, name_code:
     n_kernels = np.cumsum(np.bincount(at + 1, minlength=m + 1))
     sub_ns = gpu_ns[tree.stop] - gpu_ns[:m]
     sub_kernels = n_kernels[tree.stop] - n_kernels[:m]
-    # Each position's op names up to its root (interned: few distinct sets) and its innermost cpu_op, parents first.
-    op_at, cpu_op_at, code_at = is_op[order].tolist(), is_cpu_op[order].tolist(), name_code[order].tolist()
-    path = [0] * m
-    leaf = [-1] * m
+    # Each position's op names up to its root (interned: few distinct sets) and its innermost cpu_op, one depth at
+    # a time: a position's depth is how many subtrees that start before it are still open.
+    up = np.asarray(parent, dtype=np.int64)
+    depth = np.arange(m) - np.cumsum(np.bincount(tree.stop, minlength=m + 1))[:m]
+    op_at, cpu_op_at, code_at = is_op[order], is_cpu_op[order], name_code[order]
+    path = np.zeros(m, dtype=np.int64)
+    leaf = np.full(m, -1, dtype=np.int64)
     paths: list[frozenset[int]] = [frozenset()]
     path_ids: dict[tuple[int, int], int] = {}
-    for k in range(m):
-        p = parent[k]
-        up, lf = (path[p], leaf[p]) if p >= 0 else (0, -1)
-        if op_at[k]:
-            key = (up, code_at[k])
-            up = path_ids.get(key, -1)
-            if up < 0:
-                up = path_ids[key] = len(paths)
+    by_depth = np.argsort(depth, kind="stable")
+    cuts = np.flatnonzero(np.diff(depth[by_depth])) + 1
+    for ks in np.split(by_depth, cuts):
+        p = up[ks]
+        inner = p >= 0
+        path[ks[inner]], leaf[ks[inner]] = path[p[inner]], leaf[p[inner]]
+        ops = ks[op_at[ks]]
+        pairs, at_pair = np.unique(path[ops] * len(names) + code_at[ops], return_inverse=True)
+        ids = []
+        for key in zip(*(v.tolist() for v in np.divmod(pairs, len(names)))):
+            i = path_ids.get(key)
+            if i is None:
+                i = path_ids[key] = len(paths)
                 paths.append(paths[key[0]] | {key[1]})
-            if cpu_op_at[k]:
-                lf = k
-        path[k], leaf[k] = up, lf
+            ids.append(i)
+        path[ops] = np.array(ids, dtype=np.int64)[at_pair] if ids else path[ops]
+        mine = ops[cpu_op_at[ops]]
+        leaf[mine] = mine
+    path, leaf, code_at = path.tolist(), leaf.tolist(), code_at.tolist()
     # Which kernels each op name launched: kernels summed per (op names on the path, kernel), then spread.
     by_path: dict[tuple[int, str], int] = {}
     by_leaf: dict[int, list[tuple[str, int]]] = defaultdict(list)
@@ -688,9 +698,13 @@ def _op_tables(tree: _Tree, is_op: np.ndarray, is_cpu_op: np.ndarray, name_code:
     ops = ops.sort_values(["gpu_time_us", "cpu_time_us", "name"], ascending=[False, False, True], ignore_index=True)
     groups: dict[tuple[str, str, str], list[Any]] = {}
     shapes: dict[bytes, str] = {}
+    raw: dict[tuple[int, bytes, bytes], tuple[str, str, str]] = {}  # the key by the args' text as in the file
     for k, kernels in by_leaf.items():
         a = args[order[k]]
-        key = (names[code_at[k]], _json_text(a.input_dims, shapes), _json_text(a.input_types, shapes))
+        dims, types = a.input_dims, a.input_types
+        key = (code_at[k], b"" if dims is UNSET else bytes(dims), b"" if types is UNSET else bytes(types))
+        key = raw.get(key) or raw.setdefault(key, (names[code_at[k]], _json_text(dims, shapes),
+                                                   _json_text(types, shapes)))
         r = groups.get(key)
         if r is None:
             r = groups[key] = [0, 0, 0, Counter()]
