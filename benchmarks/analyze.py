@@ -1,7 +1,7 @@
 """Benchmark tracefuse_dask.analyze against HolisticTraceAnalysis's temporal breakdown, on the same files.
 
 Usage: ``python benchmarks/analyze.py [--ranks 8] [--rank-mb 20] [--shapes a100,h100,b200] [--real FOLDER]
-[--repeat 3] [--hta-python PY]``
+[--repeat 5] [--hta-python PY]``
 
 ``tracefuse_dask.analyze`` on a pre-started cluster against HTA's ``TraceAnalysis`` + ``get_temporal_breakdown``
 (``benchmarks/hta_breakdown.py``, run with the python of a venv that has HTA, ``--hta-python``), on a synthetic
@@ -13,7 +13,9 @@ HTA 0.5.0 with pandas 3 fails (``TypeError: Invalid value ... for dtype 'int16'`
 are all below 32768 while it has more events than that, as the synthetic ranks of 20 MB do; with pandas 2.2.3 it
 only warns, so give ``--hta-python`` a venv with ``HolisticTraceAnalysis==0.5.0 pandas==2.2.3 numpy==2.2.6``.
 
-Takes about 1.5 minutes on 2 cores with ``--repeat 3`` and the defaults.
+Each dataset runs ``--repeat`` rounds, tracefuse then HTA in each, and the speedup is the median (range) of the
+rounds' own ratios, so that a slow or fast spell of the machine cancels out. About 2 minutes on 2 cores with
+the defaults; each 8 × 50 MB real shape adds about 3 minutes (HTA takes 15-45 s a round there).
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from common import (
     REAL_SHAPES,
     SHARED,
     Table,
+    TreeRSS,
     at_least_one,
     check_real_shapes,
     chunks,
@@ -42,7 +45,7 @@ from common import (
     kineto_rank,
     make_real,
     make_root,
-    measure_one,
+    paired,
     parser,
     run_hta,
     write_report,
@@ -121,19 +124,32 @@ def analyze_row(args: argparse.Namespace, client: Any, name: str, folder: str, h
                                   note]) + " |"
 
     none = ["–"] * 3
-    try:
-        seconds, mem, analysis = measure_one(lambda: analyze(folder, client=client), args.repeat)
-    except Exception as e:
-        traceback.print_exc()
-        return cells("–", none, none, "–", "–", f"FAILED: tracefuse: {type(e).__name__}: {e}"), False
+    times: list[float] = []
+    runs: list[dict[str, Any]] = []
+    mem = analysis = None
+    failed = None if hta else f"HTA skipped: no HTA at {args.hta_python}"
+    for _ in range(args.repeat):  # the rows alternate, so that a round's two times can be compared (``paired``)
+        os.sync()
+        try:
+            with TreeRSS() as m:
+                t = time.perf_counter()
+                analysis = analyze(folder, client=client)
+                times.append(time.perf_counter() - t)
+        except Exception as e:
+            traceback.print_exc()
+            return cells("–", none, none, "–", "–", f"FAILED: tracefuse: {type(e).__name__}: {e}"), False
+        if mem is None or m.peak - m.baseline > mem.peak - mem.baseline:
+            mem = m
+        if failed is None:
+            try:
+                runs.append(run_hta(args.hta_python, folder))
+            except (RuntimeError, ValueError) as e:
+                failed = f"FAILED: HTA: {e}"
+    seconds = min(times)
     tf = [f"{seconds:.2f}", f"{(mem.peak - mem.baseline) / 2**20:,.0f}", f"{mem.peak / 2**20:,.0f}"]
     ranks = str(len(analysis.breakdown))
-    if not hta:
-        return cells(ranks, tf, none, "–", "–", f"HTA skipped: no HTA at {args.hta_python}"), True
-    try:
-        runs = [run_hta(args.hta_python, folder) for _ in range(args.repeat)]
-    except (RuntimeError, ValueError) as e:
-        return cells(ranks, tf, none, "–", "–", f"FAILED: HTA: {e}"), False
+    if failed is not None:
+        return cells(ranks, tf, none, "–", "–", failed), not hta
     best = min(runs, key=lambda r: r["seconds"])
     hmem = max(runs, key=lambda r: r["rss_peak"] - r["rss_baseline"])
     ht = [f"{best['seconds']:.2f}", f"{(hmem['rss_peak'] - hmem['rss_baseline']) / 2**20:,.0f}",
@@ -141,7 +157,8 @@ def analyze_row(args: argparse.Namespace, client: Any, name: str, folder: str, h
     ok, gap = agreement(analysis.breakdown, best["ranks"])
     note = (f"HTA: load {best['load_s']:.2f} s + breakdown {best['breakdown_s']:.2f} s (imports "
             f"{best['imports_s']:.2f} s, not counted); {gap}")
-    return cells(ranks, tf, ht, f"{best['seconds'] / seconds:.1f}×", "yes" if ok else "no", note), ok
+    speedup = paired([r["seconds"] for r in runs], times)
+    return cells(ranks, tf, ht, speedup, "yes" if ok else "no", note), ok
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,8 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--real", default=REAL_TRACES,
                     help=f"a folder of real per-rank traces, skipped if missing (default {REAL_TRACES})")
     ap.add_argument("--workers", type=int, default=2, help="worker processes of the cluster (default 2)")
-    ap.add_argument("--repeat", type=at_least_one, default=1,
-                    help="runs of tracefuse and of HTA per dataset; each one's time is its best (default 1)")
+    ap.add_argument("--repeat", type=at_least_one, default=5,
+                    help="rounds per dataset, each a run of tracefuse then one of HTA; times are each one's best, "
+                         "the speedup the median (range) of the rounds' own ratios (default 5)")
     ap.add_argument("--hta-python", default=HTA_PYTHON,
                     help=f"python of a venv with HolisticTraceAnalysis 0.5.0 (default {HTA_PYTHON}); without it "
                          f"the HTA columns are skipped. Set it up: {HTA_SETUP}")

@@ -90,7 +90,7 @@ def test_the_analysis_benchmark_analyses_each_real_shape(tmp_path):
     out = tmp_path / "report.md"
     done = subprocess.run([sys.executable, str(BENCHMARKS / "analyze.py"), "--ranks", "2", "--rank-mb", "0.3",
                            "--shapes", "a100,b200", "--real", str(tmp_path / "none"),
-                           "--hta-python", str(tmp_path / "no-python"), "--tmp-dir", str(tmp_path),
+                           "--hta-python", str(tmp_path / "no-python"), "--repeat", "2", "--tmp-dir", str(tmp_path),
                            "--out", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
