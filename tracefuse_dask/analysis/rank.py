@@ -368,18 +368,21 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
     pids = np.array(list(map(_PID, xs)), dtype=object)
     tids = np.array(list(map(_TID, xs)), dtype=object)
     dev = _device(cat_code, cats, pids, args)
+    corr = np.array([a.correlation for a in args], dtype=object)
+    has_corr = np.array([type(c) is int or type(c) is str for c in corr.tolist()], dtype=bool)  # as Kineto writes it
     step_of = np.array([int(m.group(1)) if (m := STEP.match(nm)) else -1 for nm in names], dtype=np.int64)
     left_out = 0
     keep = None if keep_unlaunched_gpu else _launched_only(dev, start, end, np.where(step_of[name_code] >= 0,
-                                                                                    name_code, -1), args)
+                                                                                    name_code, -1), corr, has_corr)
     if keep is not None:
         left_out = n - int(keep.sum())
         xs, args = list(compress(xs, keep)), list(compress(args, keep))
-        durs, start, end, name_code, cat_code, pids, tids, dev = (
-            v[keep] for v in (durs, start, end, name_code, cat_code, pids, tids, dev))
+        durs, start, end, name_code, cat_code, pids, tids, dev, corr, has_corr = (
+            v[keep] for v in (durs, start, end, name_code, cat_code, pids, tids, dev, corr, has_corr))
     host = np.flatnonzero(~dev)
     tree = _call_tree(pids, tids, host, start, end)
-    g = _gpu_arrays(events, xs, dev, host, cat_code, cats, name_code, names, args, tids, start, end)
+    g = _gpu_arrays(events, xs, dev, host, cat_code, cats, name_code, names, args, tids, start, end,
+                    np.where(has_corr, corr, None))
     step_events = host[step_of[name_code[host]] >= 0]
     step_spans = sorted((int(step_of[name_code[i]]), int(start[i]), int(end[i])) for i in step_events)
     tables: dict[str, pd.DataFrame] = {}
@@ -455,8 +458,8 @@ def _in_steps(events: list[_Event], xs: list[_Event], steps: tuple[int, int]) ->
     return out
 
 
-def _launched_only(dev: np.ndarray, start: np.ndarray, end: np.ndarray, step: np.ndarray,
-                   args: list[_Args]) -> np.ndarray | None:
+def _launched_only(dev: np.ndarray, start: np.ndarray, end: np.ndarray, step: np.ndarray, corr: np.ndarray,
+                   has: np.ndarray) -> np.ndarray | None:
     """Which events to keep without the device work HTA leaves out; None to keep them all.
 
     HTA's rule (``hta/common/trace.py``, ``_filter_irrelevant_gpu_kernels``, as ``TraceAnalysis`` calls it with
@@ -467,19 +470,16 @@ def _launched_only(dev: np.ndarray, start: np.ndarray, end: np.ndarray, step: np
 
     Parameters
     ----------
-    dev, start, end, step
-        Per X event: on a device, its times (ns), its name's code when it is a ``ProfilerStep#N``, else -1.
-    args
-        Per X event.
+    dev, start, end, step, corr, has
+        Per X event: on a device, its times (ns), its name's code when it is a ``ProfilerStep#N`` (else -1),
+        ``args.correlation``, and whether that is an int or a string.
     """
     steps = ~dev & (step >= 0)
     if len(np.unique(step[steps])) < 2:
         return None
     last = end[steps].max()
-    corr = pd.Series([a.correlation for a in args], dtype=object)
-    has = np.array([type(c) is int or type(c) is str for c in corr], dtype=bool)
-    launched = corr[~dev & has & (start <= last)].unique()
-    return ~dev | np.where(has, corr.isin(launched).to_numpy(), start <= last)
+    launched = pd.unique(corr[~dev & has & (start <= last)])
+    return ~dev | np.where(has, pd.Index(launched).get_indexer(corr) >= 0, start <= last)
 
 
 def _on_gpu(cat: Any, pid: Any, device: dict[Any, bool | None]) -> bool | None:
@@ -504,7 +504,7 @@ def _is_gpu(e: _Event, device: dict[Any, bool | None]) -> bool:
 
 def _gpu_arrays(events: list[_Event], xs: list[_Event], dev: np.ndarray, host: np.ndarray, cat_code: np.ndarray,
                 cats: np.ndarray, name_code: np.ndarray, names: np.ndarray, args: list[_Args], tids: np.ndarray,
-                start: np.ndarray, end: np.ndarray) -> _Gpu:
+                start: np.ndarray, end: np.ndarray, corr: np.ndarray) -> _Gpu:
     """The GPU events (a stream, not -1: ``args.stream``, else the tid) and the host events that launched them."""
     kinds = np.array([device_kind(c) for c in cats], dtype=object)[cat_code]
     by_name = np.array([host_category(c) is None for c in cats], dtype=bool)[cat_code] & dev
@@ -527,7 +527,7 @@ def _gpu_arrays(events: list[_Event], xs: list[_Event], dev: np.ndarray, host: n
         name=names[code],
         kind=kinds[gpu],
         ktype=np.array([kernel_type(nm) for nm in names], dtype=object)[code],
-        launch=np.array(_launches(events, xs, host.tolist(), gpu, args), dtype=np.int64),
+        launch=_launches(events, xs, host, np.array(gpu, dtype=np.int64), corr),
         dur=dur,
         clipped=clipped,
         args=[args[i] for i in gpu],
@@ -562,21 +562,18 @@ def _clipped(start: np.ndarray, end: np.ndarray, streams: list[Any], work: np.nd
     return dur, int(over.sum())
 
 
-def _launches(events: list[_Event], xs: list[_Event], host: list[int], gpu: list[int], args: list[_Args]) -> list[int]:
-    """Per GPU event, the host event that launched it (-1: none): by ``args.correlation``, else by the ac2g flow."""
-    by_corr = {c: i for i in reversed(host) if type(c := args[i].correlation) is int or type(c) is str}
-    out = []
-    missing: list[int] = []
-    for k, i in enumerate(gpu):
-        c = args[i].correlation
-        j = by_corr.get(c, -1) if type(c) is int or type(c) is str else -1
-        if j < 0:
-            missing.append(k)
-        out.append(j)
-    if missing:
-        flows = _flow_launches(events, xs, host, [gpu[k] for k in missing])
-        for k in missing:
-            out[k] = flows.get(gpu[k], -1)
+def _launches(events: list[_Event], xs: list[_Event], host: np.ndarray, gpu: np.ndarray,
+              corr: np.ndarray) -> np.ndarray:
+    """Per GPU event, the host event that launched it (-1: none): by ``args.correlation`` (``corr``, None where it
+    is not an int or a string), the first host event's that has it, else by the ac2g flow."""
+    mine = host[pd.notna(corr[host])]
+    first = ~pd.Index(corr[mine]).duplicated()
+    at = pd.Index(corr[mine][first]).get_indexer(corr[gpu])
+    out = np.append(mine[first], -1)[np.where(pd.notna(corr[gpu]), at, -1)]
+    missing = np.flatnonzero(out < 0)
+    if len(missing):
+        flows = _flow_launches(events, xs, host.tolist(), gpu[missing].tolist())
+        out[missing] = [flows.get(i, -1) for i in gpu[missing].tolist()]
     return out
 
 
