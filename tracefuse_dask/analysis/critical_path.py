@@ -162,7 +162,7 @@ class _Walker:
         """Mark the states where a walk has a choice to make (``_step``), once the collective calls are known: a
         blocking call's or a CPU collective's end, the start after a CPU collective, a thread's first state."""
         calls = np.array(sorted(self.cpu_call), dtype=np.int64)
-        blocking = np.array([n in _BLOCKING for n in self.hn], dtype=bool)
+        blocking = np.array([n in _BLOCKING for n in self.name_table], dtype=bool)[self.hn_code]
         prev = np.asarray(self.prev, dtype=np.int64)
         is_ce, tk = self.tour_ce, self.tour_k
         special = self.first | np.where(is_ce, np.isin(tk, calls) | blocking[tk], np.isin(prev[tk], calls))
