@@ -10,7 +10,9 @@ the client's peak memory against
 the bound of the performance issue; then ``--small-ranks`` ranks of ``--small-kb`` kB against the same bytes in 8
 large ranks (the per-rank overhead), and the same small ranks with each rank's default process group listing every
 rank. Last, ``analyze`` of every rank of a generated job of ``--small-ranks`` ranks, its client in a process of
-its own.
+its own. With ``--shape``, the small ranks are copies of one rank of that shape cut to ``--small-kb``
+(``small_template``), the 8 large ranks are of that shape too, and the job analysed is the small ranks that list
+every rank.
 
 Takes 10-17 minutes on 2 cores with the defaults (most of it the analysis of 10,000 ranks);
 ``--memory-ranks 8 --rank-mb 1 --small-ranks 100 --small-kb 20`` takes under a minute.
@@ -42,6 +44,7 @@ from common import (
     write_report,
 )
 
+from tracefuse_dask.kineto.vocabulary import is_collective_call
 from tracefuse_dask.synth import make_rank_trace
 
 
@@ -59,13 +62,41 @@ def _write_copies(args: tuple[bytes, int, int, int, str, bool]) -> int:
     return (last - first) * len(orjson.dumps(doc))
 
 
-def make_small_ranks(pool: Any, root: str, ranks: int, rank_kb: float, full_groups: bool = False) -> tuple[str, int]:
-    folder = os.path.join(root, f"in_{ranks}x{rank_kb:g}kB{'_groups' if full_groups else ''}")
+def make_small_ranks(pool: Any, root: str, ranks: int, template: bytes, full_groups: bool = False) -> tuple[str, int]:
+    """``ranks`` copies of ``template``, each with its own ``distributedInfo.rank``; (folder, bytes)."""
+    folder = os.path.join(root, f"in_{ranks}_small{'_groups' if full_groups else ''}")
     os.makedirs(folder)
-    template = orjson.dumps(make_rank_trace(0, 8, target_bytes=int(rank_kb * 1000), seed=0))
     step = 500
     jobs = [(template, a, min(a + step, ranks), ranks, folder, full_groups) for a in range(0, ranks, step)]
     return folder, sum(pool.map(_write_copies, jobs, chunksize=1))
+
+
+def small_template(root: str, rank_kb: float, shape: str | None) -> bytes:
+    """One rank of about ``rank_kb`` kB: generated, or with ``shape`` a rank that ``make_dataset.py`` builds from
+    that real trace (one source window, about 2 MB) cut to its metadata and its events of a stretch of time from
+    its first collective call, as many as fit, in their own order and with their own keys (written compactly by orjson). A rank without a
+    default process group gets one, so that the rows that list every rank in it can."""
+    if shape is None:
+        return orjson.dumps(make_rank_trace(0, 8, target_bytes=int(rank_kb * 1000), seed=0))
+    _, paths, _ = make_real(shape, root, 1, 0.05)
+    with open(paths[0], "rb") as f:
+        doc = orjson.loads(f.read())
+    events = doc["traceEvents"]
+    meta = [e for e in events if e.get("ph") == "M"]
+    timed = sorted((e for e in events if e.get("ph") != "M" and "ts" in e), key=lambda e: e["ts"])
+    calls = [e["ts"] for e in timed if e.get("ph") == "X" and is_collective_call(e.get("name", ""))]
+    timed = [e for e in timed if e["ts"] >= min(calls, default=timed[0]["ts"])]  # from its first collective
+    lo, hi = 0, len(timed)
+    while lo < hi:  # the most events by time that fit
+        mid = (lo + hi + 1) // 2
+        doc["traceEvents"] = meta + timed[:mid]
+        lo, hi = (mid, hi) if len(orjson.dumps(doc)) <= rank_kb * 1000 else (lo, mid - 1)
+    kept = {id(e) for e in timed[:lo]}
+    doc["traceEvents"] = meta + [e for e in events if id(e) in kept]
+    info = doc.setdefault("distributedInfo", {"backend": "nccl", "rank": 0, "world_size": 1})
+    info.setdefault("pg_config", [{"pg_name": "0", "pg_desc": "default_pg", "backend": "nccl", "pg_size": 1,
+                                   "ranks": [0]}])
+    return orjson.dumps(doc)
 
 
 def _write_nameless(args: tuple[int, int, str]) -> int:
@@ -156,11 +187,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with ctx.Pool(args.workers) as pool:
             t = time.perf_counter()
-            small, small_bytes = make_small_ranks(pool, root, args.small_ranks, args.small_kb)
-            grouped, grouped_bytes = make_small_ranks(pool, root, args.small_ranks, args.small_kb, full_groups=True)
-            # every rank of one job: its pg_config lists all the job's ranks (its calls the first 30, as Kineto)
-            job, _, job_bytes = make_synthetic(pool, root, args.small_ranks, args.small_kb / 1000)
-            large, _, large_bytes = make_synthetic(pool, root, 8, small_bytes / 8 / MB)
+            template = small_template(root, args.small_kb, args.shape)
+            small, small_bytes = make_small_ranks(pool, root, args.small_ranks, template)
+            grouped, grouped_bytes = make_small_ranks(pool, root, args.small_ranks, template, full_groups=True)
+            if args.shape:  # the job analysed: the same real-shaped ranks; the same bytes in 8 ranks of the shape
+                job, job_bytes = grouped, grouped_bytes
+                large, _, large_bytes = make_real(args.shape, root, 8, small_bytes / 8 / MB)
+            else:  # every rank of one job: its pg_config lists all the job's ranks (its calls the first 30, as Kineto)
+                job, _, job_bytes = make_synthetic(pool, root, args.small_ranks, args.small_kb / 1000)
+                large, _, large_bytes = make_synthetic(pool, root, 8, small_bytes / 8 / MB)
             linked = make_linked_ranks(pool, root, [int(x) for x in args.memory_ranks.split(",")], args.rank_mb,
                                        args.shape)
             print(f"generated the datasets in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)

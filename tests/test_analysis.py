@@ -273,25 +273,35 @@ def test_analyze_from_s3_to_s3(client, s3, example, bucket_name):
 
 
 @pytest.mark.integration
-def test_1024_ranks_run_as_1024_tasks_and_reduce_to_small_tables(client, tmp_path):
+def test_1024_ranks_run_in_batches_and_reduce_to_small_tables(client, tmp_path, monkeypatch):
+    """Small files share tasks as the merge's do; one file a task (the batches patched in this client, which builds
+    the graph), the per-rank tables are still joined on the cluster, 64 tasks a reduce task."""
     from distributed import get_task_stream
+
+    import tracefuse_dask.analysis
+    from tracefuse_dask.cluster import batches
 
     d = tmp_path / "many"
     for r in range(1024):
         events = [x("ProfilerStep#1", 0, 100, cat="user_annotation"), x("aten::mm", 10, 20), launch(12, 2, 1),
                   kernel("gemm_kernel", 20, 30 + (200 if r == 17 else 0), 7, 1)]
         write_trace(d / f"rank{r}.json", make_trace(r, events, world_size=1024))
-    with get_task_stream(client) as ts:
-        a = analyze(str(d), client=client)
-    tasks = [t for t in ts.data if str(t["key"]).startswith("_analyze_file")]
-    assert len({t["key"] for t in tasks}) == 1024
-    # the per-rank tables are joined on the cluster, 64 files a task: the client gets 16 results, not 1024
-    assert len({t["key"] for t in ts.data if str(t["key"]).startswith("_combine")}) == 16
-    assert a.breakdown["rank"].tolist() == list(range(1024))
-    stats = a.rank_stats.set_index("metric")
-    assert stats.loc["gpu_span_us", "outlier_ranks"] == [17]
-    assert stats.loc["gpu_span_us", "note"] == "rank 17's gpu_span_us is 7.7× the median (230.0 vs 30.0)"
-    assert a.summary["outliers"] == [n for n in stats["note"] if n]
+    sizes = [p.stat().st_size for p in d.iterdir()]
+    runs = {}
+    for name, batching in (("batched", batches), ("one a task", lambda s: [range(i, i + 1) for i in range(len(s))])):
+        monkeypatch.setattr(tracefuse_dask.analysis, "batches", batching)
+        with get_task_stream(client) as ts:
+            a = analyze(str(d), client=client)
+        keys = {str(t["key"]).split("-")[0]: set() for t in ts.data}
+        for t in ts.data:
+            keys[str(t["key"]).split("-")[0]].add(t["key"])
+        runs[name] = {k: len(v) for k, v in keys.items()}
+        assert a.breakdown["rank"].tolist() == list(range(1024))
+        stats = a.rank_stats.set_index("metric")
+        assert stats.loc["gpu_span_us", "outlier_ranks"] == [17]
+    assert runs["batched"] == {"_analyze_files": len(batches(sizes)), "_combine": 1} and len(batches(sizes)) < 8
+    # the client gets 16 results, not 1024
+    assert runs["one a task"] == {"_analyze_files": 1024, "_combine": 16}
 
 
 def test_an_unknown_phase_or_category_decodes_the_same_values():

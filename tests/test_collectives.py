@@ -90,7 +90,7 @@ def test_group_spec_takes_lists_of_ranks_only(ranks, spec):
 def test_a_group_known_only_from_pg_config_reports_its_missing_rank():
     """Ranks 0 and 1 call twice, rank 2 of the same 3-rank group once: the second call lacks it, found
     through the reduce tasks' join (in any order of tasks) and the group's rank spec from pg_config."""
-    from tracefuse_dask.analysis import _combine, _reduce
+    from tracefuse_dask.analysis import _batch, _combine, _reduce
     from tracefuse_dask.analysis.rank import TABLES, rows_for
 
     def rank(r, calls):
@@ -102,8 +102,8 @@ def test_a_group_known_only_from_pg_config_reports_its_missing_rank():
 
     ranks = [rank(0, 2), rank(1, 2), rank(2, 1)]
     files = [{"ranks": [rt], "world_size": 3, "notes": []} for rt in ranks]
-    a = _reduce([_combine(files[2:]), _combine([{"ignored": "x.txt: ignored"}]), _combine(files[:2])], [], None,
-                False)
+    a = _reduce([_combine([_batch(files[2:])]), _combine([_batch([{"ignored": "x.txt: ignored"}])]),
+                 _combine([_batch(files[:1]), _batch(files[1:2])])], [], None, False)
     assert a.summary["ignored"] == ["x.txt: ignored"] and a.summary["collectives"]["matched"] == 1
     assert a.summary["collectives"]["problem_examples"] == [
         "unmatched allreduce #1 of group 0: no call from rank(s) [2]"]

@@ -19,7 +19,7 @@ from distributed import progress
 from .._version import __version__
 from ..errors import MergeError, OutputExistsError, RankError
 from ..storage.files import options_for, read_bytes, read_start, storage_errors
-from ..cluster import connect
+from ..cluster import batches, connect
 from ..model import DEFAULT_RANK_REGEX, InputFile, parse_steps, rank_subset
 from .collective_trace import CALL_COLUMNS as CT_COLUMNS
 from .collective_trace import looks_like_collective_trace, parse_collective_trace, summarize
@@ -41,7 +41,7 @@ _CT_RANK = r"[-_.](?P<rank>\d+)(?:\.(?:csv|log|txt))?$"  # collective_trace name
 # what a folder or glob lists for analysis: traces, and collective_trace logs and CSV exports
 _MERGED_HEAD = b'"metadata":{"tracefuse":'
 _NAMES = re.compile(r"\.json(\.gz)?$|\.gz$|\.csv$|\.log(-\d+)?$|\.txt$", re.IGNORECASE)
-_COMBINE = 64  # the results of this many files are joined by one reduce task on the cluster
+_COMBINE = 64  # the results of this many tasks are joined by one reduce task on the cluster
 _MAD_LIMIT = 3.0
 _MIN_REL_DEVIATION = 0.10
 _BOOKKEEPING = ("gpu_events_left_out", "kernels_clipped")  # breakdown columns that rank_stats leaves out
@@ -123,10 +123,16 @@ def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps
         return {"ranks": ranks, "world_size": world_size, "notes": notes}
 
 
-def _combine(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Reduce task: the results of consecutive ``_analyze_file`` tasks, with each table's rows of all
-    their ranks joined, so that the client gets one DataFrame per table for many ranks (a
-    DataFrame costs ~10 kB whatever its rows)."""
+def _analyze_files(files: list[InputFile], storage_options: Mapping[str, Any] | None,
+                   steps: tuple[int, int] | None, subset: Any, rank_regex: str,
+                   keep_unlaunched_gpu: bool) -> dict[str, Any]:
+    """Task: ``_analyze_file`` of consecutive files; small ones share a task (``cluster.batches``)."""
+    return _batch([_analyze_file(f, storage_options, steps, subset, rank_regex, keep_unlaunched_gpu) for f in files])
+
+
+def _batch(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The results of ``_analyze_file`` as one, with each table's rows of all their ranks joined (a DataFrame costs
+    ~10 kB whatever its rows)."""
     ranks: list[RankTables] = []
     ct: list[pd.DataFrame] = []
     out: dict[str, Any] = {"notes": [], "world_sizes": [], "ignored": []}
@@ -144,6 +150,26 @@ def _combine(results: list[dict[str, Any]]) -> dict[str, Any]:
     out["ct_files"] = len(ct)
     out["ct_calls"] = pd.concat(ct, ignore_index=True) if ct else None
     return out
+
+
+def _combine(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Reduce task: the results of consecutive ``_analyze_files`` tasks as one (``_batch``'s form), so that the
+    client gets one DataFrame per table for many tasks."""
+    out: dict[str, Any] = {key: [v for p in parts for v in p[key]] for key in ("notes", "world_sizes", "ignored",
+                                                                           "ranks")}
+    out["tables"] = {name: _joined([p["tables"][name] for p in parts]) for name in (*TABLES, *PIECES)}
+    out["ct_files"] = sum(p["ct_files"] for p in parts)
+    ct = [p["ct_calls"] for p in parts if p["ct_calls"] is not None]
+    out["ct_calls"] = pd.concat(ct, ignore_index=True) if ct else None
+    return out
+
+
+def _joined(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    """One table from the tasks' parts, their rows one after the other."""
+    rows = [p for p in parts if len(p)]
+    if not rows:
+        return max(parts, key=lambda p: len(p.columns))  # the columns of a task that had ranks
+    return pd.concat(rows, ignore_index=True)
 
 
 def _one_source_per_rank(calls: pd.DataFrame, warnings: list[str]) -> pd.DataFrame:
@@ -278,8 +304,9 @@ def analyze(
                                          names=_NAMES, subset=subset)
     with connect(client, scheduler=scheduler, scheduler_file=scheduler_file, workers=workers,
                  timeout=timeout) as c:
-        futures = c.map(_analyze_file, files, storage_options=so, steps=step_range, subset=subset,
-                        rank_regex=rank_regex, keep_unlaunched_gpu=keep_unlaunched_gpu, pure=False)
+        futures = c.map(_analyze_files, [files[b.start:b.stop] for b in batches([f.size for f in files])],
+                        storage_options=so, steps=step_range, subset=subset, rank_regex=rank_regex,
+                        keep_unlaunched_gpu=keep_unlaunched_gpu, pure=False)
         if show_progress:
             with contextlib.redirect_stdout(sys.stderr):
                 progress(futures, scheduler=c.scheduler.address)
@@ -390,10 +417,8 @@ def _reduce(results: list[dict[str, Any]], skipped_names: list[str], steps: tupl
 
 def _in_rank_order(parts: list[pd.DataFrame]) -> pd.DataFrame:
     """One table from the tasks' parts: their rows by rank (a rank is in one task), each rank's in its order."""
-    rows = [p for p in parts if len(p)]
-    if not rows:
-        return max(parts, key=lambda p: len(p.columns))  # the columns of a task that had ranks
-    return pd.concat(rows, ignore_index=True).sort_values("rank", kind="stable", ignore_index=True)
+    out = _joined(parts)
+    return out.sort_values("rank", kind="stable", ignore_index=True) if len(out) else out
 
 
 def _plain(numbers: Mapping[str, Any]) -> dict[str, Any]:
