@@ -156,7 +156,8 @@ class _KinetoTrace(Trace):
 
 _trace_decoders = (msgspec.json.Decoder(_KinetoTrace), msgspec.json.Decoder(Trace))
 _events_decoder = msgspec.json.Decoder(list[_Event])
-_CAT, _NAME, _PID, _TID, _TS, _DUR, _ARGS = map(attrgetter, ("cat", "name", "pid", "tid", "ts", "dur", "args"))
+_CAT, _NAME, _PID, _TID, _TS, _DUR, _ARGS, _CORRELATION = map(attrgetter, ("cat", "name", "pid", "tid", "ts", "dur",
+                                                                          "args", "correlation"))
 
 
 def decode_trace(data: bytes) -> Trace | None:
@@ -368,8 +369,9 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
     pids = np.array(list(map(_PID, xs)), dtype=object)
     tids = np.array(list(map(_TID, xs)), dtype=object)
     dev = _device(cat_code, cats, pids, args)
-    corr = np.array([a.correlation for a in args], dtype=object)
-    has_corr = np.array([type(c) is int or type(c) is str for c in corr.tolist()], dtype=bool)  # as Kineto writes it
+    corr = np.array(list(map(_CORRELATION, args)), dtype=object)
+    kind = np.array(list(map(type, corr.tolist())), dtype=object)
+    has_corr = (kind == int) | (kind == str)  # as Kineto writes it (not a bool, a float or null)
     step_of = np.array([int(m.group(1)) if (m := STEP.match(nm)) else -1 for nm in names], dtype=np.int64)
     left_out = 0
     keep = None if keep_unlaunched_gpu else _launched_only(dev, start, end, np.where(step_of[name_code] >= 0,
