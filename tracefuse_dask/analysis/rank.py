@@ -621,9 +621,10 @@ def _kernel_tables(g: _Gpu) -> tuple[pd.DataFrame, pd.DataFrame]:
                                         "pct", "clipped_us"])
         return kernels, pd.DataFrame(columns=["category", "count", "total_us", "pct"])
     total = dur.sum()
-    kernels = df.groupby(["name", "kind"], sort=False).agg(
-        count=("dur", "count"), total_us=("dur", "sum"), mean_us=("dur", "mean"), min_us=("dur", "min"),
-        max_us=("dur", "max"), clipped_us=("cut", "sum")).reset_index()
+    by = df.groupby(["name", "kind"], sort=False)
+    kernels = pd.DataFrame({"count": by["dur"].count(), "total_us": by["dur"].sum(), "mean_us": by["dur"].mean(),
+                            "min_us": by["dur"].min(), "max_us": by["dur"].max(),
+                            "clipped_us": by["cut"].sum()}).reset_index()
     kernels.insert(1, "category", [kernel_category(n, k) for n, k in zip(kernels["name"], kernels["kind"])])
     kernels = kernels.drop(columns="kind")
     kernels.insert(len(kernels.columns) - 1, "pct", 100.0 * kernels["total_us"] / total if total else 0.0)
