@@ -36,6 +36,7 @@ from typing import Any
 import dask
 from distributed import CancelledError, Client, LocalCluster, Scheduler, SpecCluster, progress
 from distributed.deploy.subprocess import Subprocess
+from distributed.utils import silence_logging_cmgr
 from distributed.worker_memory import parse_memory_limit
 
 from .errors import SchedulerConnectionError
@@ -88,13 +89,12 @@ def _embedded(n: int, in_process: bool) -> SpecCluster:
     # The scheduler's plain HTTP server (health, metrics) stays on a free port of the loopback, not :8787.
     if in_process:
         return LocalCluster(n_workers=n, threads_per_worker=1, processes=False, dashboard_address="127.0.0.1:0",
-                            scheduler_kwargs={"dashboard": False}, silence_logs=logging.CRITICAL)
+                            scheduler_kwargs={"dashboard": False}, silence_logs=False)
     scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "port": 0, "dashboard": False,
                                                "dashboard_address": "127.0.0.1:0"}}
     kwargs = {"host": "127.0.0.1", "nthreads": 1, "memory_limit": parse_memory_limit("auto", 1, n, logger=log)}
     worker = {"cls": _WorkerProgram, "options": {"worker_kwargs": kwargs}}
-    return SpecCluster(workers=dict.fromkeys(range(n), worker), scheduler=scheduler, worker=worker,
-                       silence_logs=logging.CRITICAL, name="tracefuse")
+    return SpecCluster(workers=dict.fromkeys(range(n), worker), scheduler=scheduler, worker=worker, name="tracefuse")
 
 
 @contextlib.contextmanager
@@ -143,7 +143,10 @@ def connect(
             yield c
         return
     n = workers or os.cpu_count() or 1
-    with _embedded(n, in_process) as cluster, Client(cluster) as c:
+    # Its logs silenced here rather than by the cluster (silence_logs), which gives distributed's handlers their
+    # level back before its close is over: an in-process worker whose stream to the scheduler is closed under it
+    # then logged a traceback.
+    with silence_logging_cmgr(logging.CRITICAL), _embedded(n, in_process) as cluster, Client(cluster) as c:
         try:
             c.wait_for_workers(n, timeout=_WORKER_START_TIMEOUT)
         except TimeoutError:
