@@ -3,14 +3,15 @@
 Usage: ``python benchmarks/cli.py [--shapes example,a100] [--rank-mb 50] [--repeat 5] [--out report.md]``
 
 Each row is a fresh process, timed from its start to its exit: ``tracefuse merge DIR -o OUT.json.gz -q``
-(Python start, imports, the embedded cluster's start with one worker per core, the merge, its shutdown) and
-``python -c`` running the naive TraceLens-style merge (``json.load`` of every rank, one event list, pids
-offset, ``json.dump(indent=4)`` through gzip -9, one process: what TraceLens's ``TraceFuse.merge_and_save``
-costs). The rows alternate in every round; a row's speed against the naive merge is the median (range) of
-the rounds' own ratios. Datasets: ``example`` is ``tracefuse example`` (8 ranks of 1 MB, what the quick
-start merges); ``a100``, ``h100`` and ``b200`` are 8 ranks of ``--rank-mb`` built from a real trace by
-``../shared/tools/make_dataset.py``. Also timed, as medians of ``--repeat`` fresh processes: ``tracefuse
---version`` and the import of the API (``from tracefuse_dask import merge_traces``).
+(Python start, imports, the embedded cluster's start, the merge, its shutdown; inputs this small run in
+threads of the process, ``cluster.small_input``) and ``python -c`` running the naive TraceLens-style merge
+(``json.load`` of every rank, one event list, pids offset, ``json.dump(indent=4)`` through gzip -9, one
+process: what TraceLens's ``TraceFuse.merge_and_save`` costs). The rows alternate in every round; a row's
+speed against the naive merge is the median (range) of the rounds' own ratios. Datasets: ``example`` is
+``tracefuse example`` (8 ranks of 1 MB, what the quick start merges); ``a100``, ``h100`` and ``b200`` are 8
+ranks of ``--rank-mb`` built from a real trace by ``../shared/tools/make_dataset.py``. Also timed, as
+medians of ``--repeat`` fresh processes: ``tracefuse --version`` and the import of the API (``from
+tracefuse_dask import merge_traces``).
 
 About 1 minute for ``--shapes example``; each 8 × 50 MB real shape adds about 5 minutes (the naive merge
 takes about a minute a round there).

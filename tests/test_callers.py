@@ -1,6 +1,9 @@
 """The Python API as users call it: a script without a main guard, stdin, -c, IPython, a notebook, a
 multiprocessing child and a pytest test, each a real process on real traces, each giving the CLI's output
-with the embedded cluster's worker processes (never a fall-back into the caller, never a re-run of it)."""
+with the embedded cluster's worker processes (never a fall-back into the caller, never a re-run of it).
+
+The jobs are small: the snippet asks for ``workers=2`` to get worker programs, and without it, as the CLI
+here, their tasks run in threads of the caller, with the same output."""
 from __future__ import annotations
 
 import json
@@ -22,14 +25,14 @@ SNIPPET = """\
 import glob, os
 from tracefuse_dask import TraceFuse, analyze, merge_traces
 files = sorted(glob.glob(os.path.join({inputs!r}, "*.json.gz")))
-TraceFuse(files).merge_and_save(os.path.join({out!r}, "merged.json.gz"))
-analyze({inputs!r}, os.path.join({out!r}, "analysis"))
+TraceFuse(files, max_workers=2).merge_and_save(os.path.join({out!r}, "merged.json.gz"))
+analyze({inputs!r}, os.path.join({out!r}, "analysis"), workers=2)
 def seen_by(event):
     path = os.path.join({out!r}, "pids", str(os.getpid()))
     if not os.path.exists(path):
         open(path, "w").close()
     return True
-merge_traces({inputs!r}, os.path.join({out!r}, "filtered.json"), filter_fn=seen_by)
+merge_traces({inputs!r}, os.path.join({out!r}, "filtered.json"), filter_fn=seen_by, workers=2)
 with open(os.path.join({out!r}, "caller.pid"), "a") as f:
     f.write(str(os.getpid()) + chr(10))
 """
@@ -68,8 +71,8 @@ def summary_without_timing(path: Path) -> dict:
     return summary
 
 
-def check(out: Path, cli: Path) -> None:
-    """The caller's outputs are the CLI's, its tasks ran in other processes, and it ran once."""
+def check(out: Path, cli: Path, in_caller: bool = False) -> None:
+    """The caller's outputs are the CLI's, its tasks ran in other processes (or ``in_caller``), and it ran once."""
     assert (out / "merged.json.gz").read_bytes() == (cli / "merged.json.gz").read_bytes()
     names = sorted(p.name for p in (cli / "analysis").iterdir())
     assert sorted(p.name for p in (out / "analysis").iterdir()) == names and "ops.parquet" in names
@@ -81,7 +84,8 @@ def check(out: Path, cli: Path) -> None:
     assert (out / "filtered.json").stat().st_size > 0
     callers = (out / "caller.pid").read_text().split()
     workers = {p.name for p in (out / "pids").iterdir()}
-    assert len(callers) == 1 and workers and callers[0] not in workers
+    assert len(callers) == 1 and workers
+    assert (workers == {callers[0]}) if in_caller else (callers[0] not in workers)
 
 
 @pytest.mark.parametrize("inputs", [JOB, SHARED / "real" / "hta_trace_filter"], ids=["gloo_4ranks", "hta_trace_filter"])
@@ -99,9 +103,18 @@ def test_a_filter_from_a_module_beside_the_script(tmp_path):
         "import os\ndef no_python(event):\n    return event.get('cat') != 'python_function'\n")
     (tmp_path / "job" / "job.py").write_text(
         "from myfilters import no_python\nfrom tracefuse_dask import merge_traces\n"
-        f"print(merge_traces({str(shared('gloo_4ranks'))!r}, 'merged.json', filter_fn=no_python).events_out)\n")
+        f"print(merge_traces({str(shared('gloo_4ranks'))!r}, 'merged.json', filter_fn=no_python, workers=2)"
+        ".events_out)\n")
     run([sys.executable, "job/job.py"], tmp_path)
     assert (tmp_path / "merged.json").stat().st_size > 0
+
+
+def test_small_inputs_without_workers_run_in_the_caller(cli_outputs, tmp_path):
+    """No worker programs to start: the tasks run in threads of the script, which is not re-run."""
+    out, code = snippet_for(JOB, tmp_path)
+    (tmp_path / "job.py").write_text(code.replace(", max_workers=2", "").replace(", workers=2", ""))
+    run([sys.executable, "job.py"], tmp_path)
+    check(out, cli_outputs[str(JOB)], in_caller=True)
 
 
 def test_code_piped_to_python_stdin(cli_outputs, tmp_path):

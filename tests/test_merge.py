@@ -1,6 +1,7 @@
 """End-to-end merges on a real process-based LocalCluster and on `dask scheduler`/`dask worker` processes."""
 from __future__ import annotations
 
+import functools
 import gzip
 import os
 import subprocess
@@ -22,7 +23,15 @@ from tracefuse_dask import (
     TraceFuse,
     merge_traces,
 )
-from tracefuse_dask.cluster import batches, biggest_first, flat, outcomes
+from tracefuse_dask.cluster import (
+    SMALL_INPUT_BYTES,
+    batches,
+    biggest_first,
+    connect,
+    flat,
+    outcomes,
+    small_input,
+)
 from tracefuse_dask.merge import assemble, plan, tasks
 from tracefuse_dask.model import InputFile
 
@@ -203,6 +212,52 @@ def test_batches(sizes, limit, expected):
 ])
 def test_biggest_first(sizes, expected):
     assert biggest_first(sizes) == expected
+
+
+@pytest.mark.parametrize("files, small", [
+    pytest.param([], True, id="none"),
+    pytest.param([InputFile("a.json", SMALL_INPUT_BYTES // 2)] * 2, True, id="at-the-limit"),
+    pytest.param([InputFile("a.json", SMALL_INPUT_BYTES + 1)], False, id="over"),
+    pytest.param([InputFile("a.json.gz", SMALL_INPUT_BYTES // 8)], True, id="gzip-counts-8-times"),
+    pytest.param([InputFile("a.JSON.GZ", SMALL_INPUT_BYTES // 8 + 1)], False, id="gzip-over"),
+    pytest.param([InputFile("a.json", 10), InputFile("b.json")], False, id="an-unknown-size-is-not-small"),
+])
+def test_small_input(files, small):
+    assert small_input(files) is small
+
+
+@pytest.mark.parametrize("size, workers, here", [
+    pytest.param(1000, None, True, id="small"),
+    pytest.param(SMALL_INPUT_BYTES + 1, None, False, id="big"),
+    pytest.param(1000, 1, False, id="workers-given"),
+])
+def test_the_embedded_cluster_runs_small_inputs_in_this_process(size, workers, here):
+    with connect(workers=workers, inputs=[InputFile("rank0.json", size)]) as c:
+        assert (set(c.run(os.getpid).values()) == {os.getpid()}) is here
+
+
+def _seen_by(folder: str, event: dict) -> bool:
+    """A filter_fn that keeps every event and notes the process that ran it."""
+    Path(folder, str(os.getpid())).touch()
+    return True
+
+
+def test_a_small_merge_runs_in_this_process_unless_workers_are_given(tmp_path):
+    """Without ``workers``, its tasks run in threads of this process; ``workers=2`` starts worker programs.
+    The output is the same (the filter's repr, folder included, is in its metadata)."""
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    pids, outputs = {}, {}
+    for workers in (None, 2):
+        out = tmp_path / f"merged-{workers}.json.gz"
+        merge_traces(str(shared("gloo_4ranks")), str(out), workers=workers,
+                     filter_fn=functools.partial(_seen_by, str(seen)))
+        pids[workers], outputs[workers] = {p.name for p in seen.iterdir()}, out.read_bytes()
+        for p in seen.iterdir():
+            p.unlink()
+    assert pids[None] == {str(os.getpid())}
+    assert pids[2] and str(os.getpid()) not in pids[2]
+    assert outputs[None] == outputs[2]
 
 
 def test_the_biggest_rank_starts_first_and_the_output_keeps_rank_order(tmp_path):

@@ -5,7 +5,8 @@ leave every hash as it is; a change of behaviour regenerates them on purpose and
 
     TRACEFUSE_REGENERATE_HASHES=1 python -m pytest tests/test_output_hashes.py
 
-Each folder of ``../shared/traces`` (and of ``real/``) is one job, merged and analysed on its own. Tables are
+Each folder of ``../shared/traces`` (and of ``real/``) is one job, merged and analysed on its own, on worker
+programs and, as small inputs are without a client, in threads of this process. Tables are
 hashed as CSV text (``repr`` of floats, so a change in the last bit shows), not as Parquet, whose bytes carry
 the writer's version.
 """
@@ -33,7 +34,8 @@ def sha256(data: bytes) -> str:
 
 
 def hashes(inputs: str, tmp: Path, client) -> dict[str, str]:
-    """sha256 of the merged trace (``.json`` and ``.json.gz``) and of every analysis table of ``inputs``."""
+    """sha256 of the merged trace (``.json`` and ``.json.gz``) and of every analysis table of ``inputs``; the
+    embedded cluster's when ``client`` is None."""
     got = {}
     for suffix in ("json", "json.gz"):
         out = tmp / f"merged.{suffix}"
@@ -64,9 +66,16 @@ def computed(jobs, client, tmp_path_factory):
     return got
 
 
+@pytest.fixture(scope="module")
+def computed_in_process(jobs, tmp_path_factory):
+    return {name: hashes(path, tmp_path_factory.mktemp("out"), None) for name, path in jobs.items()}
+
+
 @pytest.mark.integration
+@pytest.mark.parametrize("where", ["computed", "computed_in_process"])
 @pytest.mark.parametrize("job", [*SETS, *EXAMPLES])
-def test_outputs_are_unchanged(computed, job):
+def test_outputs_are_unchanged(request, where, job):
+    computed = request.getfixturevalue(where)
     expected = json.loads(EXPECTED_FILE.read_text())
     assert job in expected, f"{job} has no pinned hashes: regenerate them (see this module's docstring)"
     changed = sorted(k for k in computed[job].keys() | expected[job].keys()

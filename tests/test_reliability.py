@@ -177,14 +177,15 @@ def test_a_killed_worker_is_retried_and_the_output_is_identical(tmp_path):
     assert (tmp_path / "faulty.json").read_bytes() == (tmp_path / "clean.json").read_bytes()
 
 
-def test_sigterm_removes_temporaries_and_exits_nonzero(tmp_path):
+@pytest.mark.parametrize("workers", [["--workers", "1"], []], ids=["worker-program", "in-process"])
+def test_sigterm_removes_temporaries_and_exits_nonzero(tmp_path, workers):
     inputs = tmp_path / "in"
     for r in range(8):
         write_trace(inputs / f"rank{r}.json", make_rank_trace(r, 8, target_bytes=4_000_000))
     out = tmp_path / "out" / "m.json"
     out.parent.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "tracefuse_dask", "merge", str(inputs), "-o", str(out),
-                             "--workers", "1"], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "tracefuse_dask", "merge", str(inputs), "-o", str(out), *workers],
+                            stderr=subprocess.PIPE, text=True)
     tmp = Path(str(out) + ".tracefuse-tmp")
     deadline = time.monotonic() + 60
     while not tmp.exists() and proc.poll() is None and time.monotonic() < deadline:

@@ -71,8 +71,11 @@ def merge_traces(
         ``format="perfetto-archive"``, the archive: ``.tar``, or ``.tar.gz`` to gzip the whole TAR.
     client
         A Dask client to use. Otherwise ``scheduler``/``scheduler_file``/
-        ``DASK_SCHEDULER_ADDRESS`` name a cluster, or an embedded cluster of ``workers`` worker processes
-        is started (``cluster.connect``).
+        ``DASK_SCHEDULER_ADDRESS`` name a cluster, or an embedded cluster is started (``cluster.connect``).
+    workers
+        The embedded cluster's worker processes (default: one per core). Without it, small inputs
+        (``cluster.small_input``) run in threads of this process instead, which finishes before worker
+        processes would have started; pass it to have worker processes whatever the size.
     storage_options
         fsspec options for inputs and output; they travel to the workers with the tasks.
     ranks
@@ -176,6 +179,8 @@ def analyze(
     Parameters
     ----------
     urlpath, out_dir, client, storage_options, force, workers, scheduler, scheduler_file, timeout, show_progress
+        As ``tracefuse_dask.analysis.analyze``; ``workers`` as in ``merge_traces``, except that with
+        ``critical_path_trace`` the embedded cluster has worker processes whatever the size.
     **options
         As ``tracefuse_dask.analysis.analyze``: ``ranks``, ``steps``, ``rank_regex``, ``format``,
         ``keep_unlaunched_gpu``.
@@ -264,7 +269,7 @@ def diff(
         A percentage (``5``, ``"5%"``): ``Diff.failed`` (and ``tracefuse diff``'s exit code 3) when the job's step
         time, or a figure worth at least 1% of it, regressed significantly by more than this.
     client, storage_options, format, force, workers, scheduler, scheduler_file, timeout, show_progress
-        As in ``analyze``.
+        As in ``analyze``; the embedded cluster has worker processes whatever the size.
     **options
         Passed to ``analyze`` for a side given as traces: ``ranks``, ``steps``, ``rank_regex``,
         ``keep_unlaunched_gpu``.
@@ -354,7 +359,7 @@ class TraceFuse:
     use_multiprocessing
         Accepted for compatibility; the work always runs on Dask.
     max_workers
-        Worker processes of the embedded cluster (``cluster.connect``).
+        Worker processes of the embedded cluster (``workers`` of ``merge_traces``).
     **merge_options
         Passed to :func:`merge_traces`: ``client``, ``storage_options``,
         ``rewrite_ids`` (TraceLens-style offsets of ``External id``/``correlation``), ...

@@ -38,7 +38,8 @@ def _storage_options(text: str | None) -> dict[str, Any] | None:
 def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cluster")
     g.add_argument("--workers", type=int, metavar="N",
-                   help="worker processes of the embedded cluster (default: one per core)")
+                   help="worker processes of the embedded cluster (default: one per core; without it, merge, "
+                        "info and analyze without --critical-path-trace run small inputs in this process)")
     g.add_argument("--scheduler", metavar="ADDRESS",
                    help="connect to an existing Dask scheduler (also DASK_SCHEDULER_ADDRESS)")
     g.add_argument("--scheduler-file", metavar="PATH", help="connect through a Dask scheduler file")

@@ -303,7 +303,7 @@ def analyze(
     files, skipped_names = expand_inputs(urlpath, storage_options=storage_options, rank_regex=rank_regex,
                                          names=_NAMES, subset=subset)
     with connect(client, scheduler=scheduler, scheduler_file=scheduler_file, workers=workers,
-                 timeout=timeout) as c:
+                 timeout=timeout, inputs=files) as c:
         futures = c.map(_analyze_files, [files[b.start:b.stop] for b in batches([f.size for f in files])],
                         storage_options=so, steps=step_range, subset=subset, rank_regex=rank_regex,
                         keep_unlaunched_gpu=keep_unlaunched_gpu, pure=False)

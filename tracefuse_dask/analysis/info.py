@@ -136,7 +136,7 @@ def describe_traces(
     files, skipped = expand_inputs(urlpath, storage_options=storage_options, rank_regex=rank_regex)
     so = dict(storage_options or {})
     with connect(client, scheduler=scheduler, scheduler_file=scheduler_file, workers=workers,
-                 timeout=timeout) as c:
+                 timeout=timeout, inputs=files) as c:
         groups = [[files[i] for i in b] for b in batches([f.size for f in files])]
         described = [d for group in c.gather(c.map(_describe_ranks, groups, storage_options=so, pure=False))
                      for d in group]

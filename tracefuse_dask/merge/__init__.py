@@ -72,7 +72,7 @@ def merge(urlpath: str | Iterable[str] | Mapping[int, str], request: MergeReques
     futures: list[Any] = []
     try:
         with connect(client, scheduler=scheduler, scheduler_file=scheduler_file, workers=workers,
-                     timeout=timeout, in_process=in_memory) as c, report:
+                     timeout=timeout, in_process=in_memory, inputs=files) as c, report:
             if in_memory and set(c.run(os.getpid).values()) != {os.getpid()}:
                 raise MergeError("memory:// paths live in one process, but this Dask cluster runs its workers in "
                                  "other processes; use a local path or object storage, or an in-process cluster "
