@@ -106,12 +106,11 @@ def _embedded(n: int, in_process: bool) -> SpecCluster:
 
 
 SMALL_INPUT_BYTES = 64 * 2**20  # of trace: what the embedded cluster runs in this process (``small_input``)
-_GZIP_RATIO = 8  # a .gz file counts as this many times its size; Kineto's JSON compresses 8-14x
 
 
 def small_input(files: Sequence[InputFile]) -> bool:
-    """True when ``files`` hold at most ``SMALL_INPUT_BYTES`` of trace, a ``.gz`` file counting as
-    ``_GZIP_RATIO`` times its size; a file of unknown size is never small.
+    """True when ``files`` hold at most ``SMALL_INPUT_BYTES`` of trace (``InputFile.trace_bytes``); a file of
+    unknown size is never small.
 
     Small inputs are merged and analysed in threads of this process: two worker programs cost 0.5-1 s to
     start and 0.2 s to stop on 2 cores, the in-process cluster 0.05 s in all. Measured on 2 cores (8 ranks,
@@ -119,11 +118,10 @@ def small_input(files: Sequence[InputFile]) -> bool:
     threads took 0.2-0.8 of the time on worker programs up to 64 MiB by this count; gzip inputs broke even
     between 70 MiB (A100, which compresses 14x) and 170 MiB, json ones not below 250 MiB.
     """
-    total = 0
-    for f in files:
-        if f.size is None:
-            return False
-        total += f.size * (_GZIP_RATIO if f.path.lower().endswith(".gz") else 1)
+    sizes = [f.trace_bytes for f in files]
+    if None in sizes:
+        return False
+    total = sum(sizes)
     return total <= SMALL_INPUT_BYTES
 
 

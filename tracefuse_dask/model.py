@@ -128,6 +128,9 @@ def parse_window(spec: str) -> tuple[int, int]:
     return int(start * 1_000_000), int(end * 1_000_000)
 
 
+GZIP_RATIO = 8  # about how many times a .gz trace's size its JSON is: Kineto's compresses 8-14x
+
+
 @dataclass(frozen=True)
 class InputFile:
     """One input trace before it is read: where it is and what its name or key says of its rank."""
@@ -138,6 +141,14 @@ class InputFile:
     hint_source: Literal["key", "name", "order"] | None = None
     listed: bool = False  # found by expanding a folder or glob, not named explicitly
     stamp: str | None = None  # the storage's etag, or else its mtime: changes when the file does
+
+    @property
+    def trace_bytes(self) -> int | None:
+        """About how many bytes of trace the file holds: its size, a ``.gz`` file's times ``GZIP_RATIO``; None
+        when unknown. What tasks are grouped (``cluster.batches``) and the embedded cluster sized by."""
+        if self.size is None:
+            return None
+        return self.size * (GZIP_RATIO if self.path.lower().endswith(".gz") else 1)
 
 
 class PortableFilter:

@@ -304,7 +304,7 @@ def analyze(
                                          names=_NAMES, subset=subset)
     with connect(client, scheduler=scheduler, scheduler_file=scheduler_file, workers=workers,
                  timeout=timeout, inputs=files) as c:
-        futures = c.map(_analyze_files, [files[b.start:b.stop] for b in batches([f.size for f in files])],
+        futures = c.map(_analyze_files, [files[b.start:b.stop] for b in batches([f.trace_bytes for f in files])],
                         storage_options=so, steps=step_range, subset=subset, rank_regex=rank_regex,
                         keep_unlaunched_gpu=keep_unlaunched_gpu, pure=False)
         if show_progress:

@@ -137,7 +137,7 @@ def describe_traces(
     so = dict(storage_options or {})
     with connect(client, scheduler=scheduler, scheduler_file=scheduler_file, workers=workers,
                  timeout=timeout, inputs=files) as c:
-        groups = [[files[i] for i in b] for b in batches([f.size for f in files])]
+        groups = [[files[i] for i in b] for b in batches([f.trace_bytes for f in files])]
         described = [d for group in c.gather(c.map(_describe_ranks, groups, storage_options=so, pure=False))
                      for d in group]
     skipped += [f"{f.path} (not a per-rank trace)" for f, d in zip(files, described) if d is None]

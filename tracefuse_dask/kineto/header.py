@@ -11,7 +11,6 @@ import re
 import zlib
 from typing import IO, Any
 
-import orjson
 from isal import igzip
 from isal.isal_zlib import error as IsalError
 
@@ -21,8 +20,7 @@ GZIP_MAGIC = b"\x1f\x8b"
 _CHUNK = 1 << 16
 _HEADER_LIMIT = 1 << 24
 _TAIL_LIMIT = 1 << 20  # the keys after the events are read from at most this many bytes at the end
-_CLOSE = re.compile(rb"\][ \t\n\r]*[,}]")
-_BLANK_END = re.compile(rb"[ \t\n\r]*\Z")
+_CLOSE_TEXT = re.compile(r"\][ \t\n\r]*[,}]")
 _WS = re.compile(r"[ \t\n\r]*")
 
 
@@ -140,24 +138,32 @@ def _scan_trailer(tail: bytes, whole: bool) -> dict[str, Any] | None:
     events could also end that way, and it comes after the array's ``]``; so the first such ``]`` is the
     array's, provided that the bytes hold the array's end: they do when they hold the whole document or when
     an event (``"ph"``) comes before that ``]``. Otherwise (the keys after the events are too long) None.
+    A remainder is read one key and value at a time, so that a ``]`` inside an event costs what is read up to
+    its event's end, not the rest of the bytes.
     """
-    text = bytearray(tail)
-    view = memoryview(text)
-    for m in _CLOSE.finditer(tail):
-        comma = m.end() - 1
-        if tail[comma] == ord("}"):
-            if not _BLANK_END.match(tail, m.end()):
-                continue
-            trailer: Any = {}
-        else:
-            text[comma] = ord("{")  # parse the remainder in place, as an object: no copy per candidate
-            try:
-                trailer = orjson.loads(view[comma:])
-            except orjson.JSONDecodeError:
-                continue
-            finally:
-                text[comma] = ord(",")
-            if not isinstance(trailer, dict) or "traceEvents" in trailer:
-                continue
-        return trailer if whole or tail.find(b'"ph"', 0, m.start()) >= 0 else None
+    text = tail.decode("utf-8", errors="replace")  # the bytes may start inside a character
+    for m in _CLOSE_TEXT.finditer(text):
+        trailer = _members(text, m.end() - 1)
+        if trailer is None or "traceEvents" in trailer:
+            continue
+        return trailer if whole or text.find('"ph"', 0, m.start()) >= 0 else None
     return None
+
+
+def _members(text: str, i: int) -> dict[str, Any] | None:
+    """The object whose members follow ``text[i]`` (``,`` or ``}``) to the end of ``text``; None when they are
+    not that."""
+    dec = json.JSONDecoder()
+    out: dict[str, Any] = {}
+    try:
+        while text[i] == ",":
+            i = _WS.match(text, i + 1).end()
+            key, i = dec.raw_decode(text, i)
+            i = _WS.match(text, i).end()
+            if not isinstance(key, str) or text[i] != ":":
+                return None
+            out[key], i = dec.raw_decode(text, _WS.match(text, i + 1).end())
+            i = _WS.match(text, i).end()
+    except (json.JSONDecodeError, IndexError):
+        return None
+    return out if text[i : i + 1] == "}" and _WS.match(text, i + 1).end() == len(text) else None

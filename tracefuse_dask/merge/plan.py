@@ -202,7 +202,7 @@ def plan_merge(c: Client, request: MergeRequest, files: list[InputFile], unliste
     if options.window_ns is not None:
         earliest = MergeOptions(options.include_pyfunc, options.keep, options.steps, None, options.filter_fn)
     t0 = time.perf_counter()
-    groups = [[files[i] for i in b] for b in batches([f.size for f in files], BATCH_BYTES)]
+    groups = [[files[i] for i in b] for b in batches([f.trace_bytes for f in files], BATCH_BYTES)]
     metas = [f"{tmp_dir}/meta-{k:08d}.json" for k in range(len(groups))]
     keys = [f"tracefuse-header-{tokenize(g, so, earliest, repair, m)}" for g, m in zip(groups, metas)]
     futures[:] = c.map(_read_headers, groups, metas, storage_options=so, earliest=earliest, repair=repair, key=keys)

@@ -116,7 +116,7 @@ def rewrite_ranks(c: Client, plan: MergePlan, notes: MergeNotes, futures: list[A
     compress = tasks[0].compress
     ext = ".json.gz" if compress else ".json"
     limit = 0 if request.format == "perfetto-archive" else BATCH_BYTES
-    by_path = {f.path: f.size for f in plan.files}
+    by_path = {f.path: f.trace_bytes for f in plan.files}
     runs = [[tasks[part.start + i] for i in b] for part in plan.split_groups
             for b in batches([by_path.get(tasks[k].path) for k in part], limit)]
     paths = [f"{plan.tmp_dir}/part-{run[0].rank:08d}{ext}" for run in runs]
