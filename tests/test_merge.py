@@ -226,6 +226,23 @@ def test_small_input(files, small):
     assert small_input(files) is small
 
 
+def test_gzipped_ranks_are_grouped_by_the_trace_they_hold(client, tmp_path):
+    """Eight gzipped ranks of about 4 MB of trace each (300 kB on disk) share tasks as 4 MB plain ranks would,
+    not as 300 kB ones: by their size on disk all eight were one task, and one worker did the whole merge."""
+    from distributed import get_task_stream
+
+    from tracefuse_dask.synth import write_example
+
+    paths = write_example(str(tmp_path / "in"), ranks=8, rank_bytes=4_000_000)
+    files = [InputFile(p, os.path.getsize(p)) for p in paths]
+    assert all(f.trace_bytes == 8 * f.size for f in files)
+    with get_task_stream(client) as ts:
+        merge_traces(str(tmp_path / "in"), str(tmp_path / "m.json.gz"), client=client)
+    rewrites = {t["key"] for t in ts.data if str(t["key"]).startswith("tracefuse-rewrite")}
+    assert len(rewrites) == len(batches([f.trace_bytes for f in files])) >= 4
+    assert len(batches([f.size for f in files])) == 1
+
+
 @pytest.mark.parametrize("size, workers, here", [
     pytest.param(1000, None, True, id="small"),
     pytest.param(SMALL_INPUT_BYTES + 1, None, False, id="big"),
