@@ -434,7 +434,8 @@ def _segments(w: _Walker, walks: list[tuple[list[Any], int]], anchors: list[tupl
                          "order": np.arange(len(walk)) - np.searchsorted(walk, walk),
                          "kind": np.array(KINDS, dtype=object)[kind], "name": name,
                          "start_ns": t0 + base, "end_ns": t1 + base, "pid": pid, "tid": tid,
-                         "event_ts": np.where(has, start[event] / 1000, np.nan)}, columns=SEGMENT_COLUMNS)
+                         "event_ts": [t / 1000 if h else np.nan for t, h in zip(start[event].tolist(), has.tolist())]},
+                        columns=SEGMENT_COLUMNS)  # as Python divides: exact ints, one rounding
 
 
 def _texts(values: np.ndarray, has: np.ndarray) -> np.ndarray:
