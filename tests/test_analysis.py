@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -208,6 +209,16 @@ def test_a_merged_trace_is_analysed_per_rank_with_the_same_numbers(client, examp
     from_merged = analyze(str(merged), client=client)
     for name in ("breakdown", "breakdown_by_step", "kernels", "ops", "kernel_launchers", "idle"):
         pd.testing.assert_frame_equal(getattr(per_file, name), getattr(from_merged, name), check_dtype=False)
+    # written into the folder of the ranks it merged (as a new user did), it is passed over, as merge and info
+    # pass it over, instead of each rank appearing twice
+    job = tmp_path / "job"
+    shutil.copytree(example, job)
+    shutil.copy(merged, job / "merged.json.gz")
+    beside = analyze(str(job), client=client)
+    pd.testing.assert_frame_equal(beside.breakdown, per_file.breakdown)
+    assert [i for i in beside.summary["ignored"] if "merged.json.gz: a trace merged by tracefuse" in i]
+    with pytest.raises(RankError, match="name it on its own"):
+        analyze(str(job / "merged*.json.gz"), client=client)
 
 
 @pytest.mark.integration

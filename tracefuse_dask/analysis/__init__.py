@@ -105,6 +105,9 @@ def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps
         meta = doc.get("metadata")
         notes: list[str] = []
         base = _base(doc.get("baseTimeNanoseconds"))
+        if is_merged(meta) and f.listed:  # beside per-rank traces, its ranks would be theirs twice
+            return {"ignored": f"{f.path}: a trace merged by tracefuse, found in a folder or glob; name it on its "
+                               "own to analyse its ranks"}
         if is_merged(meta):
             parts = split_merged(doc["traceEvents"])
             world_size = None
