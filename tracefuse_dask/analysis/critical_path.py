@@ -403,9 +403,10 @@ def _segments(w: _Walker, walks: list[tuple[list[Any], int]], anchors: list[tupl
         first = np.repeat(offset[item], n)
         step = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)  # 0, 1, ... within each run
         rows, k, cap = first + step, np.repeat(i, n) - step, np.repeat(t, n)
-        # a state's segment starts at the earliest time of the run so far (times along a tour mostly grow)
-        begin = pd.Series(np.minimum(w.tour_t[k - 1], cap)).groupby(np.repeat(np.arange(len(n)), n)).cummin()
-        begin = begin.to_numpy()
+        # a state's segment starts at the earliest time of the run so far: its own, unless times along the tour dip
+        begin = np.minimum(w.tour_t[k - 1], cap)
+        if ((np.diff(begin) > 0) & (step[1:] > 0)).any():
+            begin = pd.Series(begin).groupby(np.repeat(np.arange(len(n)), n)).cummin().to_numpy()
         stop = np.concatenate([[0], begin[:-1]])
         stop[step == 0] = cap[step == 0]
         kind[rows], name[rows], src[rows], t0[rows], t1[rows] = w.own_kind[k], w.own_name[k], w.own_src[k], begin, stop

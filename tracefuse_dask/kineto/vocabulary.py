@@ -145,10 +145,16 @@ def is_collective_call(name: str) -> bool:
     return name.startswith(COLLECTIVE_CALL_PREFIXES)
 
 
+@functools.lru_cache(maxsize=1 << 14)
+def _comm_name(name: str) -> bool:
+    """``_COMM_KERNEL`` searched once per kernel name (a rank has thousands of kernels of a few dozen names)."""
+    return _COMM_KERNEL.search(name) is not None
+
+
 def is_comm_kernel(name: str, args: Any = None) -> bool:
     """True for a collective's device work: NCCL and RCCL kernels by any of their names, or device work whose
     args carry ``Collective name`` (a mapping's key, or the ``collective`` field of the analysis's args)."""
-    if _COMM_KERNEL.search(name):
+    if _comm_name(name):
         return True
     if isinstance(args, Mapping):
         return "Collective name" in args
