@@ -117,6 +117,9 @@ def test_the_scale_benchmark_measures_memory_on_a_real_shape(tmp_path):
     rows = [line.split(" | ") for line in out.read_text().splitlines() if "MB (a100)" in line]
     assert [r[0] for r in rows] == ["| 8 × 1 MB (a100)", "| 16 × 1 MB (a100)"]
     assert all(r[-1] == "yes |" for r in rows), rows
+    # the small ranks are cut from the real shape from its first collective call: the analysed job has calls
+    job = [line.split(" | ") for line in out.read_text().splitlines() if "-rank job" in line]
+    assert len(job) == 1 and int(job[0][-1].rstrip(" |").replace(",", "")) > 0, job
     assert [p.name for p in tmp_path.iterdir()] == ["report.md"]
 
 

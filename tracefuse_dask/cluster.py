@@ -38,7 +38,14 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import dask
-from distributed import CancelledError, Client, LocalCluster, Scheduler, SpecCluster, progress
+from distributed import (
+    CancelledError,
+    Client,
+    LocalCluster,
+    Scheduler,
+    SpecCluster,
+    progress,
+)
 from distributed.deploy.subprocess import Subprocess
 from distributed.utils import silence_logging_cmgr
 from distributed.worker_memory import parse_memory_limit
@@ -121,8 +128,7 @@ def small_input(files: Sequence[InputFile]) -> bool:
     sizes = [f.trace_bytes for f in files]
     if None in sizes:
         return False
-    total = sum(sizes)
-    return total <= SMALL_INPUT_BYTES
+    return sum(sizes) <= SMALL_INPUT_BYTES
 
 
 @contextlib.contextmanager

@@ -298,7 +298,7 @@ class _Walker:
         return best[2] if best else None
 
 
-def rank_pieces(start: np.ndarray, end: np.ndarray, names: list[str], cats: list[str], pids: np.ndarray,
+def rank_pieces(start: np.ndarray, end: np.ndarray, names: np.ndarray, cats: np.ndarray, pids: np.ndarray,
                 tids: np.ndarray, tree: Any, g: Any,
                 step_spans: Sequence[tuple[int, int, int]], step_pos: Mapping[int, int], calls: pd.DataFrame,
                 base: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -307,7 +307,7 @@ def rank_pieces(start: np.ndarray, end: np.ndarray, names: list[str], cats: list
     Parameters
     ----------
     start, end, names, cats, pids, tids
-        Per X event (relative ns, names, categories, pids and tids as in the trace).
+        Per X event, as arrays (relative ns, names, categories, pids and tids as in the trace).
     tree
         The call tree (``analysis.rank._Tree``).
     g
@@ -431,12 +431,13 @@ def _segments(w: _Walker, walks: list[tuple[list[Any], int]], anchors: list[tupl
     pid, tid = (_texts(v[event], has) for v in (pids, tids))
     label = np.array([a for a, *_ in anchors], dtype=object)
     key = np.array([k for _, k, *_ in anchors], dtype=np.int64)
+    # event_ts as Python divides exact ints (one rounding); numpy's float division would move the last digit
     return pd.DataFrame({"anchor": label[walk], "key": key[walk],
                          "order": np.arange(len(walk)) - np.searchsorted(walk, walk),
                          "kind": np.array(KINDS, dtype=object)[kind], "name": name,
                          "start_ns": t0 + base, "end_ns": t1 + base, "pid": pid, "tid": tid,
                          "event_ts": [t / 1000 if h else np.nan for t, h in zip(start[event].tolist(), has.tolist())]},
-                        columns=SEGMENT_COLUMNS)  # as Python divides: exact ints, one rounding
+                        columns=SEGMENT_COLUMNS)
 
 
 def _texts(values: np.ndarray, has: np.ndarray) -> np.ndarray:

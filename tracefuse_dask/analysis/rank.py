@@ -370,8 +370,8 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
     tids = np.array(list(map(_TID, xs)), dtype=object)
     dev = _device(cat_code, cats, pids, args)
     corr = np.array(list(map(_CORRELATION, args)), dtype=object)
-    kind = np.array(list(map(type, corr.tolist())), dtype=object)
-    has_corr = (kind == int) | (kind == str)  # as Kineto writes it (not a bool, a float or null)
+    types = np.array(list(map(type, corr.tolist())), dtype=object)
+    has_corr = (types == int) | (types == str)  # as Kineto writes it (not a bool, a float or null)
     step_of = np.array([int(m.group(1)) if (m := STEP.match(nm)) else -1 for nm in names], dtype=np.int64)
     left_out = 0
     keep = None if keep_unlaunched_gpu else _launched_only(dev, start, end, np.where(step_of[name_code] >= 0,
@@ -673,7 +673,8 @@ def _op_tables(tree: _Tree, is_op: np.ndarray, is_cpu_op: np.ndarray, name_code:
                 i = path_ids[key] = len(paths)
                 paths.append(paths[key[0]] | {key[1]})
             ids.append(i)
-        path[ops] = np.array(ids, dtype=np.int64)[at_pair] if ids else path[ops]
+        if ids:
+            path[ops] = np.array(ids, dtype=np.int64)[at_pair]
         mine = ops[cpu_op_at[ops]]
         leaf[mine] = mine
     path, leaf, code_at = path.tolist(), leaf.tolist(), code_at.tolist()
