@@ -270,10 +270,16 @@ def test_runs_of_short_segments_are_joined_and_their_time_by_kind_kept():
     segs = [(0, "cpu_op", "a", 1, 90, 100), (0, "cpu_op", "b", 2, 85, 90), (0, "cpu_op", "c", 3, 80, 85),
             (0, "kernel", "k", -1, 78, 80), (0, "cpu_op", "d", 4, 40, 78), (0, "cpu_op", "e", 5, 38, 40),
             (1, "cpu_op", "f", 6, 30, 38), (1, "cpu_op", "g", 7, 25, 30)]
-    walk, kind, name, src, t0, t1 = (np.array(v, dtype=object if i == 2 else None) for i, v in enumerate(zip(*segs)))
+    texts = [n for _, _, n, *_ in segs]
+    walk, kind, name, src, t0, t1 = (np.array(v) for v in zip(*segs))
     kind = np.array([KINDS.index(k) for k in kind])
-    out = _short_runs(walk, kind, name, src, t0, t1, np.full(len(segs), 20))
-    got = [(w, KINDS[k], n, s, a, b) for w, k, n, s, a, b in zip(*(v.tolist() for v in out))]
+    name = np.arange(len(segs))  # codes into texts, to which the joined runs' names are added
+
+    def code(text):
+        texts.append(text)
+        return len(texts) - 1
+    out = _short_runs(walk, kind, name, src, t0, t1, np.full(len(segs), 20), code)
+    got = [(w, KINDS[k], texts[n], s, a, b) for w, k, n, s, a, b in zip(*(v.tolist() for v in out))]
     assert got == [(0, "cpu_op", "3 short cpu_op segments", _NONE, 80, 100), (0, "kernel", "k", -1, 78, 80),
                    (0, "cpu_op", "d", 4, 40, 78), (0, "cpu_op", "e", 5, 38, 40),
                    (1, "cpu_op", "2 short cpu_op segments", _NONE, 25, 38)]

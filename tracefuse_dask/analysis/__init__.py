@@ -373,10 +373,11 @@ def _reduce(results: list[dict[str, Any]], skipped_names: list[str], steps: tupl
     stragglers, verdict = straggler(instances, waits, matched)
     gpu = bool("kernel_count" in tables["breakdown"] and (tables["breakdown"]["kernel_count"] > 0).any())
     pieces = {name: _in_rank_order([res["tables"][name] for res in results]) for name in PIECES}
+    texts = {rt.rank: rt.texts for rt in per_rank}
     path, path_steps, path_origin = stitch(pieces["path_anchors"], pieces["path_segments"], tables["collectives"],
-                                           matched, offsets)
+                                           matched, offsets, texts)
     verdict["cause"] = straggler_cause(verdict["rank"], instances, matched, pieces["path_work"], path, path_steps,
-                                       gpu)
+                                       gpu, texts)
     ct = _one_source_per_rank(pd.concat(ct_calls, ignore_index=True), warnings) if ct_calls \
         else pd.DataFrame(columns=CT_COLUMNS)
     ct_summary, ct_hints, ct_verdict = summarize(ct)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
@@ -65,9 +65,14 @@ _STREAM_WAIT = "Stream Wait Event"
 _QUEUED_NS = 50_000  # a kernel that starts this long after both its launch and the work before it on its stream
 _HANDOFF_NS = 20_000  # and this soon after work on another stream ends was waiting for that work
 _SHORT_PER_WALK = 1000  # segments shorter than a walk's length over this are joined in runs (``_short_runs``)
-ANCHOR_COLUMNS = ["anchor", "key", "at_ns", "floor_ns", "stop", "stop_call", "stop_ns"]
-SEGMENT_COLUMNS = ["anchor", "key", "order", "kind", "name", "start_ns", "end_ns", "pid", "tid", "event_ts"]
+ANCHOR_COLUMNS = ["anchor", "key", "at_ns", "floor_ns", "stop", "stop_call", "stop_ns", "walk"]
+# Segments and work are codes, so that they cost the task, the transfer and the reduce little: ``kind`` into
+# ``KINDS`` or ``WORK_KINDS``, ``name``, ``cat``, ``pid`` and ``tid`` into the rank's texts (``RankTables.texts``:
+# the name, the category, the pid or tid as JSON text, "" for none); ``walk`` is the anchor's row in its rank's
+# anchors; ``event_ns`` the start of the event a segment is time of (``_NONE``: none).
+SEGMENT_COLUMNS = ["walk", "kind", "name", "start_ns", "end_ns", "pid", "tid", "event_ns"]
 WORK_COLUMNS = ["call", "kind", "name", "cat", "count", "ns"]
+WORK_KINDS = ("interval", "cpu_op", "kernel", "memcpy", "idle")
 PATH_COLUMNS = ["step", "order", "rank", "kind", "name", "start_us", "dur_us", "pid", "tid", "event_ts"]
 _CAUSES = {"cpu_op": "host-bound", "launch gap": "host-bound", "idle": "host-bound", "memcpy": "memcpy or data loading",
            "sync wait": "synchronisation", "collective transfer": "synchronisation"}
@@ -152,7 +157,8 @@ class _Walker:
         self.own_kind = np.where(src >= 0, _KIND["cpu_op"], _KIND["idle"])
         code, names = pd.factorize(np.array([*self.hn, "CPU idle"], dtype=object))
         self.hn_code = code[:m]
-        self.own_name = code[src]  # -1: the last, "CPU idle"; segments' names are codes into name_table
+        self.own_name = code[src]  # -1: the last, "CPU idle"
+        # the rank's texts: what the pieces' names, pids and tids are codes into (``code``, ``RankTables.texts``)
         self.name_table: list[str] = names.tolist()
         self.name_code = {n: i for i, n in enumerate(self.name_table)}
         self.own_src = np.where(src >= 0, src, _NONE)
@@ -240,15 +246,23 @@ class _Walker:
                 return pieces, ("call", nxt[1], t)
             kind, name, src, where, x = nxt
             t0 = min(times[where][x], t)
-            code = self.name_code.get(name)
-            if code is None:
-                code = self.name_code[name] = len(self.name_table)
-                self.name_table.append(name)
-            pieces.append([_KIND[kind], code, _NONE if src is None else src, max(t0, floor), t])
+            pieces.append([_KIND[kind], self.code(name), _NONE if src is None else src, max(t0, floor), t])
             if t0 <= floor:
                 return pieces, ("start", None, floor)
             t = t0
         raise RuntimeError("critical path walk did not end")  # a cycle: only with corrupt nesting
+
+    def code(self, text: str) -> int:
+        """``text``'s code in ``name_table``, added when new."""
+        code = self.name_code.get(text)
+        if code is None:
+            code = self.name_code[text] = len(self.name_table)
+            self.name_table.append(text)
+        return code
+
+    def codes(self, texts: Sequence[str]) -> np.ndarray:
+        """The codes of ``texts`` (``code``), as an array."""
+        return np.array([self.code(t) for t in texts], dtype=np.int64)
 
     def _time(self, where: str, x: int) -> int:
         return self.times[where][x]
@@ -301,7 +315,7 @@ class _Walker:
 def rank_pieces(start: np.ndarray, end: np.ndarray, names: np.ndarray, cats: np.ndarray, pids: np.ndarray,
                 tids: np.ndarray, tree: Any, g: Any,
                 step_spans: Sequence[tuple[int, int, int]], step_pos: Mapping[int, int], calls: pd.DataFrame,
-                base: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+                base: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, list[str]]:
     """One rank's walks from its anchors, and the work between its collectives (map task).
 
     Parameters
@@ -321,8 +335,9 @@ def rank_pieces(start: np.ndarray, end: np.ndarray, names: np.ndarray, cats: np.
 
     Returns
     -------
-    anchors, segments, work
-        ``ANCHOR_COLUMNS``, ``SEGMENT_COLUMNS`` and ``WORK_COLUMNS`` (absolute ns).
+    anchors, segments, work, texts
+        ``ANCHOR_COLUMNS``, ``SEGMENT_COLUMNS`` and ``WORK_COLUMNS`` (absolute ns), and the texts their codes
+        stand for.
     """
     launch_pos = np.where(g.launch >= 0, tree.pos[np.maximum(g.launch, 0)], -1)
     w = _Walker(start, end, names, cats, tree, g, launch_pos)
@@ -368,15 +383,16 @@ def rank_pieces(start: np.ndarray, end: np.ndarray, names: np.ndarray, cats: np.
     for anchor, key, state, floor in todo:
         pieces, (stop, call, t) = w.walk(state, floor)
         at = w._time(*state)
-        anchors.append((anchor, key, at + base, floor + base if np.isfinite(floor) else None, stop, call, t + base))
+        anchors.append((anchor, key, at + base, floor + base if np.isfinite(floor) else None, stop, call, t + base,
+                        len(anchors)))
         walks.append((pieces, (at - t) // _SHORT_PER_WALK))
     anchors_df = pd.DataFrame(anchors, columns=ANCHOR_COLUMNS).astype({"floor_ns": "Int64", "stop_call": "Int64"})
-    segments = _segments(w, walks, anchors, start, pids, tids, np.concatenate([tree.order, g.index]), base)
-    return anchors_df, segments, _work(w, calls, arrivals, floor_of, base)
+    segments = _segments(w, walks, start, pids, tids, np.concatenate([tree.order, g.index]), base)
+    return anchors_df, segments, _work(w, calls, arrivals, floor_of, base), w.name_table
 
 
-def _segments(w: _Walker, walks: list[tuple[list[Any], int]], anchors: list[tuple[Any, ...]], start: np.ndarray,
-              pids: np.ndarray, tids: np.ndarray, event_of: np.ndarray, base: int) -> pd.DataFrame:
+def _segments(w: _Walker, walks: list[tuple[list[Any], int]], start: np.ndarray, pids: np.ndarray, tids: np.ndarray,
+              event_of: np.ndarray, base: int) -> pd.DataFrame:
     """Every walk's pieces (``_Walker.walk``) as segment rows (``SEGMENT_COLUMNS``): runs along a thread expanded
     into their states' own times, empty segments dropped, consecutive ones of one event joined, then runs of short
     ones joined (``_short_runs``, below each walk's limit). ``event_of`` maps a source (host positions, then device
@@ -424,42 +440,37 @@ def _segments(w: _Walker, walks: list[tuple[list[Any], int]], anchors: list[tupl
     head = np.flatnonzero(np.concatenate([[True], ~same]))
     tail = np.append(head[1:], len(t0)) - 1
     limit = np.array([short for _, short in walks], dtype=np.int64)
-    walk, kind, name, src, t0, t1 = _short_runs(walk[head], kind[head], np.array(w.name_table, dtype=object)[
-        name[head]], src[head], t0[tail], t1[head], limit[walk[head]])
+    walk, kind, name, src, t0, t1 = _short_runs(walk[head], kind[head], name[head], src[head], t0[tail], t1[head],
+                                                limit[walk[head]], w.code)
     has = src != _NONE
     event = event_of[np.where(src >= 0, src, np.where(has, len(w.hs) - 1 - src, 0))]
-    pid, tid = (_texts(v[event], has) for v in (pids, tids))
-    label = np.array([a for a, *_ in anchors], dtype=object)
-    key = np.array([k for _, k, *_ in anchors], dtype=np.int64)
-    # event_ts as Python divides exact ints (one rounding); numpy's float division would move the last digit
-    return pd.DataFrame({"anchor": label[walk], "key": key[walk],
-                         "order": np.arange(len(walk)) - np.searchsorted(walk, walk),
-                         "kind": np.array(KINDS, dtype=object)[kind], "name": name,
-                         "start_ns": t0 + base, "end_ns": t1 + base, "pid": pid, "tid": tid,
-                         "event_ts": [t / 1000 if h else np.nan for t, h in zip(start[event].tolist(), has.tolist())]},
+    pid, tid = (_text_codes(w, v[event], has) for v in (pids, tids))
+    return pd.DataFrame({"walk": walk, "kind": kind, "name": name, "start_ns": t0 + base, "end_ns": t1 + base,
+                         "pid": pid, "tid": tid, "event_ns": np.where(has, start[event], _NONE)},
                         columns=SEGMENT_COLUMNS)
 
 
-def _texts(values: np.ndarray, has: np.ndarray) -> np.ndarray:
-    """Each value as JSON text (a pid or tid as in its file), "" where ``has`` is false; rendered once each."""
+def _text_codes(w: _Walker, values: np.ndarray, has: np.ndarray) -> np.ndarray:
+    """Each value's JSON text (a pid or tid as in its file; "" where ``has`` is false) as a code (``_Walker.code``),
+    rendered once each."""
     code, distinct = pd.factorize(values, use_na_sentinel=False)
-    text = np.array([orjson.dumps(v).decode() for v in distinct] + [""], dtype=object)
-    return text[np.where(has, code, len(distinct))]
+    return w.codes([orjson.dumps(v).decode() for v in distinct] + [""])[np.where(has, code, len(distinct))]
 
 
 def _short_runs(walk: np.ndarray, kind: np.ndarray, name: np.ndarray, src: np.ndarray, t0: np.ndarray,
-                t1: np.ndarray, limit: np.ndarray) -> tuple[np.ndarray, ...]:
+                t1: np.ndarray, limit: np.ndarray, code: Callable[[str], int]) -> tuple[np.ndarray, ...]:
     """Segments (latest first within each walk) with each run of consecutive ones of one kind shorter than their
-    row's ``limit`` ns joined into one (named by how many it holds, with no event), so that a rank's walks stay
-    small whatever its event count; each walk's time and its time by kind are unchanged."""
+    row's ``limit`` ns joined into one (named by how many it holds, ``code`` giving the name's code, with no event),
+    so that a rank's walks stay small whatever its event count; each walk's time and its time by kind are
+    unchanged."""
     short = t1 - t0 < limit
     joins = short[1:] & short[:-1] & (kind[1:] == kind[:-1]) & (walk[1:] == walk[:-1])
     head = np.flatnonzero(np.concatenate([[True], ~joins]))
     size = np.diff(np.append(head, len(t0)))
     name, src = name[head], src[head]
     many = np.flatnonzero(size > 1)
-    name[many] = np.array([f"{c} short {KINDS[k]} segments" for c, k in zip(size[many].tolist(),
-                                                                          kind[head][many].tolist())], dtype=object)
+    name[many] = [code(f"{c} short {KINDS[k]} segments") for c, k in zip(size[many].tolist(),
+                                                                       kind[head][many].tolist())]
     src[many] = _NONE
     return walk[head], kind[head], name, src, t0[head + size - 1], t1[head]
 
@@ -468,7 +479,7 @@ def _work(w: _Walker, calls: pd.DataFrame, arrivals: Mapping[int, tuple[str, int
           base: int) -> pd.DataFrame:
     """Per collective call: the work since the previous collective on this rank (or the step's start), by kind and
     name: host ops by their own time (children's left out) and category, device work by its time, the GPU's idle
-    time (``idle``, ``GPU idle``) and the interval's length (``interval``)."""
+    time (``idle``, ``GPU idle``) and the interval's length (``interval``), as codes (``WORK_KINDS``, texts)."""
     ends = {int(c): int(e) - base for c, e in zip(calls["index"], calls["gpu_end_ns"]) if pd.notna(e)}
     following = {p: k for k, p in enumerate(w.prev) if p >= 0} if w.cpu_call else {}
     for k, c in w.cpu_call.items():  # a CPU collective ends when its thread goes on: its next sibling's start
@@ -486,31 +497,34 @@ def _work(w: _Walker, calls: pd.DataFrame, arrivals: Mapping[int, tuple[str, int
         return pd.DataFrame({c: [] for c in WORK_COLUMNS})
     call, a, b = (np.array(v, dtype=np.int64) for v in zip(*spans))
     seq = np.arange(len(spans))
-    parts = [pd.DataFrame({"seq": seq, "part": 0, "kind": "interval", "name": "", "cat": "", "count": 1,
-                           "ns": b - a})]
+    none = w.code("")
+    parts = [pd.DataFrame({"seq": seq, "part": 0, "kind": WORK_KINDS.index("interval"), "name": none, "cat": none,
+                           "count": 1, "ns": b - a})]
     hs = np.array(w.hs, dtype=np.int64)
     k, at = _starting(hs, a, b)  # host ops by their own time, but not a CPU collective's own call
     mine = ~np.isin(k, list(w.cpu_call))
     k, at = k[mine], at[mine]
     cat, cats = pd.factorize(w.hc)
-    parts.append(_sums(at, 1, np.array(w.own, dtype=np.int64)[k], kind=(np.zeros(len(k), dtype=np.int64), ["cpu_op"]),
-                       name=(w.hn_code[k], w.name_table), cat=(cat[k], cats)))
+    parts.append(_sums(at, 1, np.array(w.own, dtype=np.int64)[k], kind=(np.zeros(len(k), dtype=np.int64),
+                                                                        [WORK_KINDS.index("cpu_op")]),
+                       name=(w.hn_code[k], None), cat=(cat[k], w.codes(cats))))
     gs, ge = np.array(w.gs, dtype=np.int64), np.array(w.ge, dtype=np.int64)
     work = np.array([k != "sync" and j not in w.gpu_call for j, k in enumerate(w.gkind)], dtype=bool)
     j, at = _starting(np.where(work, gs, np.iinfo(np.int64).min), a, b)  # device work, in its input order
     by = np.lexsort((j, at))
     j, at = j[by], at[by]
     name, names = pd.factorize(w.g.name)
-    parts.append(_sums(at, 2, ge[j] - gs[j], kind=(np.isin(w.g.kind[j], ("memcpy", "memset")), ["kernel", "memcpy"]),
-                       name=(name[j], names), cat=(np.zeros(len(j), dtype=np.int64), [""])))
+    parts.append(_sums(at, 2, ge[j] - gs[j], kind=(np.isin(w.g.kind[j], ("memcpy", "memset")),
+                                                   [WORK_KINDS.index("kernel"), WORK_KINDS.index("memcpy")]),
+                       name=(name[j], w.codes(names)), cat=(np.zeros(len(j), dtype=np.int64), [none])))
     if len(gs):  # the GPU's idle time: the interval less the union of its work, cut at the interval's end
         s, e = gs[j], np.minimum(ge[j], b[at])
         by = np.lexsort((e, s, at))
         s, e, at = s[by], e[by], at[by]
         reach = pd.Series(e).groupby(at).cummax().groupby(at).shift(fill_value=np.iinfo(np.int64).min).to_numpy()
         covered = np.bincount(at, np.maximum(0, e - np.maximum(s, np.maximum(reach, a[at]))), len(spans))
-        parts.append(pd.DataFrame({"seq": seq, "part": 3, "kind": "idle", "name": "GPU idle", "cat": "", "count": 1,
-                                   "ns": b - a - covered.astype(np.int64)}))
+        parts.append(pd.DataFrame({"seq": seq, "part": 3, "kind": WORK_KINDS.index("idle"), "name": w.code("GPU idle"),
+                                   "cat": none, "count": 1, "ns": b - a - covered.astype(np.int64)}))
     rows = pd.concat(parts, ignore_index=True).sort_values(["seq", "part"], kind="stable")
     return pd.DataFrame({"call": call[rows["seq"].to_numpy()], **{c: rows[c].to_numpy() for c in WORK_COLUMNS[1:]}})
 
@@ -524,17 +538,19 @@ def _starting(t: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, 
 
 
 def _sums(at: np.ndarray, part: int, ns: np.ndarray, **keys: tuple[np.ndarray, Any]) -> pd.DataFrame:
-    """Count and total ``ns`` per interval and keys (each given as codes and their values), in order of first
-    appearance."""
+    """Count and total ``ns`` per interval and keys (each given as local codes and the codes they stand for, or
+    None when they are the codes), in order of first appearance."""
     rows = pd.DataFrame({"seq": at, "ns": ns, **{k: code for k, (code, _) in keys.items()}})
     out = rows.groupby(["seq", *keys], sort=False)["ns"].agg(["size", "sum"]).reset_index()
     return pd.DataFrame({"seq": out["seq"], "part": part, "count": out["size"], "ns": out["sum"],
-                         **{k: np.asarray(values, dtype=object)[out[k].to_numpy(dtype=np.int64)]
+                         **{k: out[k].to_numpy(dtype=np.int64) if values is None
+                            else np.asarray(values, dtype=np.int64)[out[k].to_numpy(dtype=np.int64)]
                             for k, (_, values) in keys.items()}})
 
 
 def stitch(anchors: pd.DataFrame, segments: pd.DataFrame, calls: pd.DataFrame, matched: pd.DataFrame,
-           offsets_ns: Mapping[int, float]) -> tuple[pd.DataFrame, list[dict[str, Any]], int]:
+           offsets_ns: Mapping[int, float], texts: Mapping[int, Sequence[str]]) -> tuple[pd.DataFrame,
+                                                                                      list[dict[str, Any]], int]:
     """The critical path of each step across ranks (reduce), from every rank's walks.
 
     Parameters
@@ -545,6 +561,8 @@ def stitch(anchors: pd.DataFrame, segments: pd.DataFrame, calls: pd.DataFrame, m
         Every rank's collective calls; ``matched``: those matched into instances (``match_collectives``).
     offsets_ns
         Each rank's clock offset (what to subtract).
+    texts
+        Each rank's texts (``RankTables.texts``).
 
     Returns
     -------
@@ -560,17 +578,19 @@ def stitch(anchors: pd.DataFrame, segments: pd.DataFrame, calls: pd.DataFrame, m
     a = anchors.assign(shift=anchors["rank"].map(lambda r: off.get(int(r), 0)).astype("int64"))
     by_anchor = {(int(r), k, int(key)): row for r, k, key, row in zip(a["rank"], a["anchor"], a["key"],
                                                                        a.itertuples(index=False))}
-    rows_of = segments.groupby(["rank", "anchor", "key"], sort=False).indices if len(segments) else {}
-    columns = {c: segments[c].to_numpy() for c in ("kind", "name", "start_ns", "end_ns", "pid", "tid", "event_ts")}
+    rows_of = segments.groupby(["rank", "walk"], sort=False).indices if len(segments) else {}
+    columns = [segments[c].to_numpy() for c in ("kind", "name", "start_ns", "end_ns", "pid", "tid", "event_ns")]
 
-    def segs_of(cur: tuple[int, str, int], shift: int) -> list[tuple[Any, ...]]:
-        """The segments of one walk (read only for the walks the path takes), on the rank's corrected clock."""
-        idx = rows_of.get(cur)
+    def segs_of(r: int, walk: int, shift: int) -> list[tuple[Any, ...]]:
+        """The segments of one walk, decoded (only for the walks the path takes), on the rank's corrected clock.
+        ``event_ts`` is the event's start as Python divides exact ints (one rounding; numpy's float division would
+        move the last digit)."""
+        idx = rows_of.get((r, walk))
         if idx is None:
             return []
-        c = {k: v[idx] for k, v in columns.items()}
-        return list(zip([cur[0]] * len(idx), c["kind"].tolist(), c["name"].tolist(), (c["start_ns"] - shift).tolist(),
-                        (c["end_ns"] - shift).tolist(), c["pid"].tolist(), c["tid"].tolist(), c["event_ts"].tolist()))
+        text = texts[r]
+        return [(r, KINDS[k], text[n], t0 - shift, t1 - shift, text[p], text[q], t / 1000 if t != _NONE else np.nan)
+                for k, n, t0, t1, p, q, t in zip(*(v[idx].tolist() for v in columns))]
     arrival = _arrivals(calls, off)
     op_of = {(int(r), int(c)): op for r, c, op in zip(calls["rank"], calls["index"], calls["op"])}
     members: dict[int, list[tuple[int, int]]] = defaultdict(list)
@@ -594,7 +614,7 @@ def stitch(anchors: pd.DataFrame, segments: pd.DataFrame, calls: pd.DataFrame, m
             seen.add(cur)
             r = cur[0]
             row = by_anchor[cur]
-            path += segs_of(cur, row.shift)
+            path += segs_of(r, int(row.walk), row.shift)
             if row.stop != "call":
                 break
             c, t = int(row.stop_call), int(row.stop_ns) - row.shift
@@ -649,7 +669,8 @@ def _step_summary(step: int, path: Sequence[tuple[Any, ...]], start_us: float,
 
 
 def straggler_cause(rank: int | None, instances: pd.DataFrame, matched: pd.DataFrame, work: pd.DataFrame,
-                    path: pd.DataFrame, steps: Sequence[dict[str, Any]], gpu: bool) -> dict[str, Any] | None:
+                    path: pd.DataFrame, steps: Sequence[dict[str, Any]], gpu: bool,
+                    texts: Mapping[int, Sequence[str]]) -> dict[str, Any] | None:
     """Why ``rank`` is late: its work before the collectives it reached last, against the median rank's, by name.
 
     For each such collective, the median rank is the other participant whose time since its previous collective
@@ -657,14 +678,17 @@ def straggler_cause(rank: int | None, instances: pd.DataFrame, matched: pd.DataF
     than 0 per collective), per step; the differences by (kind, name) are ranked, and the cause's kind is the
     class of the largest ones (host-bound, slower kernels, more work, memcpy or data loading, synchronisation).
     The what-if step time removes from each step's critical path the time it spent on ``rank`` in the work
-    that ``rank`` did more of, up to that work's extra per step.
+    that ``rank`` did more of, up to that work's extra per step. ``work`` is every rank's ``rank_pieces`` work,
+    with a leading ``rank`` column; ``texts`` each rank's texts (``RankTables.texts``).
     """
     if rank is None or instances.empty or work.empty:
         return None
     late = instances.loc[instances["last_rank"] == rank, "instance"].astype(int).tolist()
     call_of = {(int(i), int(r)): int(c) for i, r, c in zip(matched["instance"], matched["rank"], matched["index"])}
-    parts = {(int(r), int(c)): g for (r, c), g in work.groupby(["rank", "call"], sort=False)}
-    length = {key: float(g.loc[g["kind"] == "interval", "ns"].sum()) for key, g in parts.items()}
+    parts = work.groupby(["rank", "call"], sort=False).indices
+    columns = [work[c].to_numpy() for c in ("kind", "name", "cat", "count", "ns")]
+    interval = work[work["kind"] == WORK_KINDS.index("interval")]  # one row per call
+    length = {(int(r), int(c)): float(ns) for r, c, ns in zip(interval["rank"], interval["call"], interval["ns"])}
     diff: dict[tuple[str, str], float] = defaultdict(float)
     counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
     cat_of: dict[tuple[str, str], str] = {}
@@ -681,8 +705,9 @@ def straggler_cause(rank: int | None, instances: pd.DataFrame, matched: pd.DataF
         extra += max(0.0, length[mine] - med_len)
         span += length[mine]
         for key, sign, side in ((mine, 1.0, 0), ((med, call_of[(inst, med)]), -1.0, 1)):
-            g = parts[key]
-            for kind, name, cat, n, ns in zip(g["kind"], g["name"], g["cat"], g["count"], g["ns"]):
+            text = texts[key[0]]
+            for code, name_code, cat_code, n, ns in zip(*(v[parts[key]].tolist() for v in columns)):
+                kind, name, cat = WORK_KINDS[code], text[name_code], text[cat_code]
                 if kind == "idle" and side == 0:
                     idle += ns
                 if kind in ("idle", "interval"):

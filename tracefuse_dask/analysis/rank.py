@@ -92,6 +92,7 @@ class RankTables:
     host: str | None = None
     pg_config: dict[str, str] = field(default_factory=dict)  # pg_name: rank spec (``group_spec``)
     base: int = 0  # the file's ``baseTimeNanoseconds``
+    texts: list[str] = field(default_factory=list)  # what the codes of the ``PIECES`` tables stand for
 
 
 class _Args(Struct, gc=False, rename=_ARG_KEYS):
@@ -406,12 +407,12 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
     tables["collectives"] = rank_collectives(names[name_code].tolist(), tids.tolist(), args, tree.order.tolist(),
                                              tree.stop.tolist(), members.tolist(), start.tolist(), end.tolist(),
                                              gpu_launch, step_spans, base, pgs)
-    tables["path_anchors"], tables["path_segments"], tables["path_work"] = rank_pieces(
+    tables["path_anchors"], tables["path_segments"], tables["path_work"], texts = rank_pieces(
         start, end, names[name_code], cats[cat_code], pids, tids, tree, g, step_spans,
         {int(step_of[name_code[i]]): int(i) for i in step_events}, tables["collectives"], base)
     host_name = header.get("host_name")
     return RankTables(rank, path, tables, numbers, [s for s, _, _ in step_spans],
-                      host=host_name if isinstance(host_name, str) else None, pg_config=pgs, base=base)
+                      host=host_name if isinstance(host_name, str) else None, pg_config=pgs, base=base, texts=texts)
 
 
 def _device(cat_code: np.ndarray, cats: np.ndarray, pids: np.ndarray, args: list[_Args]) -> np.ndarray:
