@@ -157,6 +157,7 @@ class _KinetoTrace(Trace):
 
 _trace_decoders = (msgspec.json.Decoder(_KinetoTrace), msgspec.json.Decoder(Trace))
 _events_decoder = msgspec.json.Decoder(list[_Event])
+_CORRELATION_TYPES = frozenset({int, str})
 _CAT, _NAME, _PID, _TID, _TS, _DUR, _ARGS, _CORRELATION = map(attrgetter, ("cat", "name", "pid", "tid", "ts", "dur",
                                                                           "args", "correlation"))
 
@@ -361,18 +362,18 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
     if steps is not None:
         xs = _in_steps(events, xs, steps)
     n = len(xs)
-    durs = np.array(list(map(_DUR, xs)), dtype=object)  # as parsed: ops sum them as Python does
+    durs = np.fromiter(map(_DUR, xs), object, n)  # as parsed: ops sum them as Python does
     start = to_ns_array(np.fromiter(map(_TS, xs), np.float64, n))
     end = start + to_ns_array(durs.astype(np.float64))
-    name_code, names = pd.factorize(np.array(list(map(_NAME, xs)), dtype=object))
-    cat_code, cats = pd.factorize(np.array(list(map(_CAT, xs)), dtype=object))
+    name_code, names = pd.factorize(np.fromiter(map(_NAME, xs), object, n))
+    cat_code, cats = pd.factorize(np.fromiter(map(_CAT, xs), object, n))
     args = [a if type(a) is _Args else _NO_ARGS for a in map(_ARGS, xs)]
-    pids = np.array(list(map(_PID, xs)), dtype=object)
-    tids = np.array(list(map(_TID, xs)), dtype=object)
+    pids = np.fromiter(map(_PID, xs), object, n)
+    tids = np.fromiter(map(_TID, xs), object, n)
     dev = _device(cat_code, cats, pids, args)
-    corr = np.array(list(map(_CORRELATION, args)), dtype=object)
-    types = np.array(list(map(type, corr.tolist())), dtype=object)
-    has_corr = (types == int) | (types == str)  # as Kineto writes it (not a bool, a float or null)
+    corr = np.fromiter(map(_CORRELATION, args), object, n)
+    # as Kineto writes it (not a bool, a float or null); an array of types would be slow to build
+    has_corr = np.fromiter(map(_CORRELATION_TYPES.__contains__, map(type, corr.tolist())), bool, n)
     step_of = np.array([int(m.group(1)) if (m := STEP.match(nm)) else -1 for nm in names], dtype=np.int64)
     left_out = 0
     keep = None if keep_unlaunched_gpu else _launched_only(dev, start, end, np.where(step_of[name_code] >= 0,
