@@ -359,3 +359,18 @@ def test_steps_select_the_union_of_their_spans():
         assert _in_steps(trace.traceEvents, xs, (lo, hi)) == want
 
     check()
+
+
+def test_tables_travel_with_their_texts_as_categories_and_come_back_the_same():
+    """Tasks' text columns travel as categoricals (``_coded``); joined over parts with other categories, missing
+    values and a part where the column holds no text, they come back as the table a plain join gives."""
+    from tracefuse_dask.analysis import _coded, _joined, _texts
+
+    a = pd.DataFrame({"rank": [0, 0], "name": ["aten::mm", None], "us": [1.0, 2.0]})
+    b = pd.DataFrame({"rank": [1], "name": ["nccl:all_reduce"], "us": [3.0]})
+    c = pd.DataFrame({"rank": [2], "name": [None], "us": [4.0]}).astype({"name": object})
+    for parts in ([a, b], [a, b, c], [a, a.iloc[:0], b]):
+        coded = [_coded(p) for p in parts]
+        assert isinstance(coded[0]["name"].dtype, pd.CategoricalDtype)
+        expected = pd.concat([p for p in parts if len(p)], ignore_index=True)
+        pd.testing.assert_frame_equal(_texts(_joined(coded)), expected)
