@@ -102,8 +102,10 @@ def test_a_group_known_only_from_pg_config_reports_its_missing_rank():
 
     ranks = [rank(0, 2), rank(1, 2), rank(2, 1)]
     files = [{"ranks": [rt], "world_size": 3, "notes": []} for rt in ranks]
-    a = _reduce([_combine([_batch(files[2:])]), _combine([_batch([{"ignored": "x.txt: ignored"}])]),
-                 _combine([_batch(files[:1]), _batch(files[1:2])])], [], None, False)
+    # as reduce tasks send them: text columns as categoricals, joined by the client over their categories
+    a = _reduce([_combine([_batch(files[2:])], coded=True), _combine([_batch([{"ignored": "x.txt: ignored"}])],
+                                                                     coded=True),
+                 _combine([_batch(files[:1]), _batch(files[1:2])], coded=True)], [], None, False)
     assert a.summary["ignored"] == ["x.txt: ignored"] and a.summary["collectives"]["matched"] == 1
     assert a.summary["collectives"]["problem_examples"] == [
         "unmatched allreduce #1 of group 0: no call from rank(s) [2]"]

@@ -150,19 +150,22 @@ def _batch(results: list[dict[str, Any]]) -> dict[str, Any]:
             ranks += res["ranks"]
             out["notes"] += res["notes"]
             out["world_sizes"].append(res["world_size"])
-    out["tables"] = {name: _coded(rows_for(ranks, name)) for name in (*TABLES, *PIECES)}
+    out["tables"] = {name: rows_for(ranks, name) for name in (*TABLES, *PIECES)}
     out["ranks"] = [replace(rt, tables={}) for rt in ranks]
     out["ct_files"] = len(ct)
     out["ct_calls"] = pd.concat(ct, ignore_index=True) if ct else None
     return out
 
 
-def _combine(parts: list[dict[str, Any]]) -> dict[str, Any]:
+def _combine(parts: list[dict[str, Any]], coded: bool = False) -> dict[str, Any]:
     """Reduce task: the results of consecutive ``_analyze_files`` tasks as one (``_batch``'s form), so that the
-    client gets one DataFrame per table for many tasks."""
+    client gets one DataFrame per table for many tasks; ``coded``: with their text columns as categoricals
+    (``_coded``), for the trip to the client."""
     out: dict[str, Any] = {key: [v for p in parts for v in p[key]] for key in ("notes", "world_sizes", "ignored",
                                                                            "ranks")}
     out["tables"] = {name: _joined([p["tables"][name] for p in parts]) for name in (*TABLES, *PIECES)}
+    if coded:
+        out["tables"] = {name: _coded(table) for name, table in out["tables"].items()}
     out["ct_files"] = sum(p["ct_files"] for p in parts)
     ct = [p["ct_calls"] for p in parts if p["ct_calls"] is not None]
     out["ct_calls"] = pd.concat(ct, ignore_index=True) if ct else None
@@ -170,19 +173,27 @@ def _combine(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _coded(table: pd.DataFrame) -> pd.DataFrame:
-    """``table`` with its text columns as categoricals, as tasks' results travel: the same names repeat in every
-    rank (10,000 ranks of an A100 job: 0.5 GB of text in the ops, kernels and launchers tables). ``_joined``
-    keeps them so; ``_texts`` turns them back."""
+    """``table`` with its text columns as categoricals, as reduce tasks' results travel to the client: the same
+    names repeat in every rank (10,000 ranks of an A100 job: 0.3 GB of text in the ops, kernels and launchers
+    tables, which the client held up to three times while it gathered and joined them). ``_joined`` keeps them
+    so; ``_texts`` turns them back."""
     text = [c for c, t in table.dtypes.items() if isinstance(t, pd.StringDtype)]
     return table.astype(dict.fromkeys(text, "category")) if text and len(table) else table
 
 
 def _texts(table: pd.DataFrame) -> pd.DataFrame:
-    """``table`` with the categorical columns of ``_coded`` as text again, of the text type they had (taken from
-    the categories: ``astype`` would build every row's text as a Python string first, twice the memory)."""
+    """``table`` with the categorical columns of ``_coded`` as text again, of the text type they had."""
     coded = [c for c, t in table.dtypes.items() if isinstance(t, pd.CategoricalDtype)]
-    return table.assign(**{c: table[c].cat.categories.array.take(table[c].cat.codes.to_numpy(), allow_fill=True)
-                           for c in coded}) if coded else table
+    return table.assign(**{c: _text(table[c]) for c in coded}) if coded else table
+
+
+def _text(column: pd.Series) -> pd.Series:
+    """A categorical column as text of its categories' type, taken from them (``astype`` would build every row's
+    text as a Python string first: twice the memory)."""
+    if not isinstance(column.dtype, pd.CategoricalDtype):
+        return column
+    return pd.Series(column.cat.categories.array.take(column.cat.codes.to_numpy(), allow_fill=True),
+                     index=column.index, name=column.name)
 
 
 def _joined(parts: list[pd.DataFrame]) -> pd.DataFrame:
@@ -191,11 +202,16 @@ def _joined(parts: list[pd.DataFrame]) -> pd.DataFrame:
     rows = [p for p in parts if len(p)]
     if not rows:
         return max(parts, key=lambda p: len(p.columns))  # the columns of a task that had ranks
-    coded = [c for c in rows[0].columns if all(isinstance(p[c].dtype, pd.CategoricalDtype) for p in rows)]
-    out = pd.concat([_texts(p.drop(columns=coded)) for p in rows], ignore_index=True)
-    for c in coded:
-        out[c] = union_categoricals([p[c] for p in rows])
-    return out[rows[0].columns]
+    if len(rows) == 1:
+        return rows[0]
+    if not any(isinstance(t, pd.CategoricalDtype) for p in rows for t in p.dtypes):
+        return pd.concat(rows, ignore_index=True)
+    columns = {}
+    for c in rows[0].columns:
+        col = [p[c] for p in rows]
+        columns[c] = union_categoricals(col) if all(isinstance(s.dtype, pd.CategoricalDtype) for s in col) \
+            else pd.concat([_text(s) for s in col], ignore_index=True)
+    return pd.DataFrame(columns)
 
 
 def _one_source_per_rank(calls: pd.DataFrame, warnings: list[str]) -> pd.DataFrame:
@@ -339,7 +355,7 @@ def analyze(
         if len(futures) <= _COMBINE:
             results = [_combine(c.gather(futures))]
         else:
-            joined = [c.submit(_combine, futures[i:i + _COMBINE], pure=False)
+            joined = [c.submit(_combine, futures[i:i + _COMBINE], coded=True, pure=False)
                       for i in range(0, len(futures), _COMBINE)]
             del futures  # each file's result is freed once its reduce task has it
             results = c.gather(joined)
