@@ -298,7 +298,7 @@ def test_1024_ranks_run_in_batches_and_reduce_to_small_tables(client, tmp_path, 
                   kernel("gemm_kernel", 20, 30 + (200 if r == 17 else 0), 7, 1)]
         write_trace(d / f"rank{r}.json", make_trace(r, events, world_size=1024))
     sizes = [p.stat().st_size for p in d.iterdir()]
-    runs = {}
+    runs, results = {}, {}
     for name, batching in (("batched", batches), ("one a task", lambda s: [range(i, i + 1) for i in range(len(s))])):
         monkeypatch.setattr(tracefuse_dask.analysis, "batches", batching)
         with get_task_stream(client) as ts:
@@ -307,6 +307,7 @@ def test_1024_ranks_run_in_batches_and_reduce_to_small_tables(client, tmp_path, 
         for t in ts.data:
             keys[str(t["key"]).split("-")[0]].add(t["key"])
         runs[name] = {k: len(v) for k, v in keys.items()}
+        results[name] = a
         assert a.breakdown["rank"].tolist() == list(range(1024))
         stats = a.rank_stats.set_index("metric")
         assert stats.loc["gpu_span_us", "outlier_ranks"] == [17]
@@ -314,6 +315,10 @@ def test_1024_ranks_run_in_batches_and_reduce_to_small_tables(client, tmp_path, 
     assert runs["batched"] == {"_analyze_files": len(batches(sizes))} and len(batches(sizes)) < 8
     # the client gets 16 results, not 1024
     assert runs["one a task"] == {"_analyze_files": 1024, "_combine": 16}
+    # the same tables and summary either way, though reduce tasks send the client their text coded
+    for name, table in results["batched"].tables().items():
+        pd.testing.assert_frame_equal(results["one a task"].tables()[name], table)
+    assert {**results["one a task"].summary, "seconds": 0} == {**results["batched"].summary, "seconds": 0}
 
 
 def test_an_unknown_phase_or_category_decodes_the_same_values():
@@ -361,16 +366,27 @@ def test_steps_select_the_union_of_their_spans():
     check()
 
 
-def test_tables_travel_with_their_texts_as_categories_and_come_back_the_same():
-    """Tasks' text columns travel as categoricals (``_coded``); joined over parts with other categories, missing
-    values and a part where the column holds no text, they come back as the table a plain join gives."""
-    from tracefuse_dask.analysis import _coded, _joined, _texts
+@pytest.mark.parametrize("text", [None, "string"])  # pandas' default text type, and its nullable one
+def test_tables_travel_with_their_texts_as_categories_and_come_back_the_same(text):
+    """Reduce tasks' text columns travel as categoricals (``_coded``); joined over parts with other categories,
+    missing values, a part where the column holds no text, an empty part, one part, or parts whose columns
+    differ, they come back as the table a plain join gives."""
+    from tracefuse_dask.analysis import _coded, _in_rank_order, _joined, _texts
 
-    a = pd.DataFrame({"rank": [0, 0], "name": ["aten::mm", None], "us": [1.0, 2.0]})
-    b = pd.DataFrame({"rank": [1], "name": ["nccl:all_reduce"], "us": [3.0]})
-    c = pd.DataFrame({"rank": [2], "name": [None], "us": [4.0]}).astype({"name": object})
-    for parts in ([a, b], [a, b, c], [a, a.iloc[:0], b]):
+    def frame(rank, names, **more):
+        return pd.DataFrame({"rank": [rank] * len(names), "name": pd.array(names, dtype=text),
+                             "us": [1.0] * len(names), **more})
+
+    a, b = frame(0, ["aten::mm", None]), frame(1, ["nccl:all_reduce"])
+    no_text = pd.DataFrame({"rank": [2], "name": [None], "us": [4.0]}).astype({"name": object})
+    other = frame(3, ["aten::add"], extra=[1])
+    for parts in ([a, b], [a, b, no_text], [a, a.iloc[:0], b], [b], [a, other]):
         coded = [_coded(p) for p in parts]
-        assert isinstance(coded[0]["name"].dtype, pd.CategoricalDtype)
+        if isinstance(a["name"].dtype, pd.StringDtype):  # pandas 2's default text is object: not coded
+            assert isinstance(coded[0]["name"].dtype, pd.CategoricalDtype)
         expected = pd.concat([p for p in parts if len(p)], ignore_index=True)
         pd.testing.assert_frame_equal(_texts(_joined(coded)), expected)
+    assert _joined([a.iloc[:0], b.iloc[:0].assign(extra=0)]).columns.tolist() == ["rank", "name", "us", "extra"]
+    parts = [_coded(b), _coded(a)]  # out of rank order: sorted, each rank's rows in their order
+    pd.testing.assert_frame_equal(_texts(_in_rank_order(parts)), pd.concat([a, b], ignore_index=True))
+    assert parts == []

@@ -177,7 +177,8 @@ def _coded(table: pd.DataFrame) -> pd.DataFrame:
     names repeat in every rank (10,000 ranks of an A100 job: 0.3 GB of text in the ops, kernels and launchers
     tables, which the client held up to three times while it gathered and joined them). ``_joined`` keeps them
     so; ``_texts`` turns them back."""
-    text = [c for c, t in table.dtypes.items() if isinstance(t, pd.StringDtype)]
+    text = [c for c, t in table.dtypes.items() if isinstance(t, pd.StringDtype)]  # pandas 3's text (2's is object:
+    # left as it is, since categories of object text come back as str in pandas 3)
     return table.astype(dict.fromkeys(text, "category")) if text and len(table) else table
 
 
@@ -197,8 +198,8 @@ def _text(column: pd.Series) -> pd.Series:
 
 
 def _joined(parts: list[pd.DataFrame]) -> pd.DataFrame:
-    """One table from the tasks' parts, their rows one after the other; a column that is categorical in every part
-    stays categorical, over the union of their categories."""
+    """One table from the tasks' parts, their rows one after the other (one part: that part itself); a column
+    that is categorical in every part, over categories of one type, stays categorical over their union."""
     rows = [p for p in parts if len(p)]
     if not rows:
         return max(parts, key=lambda p: len(p.columns))  # the columns of a task that had ranks
@@ -206,11 +207,14 @@ def _joined(parts: list[pd.DataFrame]) -> pd.DataFrame:
         return rows[0]
     if not any(isinstance(t, pd.CategoricalDtype) for p in rows for t in p.dtypes):
         return pd.concat(rows, ignore_index=True)
+    if any(not p.columns.equals(rows[0].columns) for p in rows):
+        return pd.concat([_texts(p) for p in rows], ignore_index=True)
     columns = {}
     for c in rows[0].columns:
         col = [p[c] for p in rows]
-        columns[c] = union_categoricals(col) if all(isinstance(s.dtype, pd.CategoricalDtype) for s in col) \
-            else pd.concat([_text(s) for s in col], ignore_index=True)
+        coded = all(isinstance(s.dtype, pd.CategoricalDtype) for s in col) and len(
+            {s.cat.categories.dtype for s in col}) == 1
+        columns[c] = union_categoricals(col) if coded else pd.concat([_text(s) for s in col], ignore_index=True)
     return pd.DataFrame(columns)
 
 
@@ -368,6 +372,7 @@ def analyze(
 
 def _reduce(results: list[dict[str, Any]], skipped_names: list[str], steps: tuple[int, int] | None,
             keep_unlaunched_gpu: bool, subset: Any = None) -> Analysis:
+    """The cross-rank reduce of the tasks' joined results (``_combine``); it takes their tables out of them."""
     warnings: list[str] = []
     ignored = [f"{p}: not a trace or collective_trace file by name, or written by tracefuse" for p in skipped_names]
     per_rank: list[RankTables] = []
@@ -463,7 +468,8 @@ def _reduce(results: list[dict[str, Any]], skipped_names: list[str], steps: tupl
 
 
 def _in_rank_order(parts: list[pd.DataFrame]) -> pd.DataFrame:
-    """One table from the tasks' parts: their rows by rank (a rank is in one task), each rank's in its order."""
+    """One table from the tasks' parts: their rows by rank (a rank is in one task), each rank's in its order.
+    ``parts`` is emptied, so that the parts can be freed once joined."""
     out = _joined(parts)
     parts.clear()
     return out if out["rank"].is_monotonic_increasing else out.sort_values("rank", kind="stable", ignore_index=True)

@@ -15,7 +15,8 @@ The anchors are each ``ProfilerStep#N``'s end and each collective call's arrival
 start; for a CPU collective such as gloo, the start of its call). A walk stops at the step's start or where it
 meets a collective: the end of a collective kernel, or, for a CPU collective, the wait after its call. Each walk
 gives a chain of segments; only those go to the reduce, each run of segments shorter than a thousandth of its
-walk joined into one (``_short_runs``), so that a walk sends at most about 2,000 whatever its events. On a
+walk joined into one (``_short_runs``), so that a walk sends at most about 2,000 whatever its events, as codes
+into the rank's texts (``RankTables.texts``), which the reduce decodes for the walks it takes only. On a
 thread, a walk runs along the thread's Euler tour from one choice (a blocking call, a CPU collective) to the
 next without deciding each step.
 
@@ -24,7 +25,7 @@ walks; at a matched collective, the transfer runs from the last participant's ar
 from that rank's arrival. The chain is what determined the step's length.
 
 ``straggler_cause`` compares, for the collectives the straggler reached last, the work each rank did since its
-previous collective (``rank_work``, by name) with the median rank's.
+previous collective (``path_work``, by name) with the median rank's.
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ __all__ = [
     "PATH_COLUMNS",
     "SEGMENT_COLUMNS",
     "WORK_COLUMNS",
+    "WORK_KINDS",
     "rank_pieces",
     "stitch",
     "straggler_cause",
@@ -69,7 +71,7 @@ ANCHOR_COLUMNS = ["anchor", "key", "at_ns", "floor_ns", "stop", "stop_call", "st
 # Segments and work are codes, so that they cost the task, the transfer and the reduce little: ``kind`` into
 # ``KINDS`` or ``WORK_KINDS``, ``name``, ``cat``, ``pid`` and ``tid`` into the rank's texts (``RankTables.texts``:
 # the name, the category, the pid or tid as JSON text, "" for none); ``walk`` is the anchor's row in its rank's
-# anchors; ``event_ns`` the start of the event a segment is time of (``_NONE``: none).
+# anchors; ``event_ns`` the start of the event a segment is time of, in the file's ns (``_NONE``: none).
 SEGMENT_COLUMNS = ["walk", "kind", "name", "start_ns", "end_ns", "pid", "tid", "event_ns"]
 WORK_COLUMNS = ["call", "kind", "name", "cat", "count", "ns"]
 WORK_KINDS = ("interval", "cpu_op", "kernel", "memcpy", "idle")
@@ -158,7 +160,8 @@ class _Walker:
         code, names = pd.factorize(np.array([*self.hn, "CPU idle"], dtype=object))
         self.hn_code = code[:m]
         self.own_name = code[src]  # -1: the last, "CPU idle"
-        # the rank's texts: what the pieces' names, pids and tids are codes into (``code``, ``RankTables.texts``)
+        # the rank's texts: what the pieces' names, categories, pids and tids are codes into (``code``,
+        # ``RankTables.texts``)
         self.name_table: list[str] = names.tolist()
         self.name_code = {n: i for i, n in enumerate(self.name_table)}
         self.own_src = np.where(src >= 0, src, _NONE)
@@ -336,8 +339,8 @@ def rank_pieces(start: np.ndarray, end: np.ndarray, names: np.ndarray, cats: np.
     Returns
     -------
     anchors, segments, work, texts
-        ``ANCHOR_COLUMNS``, ``SEGMENT_COLUMNS`` and ``WORK_COLUMNS`` (absolute ns), and the texts their codes
-        stand for.
+        ``ANCHOR_COLUMNS``, ``SEGMENT_COLUMNS`` and ``WORK_COLUMNS`` (absolute ns, but a segment's ``event_ns``),
+        and the texts their codes stand for.
     """
     launch_pos = np.where(g.launch >= 0, tree.pos[np.maximum(g.launch, 0)], -1)
     w = _Walker(start, end, names, cats, tree, g, launch_pos)
@@ -578,19 +581,22 @@ def stitch(anchors: pd.DataFrame, segments: pd.DataFrame, calls: pd.DataFrame, m
     a = anchors.assign(shift=anchors["rank"].map(lambda r: off.get(int(r), 0)).astype("int64"))
     by_anchor = {(int(r), k, int(key)): row for r, k, key, row in zip(a["rank"], a["anchor"], a["key"],
                                                                        a.itertuples(index=False))}
+    walks_of: dict[tuple[int, str, int], list[int]] = defaultdict(list)  # a step of a rank can have two anchors
+    for r, k, key, walk in zip(a["rank"].tolist(), a["anchor"], a["key"].tolist(), a["walk"].tolist()):
+        walks_of[(r, k, key)].append(walk)
     rows_of = segments.groupby(["rank", "walk"], sort=False).indices if len(segments) else {}
     columns = [segments[c].to_numpy() for c in ("kind", "name", "start_ns", "end_ns", "pid", "tid", "event_ns")]
 
-    def segs_of(r: int, walk: int, shift: int) -> list[tuple[Any, ...]]:
-        """The segments of one walk, decoded (only for the walks the path takes), on the rank's corrected clock.
-        ``event_ts`` is the event's start as Python divides exact ints (one rounding; numpy's float division would
-        move the last digit)."""
-        idx = rows_of.get((r, walk))
-        if idx is None:
+    def segs_of(cur: tuple[int, str, int], shift: int) -> list[tuple[Any, ...]]:
+        """The segments of an anchor's walks, decoded (only for the walks the path takes), on the rank's corrected
+        clock. ``event_ts`` is the event's start as Python divides exact ints (one rounding; numpy's float
+        division would move the last digit)."""
+        r, text = cur[0], texts[cur[0]]
+        idx = [rows_of[(r, walk)] for walk in walks_of[cur] if (r, walk) in rows_of]
+        if not idx:
             return []
-        text = texts[r]
         return [(r, KINDS[k], text[n], t0 - shift, t1 - shift, text[p], text[q], t / 1000 if t != _NONE else np.nan)
-                for k, n, t0, t1, p, q, t in zip(*(v[idx].tolist() for v in columns))]
+                for k, n, t0, t1, p, q, t in zip(*(v[np.concatenate(idx)].tolist() for v in columns))]
     arrival = _arrivals(calls, off)
     op_of = {(int(r), int(c)): op for r, c, op in zip(calls["rank"], calls["index"], calls["op"])}
     members: dict[int, list[tuple[int, int]]] = defaultdict(list)
@@ -614,7 +620,7 @@ def stitch(anchors: pd.DataFrame, segments: pd.DataFrame, calls: pd.DataFrame, m
             seen.add(cur)
             r = cur[0]
             row = by_anchor[cur]
-            path += segs_of(r, int(row.walk), row.shift)
+            path += segs_of(cur, row.shift)
             if row.stop != "call":
                 break
             c, t = int(row.stop_call), int(row.stop_ns) - row.shift

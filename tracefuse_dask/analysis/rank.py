@@ -92,7 +92,7 @@ class RankTables:
     host: str | None = None
     pg_config: dict[str, str] = field(default_factory=dict)  # pg_name: rank spec (``group_spec``)
     base: int = 0  # the file's ``baseTimeNanoseconds``
-    texts: list[str] = field(default_factory=list)  # what the codes of the ``PIECES`` tables stand for
+    texts: list[str] = field(default_factory=list)  # what the codes of path_segments and path_work stand for
 
 
 class _Args(Struct, gc=False, rename=_ARG_KEYS):
