@@ -123,6 +123,22 @@ def test_a_single_rank_path_agrees_with_hta_by_bound_type(job, client):
         assert abs(ours - theirs.get(key, 0.0)) <= 0.02 * total, key
 
 
+def test_a_step_number_written_twice_keeps_both_walks_on_its_path(client, tmp_path):
+    """Two ProfilerStep#1 on one rank (a restarted profiler, a hand-edited trace): the step's path holds both
+    walks, each from its own anchor, not only the last one's."""
+    pid = 100
+
+    def x(name, ts, dur, cat="cpu_op"):
+        return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": pid, "ts": ts, "dur": dur, "args": {}}
+
+    events = [x("ProfilerStep#1", 0, 100, "user_annotation"), x("aten::first", 10, 60),
+              x("ProfilerStep#1", 200, 100, "user_annotation"), x("aten::second", 210, 60)]
+    write_trace(tmp_path / "rank0.json", make_trace(0, events))
+    got = analyze(str(tmp_path / "rank0.json"), client=client)
+    names = set(got.critical_path.loc[got.critical_path["step"] == 1, "name"])
+    assert {"aten::first", "aten::second"} <= names
+
+
 def test_a_hand_built_step_follows_launch_kernel_and_sync(client, tmp_path):
     """ProfilerStep#1 [0, 100] µs holds a launch [10, 20] of a kernel [30, 80] and a cudaDeviceSynchronize [25, 85]:
     the path is the step's own time, the launch, the launch gap, the kernel, the sync's wait, the step's own time."""

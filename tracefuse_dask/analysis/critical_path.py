@@ -162,8 +162,8 @@ class _Walker:
         self.own_name = code[src]  # -1: the last, "CPU idle"
         # the rank's texts: what the pieces' names, categories, pids and tids are codes into (``code``,
         # ``RankTables.texts``)
-        self.name_table: list[str] = names.tolist()
-        self.name_code = {n: i for i, n in enumerate(self.name_table)}
+        self.texts: list[str] = names.tolist()
+        self.text_code = {n: i for i, n in enumerate(self.texts)}
         self.own_src = np.where(src >= 0, src, _NONE)
         self.last_special: list[int] = []
 
@@ -171,7 +171,7 @@ class _Walker:
         """Mark the states where a walk has a choice to make (``_step``), once the collective calls are known: a
         blocking call's or a CPU collective's end, the start after a CPU collective, a thread's first state."""
         calls = np.array(sorted(self.cpu_call), dtype=np.int64)
-        blocking = np.array([n in _BLOCKING for n in self.name_table], dtype=bool)[self.hn_code]
+        blocking = np.array([n in _BLOCKING for n in self.texts], dtype=bool)[self.hn_code]
         prev = np.asarray(self.prev, dtype=np.int64)
         is_ce, tk = self.tour_ce, self.tour_k
         special = self.first | np.where(is_ce, np.isin(tk, calls) | blocking[tk], np.isin(prev[tk], calls))
@@ -221,7 +221,7 @@ class _Walker:
         """The walk from ``state`` back to ``floor`` or a collective, latest first, as pieces, and the stop:
         ``("start", None, t)`` or ``("call", call index, t)``.
 
-        A piece is a segment ``[kind, name, source, start, end]`` (codes into ``KINDS`` and ``name_table``; a
+        A piece is a segment ``[kind, name, source, start, end]`` (codes into ``KINDS`` and ``texts``; a
         source is the event it is time of: a host position ``k``, device work ``j`` as ``-1 - j``, or ``_NONE``),
         or a run along a thread's tour ``(i, s, t)``: the own times of its states ``i`` down to ``s + 1``, from
         ``t`` back (``_segments``)."""
@@ -256,11 +256,11 @@ class _Walker:
         raise RuntimeError("critical path walk did not end")  # a cycle: only with corrupt nesting
 
     def code(self, text: str) -> int:
-        """``text``'s code in ``name_table``, added when new."""
-        code = self.name_code.get(text)
+        """``text``'s code in ``texts``, added when new."""
+        code = self.text_code.get(text)
         if code is None:
-            code = self.name_code[text] = len(self.name_table)
-            self.name_table.append(text)
+            code = self.text_code[text] = len(self.texts)
+            self.texts.append(text)
         return code
 
     def codes(self, texts: Sequence[str]) -> np.ndarray:
@@ -391,7 +391,7 @@ def rank_pieces(start: np.ndarray, end: np.ndarray, names: np.ndarray, cats: np.
         walks.append((pieces, (at - t) // _SHORT_PER_WALK))
     anchors_df = pd.DataFrame(anchors, columns=ANCHOR_COLUMNS).astype({"floor_ns": "Int64", "stop_call": "Int64"})
     segments = _segments(w, walks, start, pids, tids, np.concatenate([tree.order, g.index]), base)
-    return anchors_df, segments, _work(w, calls, arrivals, floor_of, base), w.name_table
+    return anchors_df, segments, _work(w, calls, arrivals, floor_of, base), w.texts
 
 
 def _segments(w: _Walker, walks: list[tuple[list[Any], int]], start: np.ndarray, pids: np.ndarray, tids: np.ndarray,
