@@ -97,13 +97,18 @@ def test_output_is_identical_with_one_and_two_workers(client, tmp_path):
     assert one.read_bytes() == two.read_bytes()
 
 
-@pytest.mark.parametrize("env, expected", [({}, None), ({"MALLOC_TRIM_THRESHOLD_": "131072"}, "131072")],
-                         ids=["dask-default-dropped", "environment-wins"])
-def test_the_embedded_cluster_leaves_malloc_trimming_to_glibc(env, expected):
-    """Dask's nannies set MALLOC_TRIM_THRESHOLD_=65536 in their workers; those tracefuse starts keep glibc's default."""
+@pytest.mark.parametrize("env, expected", [
+    ({}, [None, str(256 * 2**20)]),
+    ({"MALLOC_TRIM_THRESHOLD_": "131072", "MALLOC_TOP_PAD_": "0"}, ["131072", "0"]),
+], ids=["dask-default-dropped", "environment-wins"])
+def test_the_embedded_cluster_sets_its_workers_malloc(env, expected):
+    """Dask's nannies set MALLOC_TRIM_THRESHOLD_=65536 in their workers; those tracefuse starts keep glibc's trimming
+    but keep 256 MiB of freed memory for their next task (MALLOC_TOP_PAD_), unless the caller's environment says
+    otherwise."""
     code = ("import os\nfrom tracefuse_dask.cluster import connect\nwith connect(workers=1) as c:\n"
-            "    print(list(c.run(lambda: os.environ.get('MALLOC_TRIM_THRESHOLD_')).values()))")
-    environ = {k: v for k, v in os.environ.items() if k != "MALLOC_TRIM_THRESHOLD_"} | env
+            "    print(list(c.run(lambda: [os.environ.get(k) for k in ('MALLOC_TRIM_THRESHOLD_', 'MALLOC_TOP_PAD_')])"
+            ".values()))")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")} | env
     done = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == repr([expected])

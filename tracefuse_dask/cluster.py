@@ -62,6 +62,11 @@ log = logging.getLogger("tracefuse_dask")
 
 _WORKER_START_TIMEOUT = 60.0  # seconds for the embedded cluster's workers to start and join the scheduler
 _WORKER_STOP_TIMEOUT = 10.0  # seconds for one to close before it is killed
+# glibc keeps this much freed memory at the top of a worker's heap instead of handing it back to the system: a
+# rank's task then reuses the pages of the one before it instead of faulting them in again (~35,000 page faults,
+# ~45 ms, of a 50 MB A100 rank's 0.75 s analysis; docs/performance.md, "A worker's freed memory"). A variable the
+# caller set wins.
+_WORKER_MALLOC = {"MALLOC_TOP_PAD_": str(256 * 2**20)}
 
 
 class _WorkerProgram(Subprocess):
@@ -85,7 +90,7 @@ class _WorkerProgram(Subprocess):
             config = dask.config.serialize(dask.config.global_config)
         self.process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "dask", "spec", self.scheduler, "--spec", json.dumps(self.spec),
-            stdin=subprocess.DEVNULL, env={**os.environ, "DASK_INTERNAL_INHERIT_CONFIG": config,
+            stdin=subprocess.DEVNULL, env={**_WORKER_MALLOC, **os.environ, "DASK_INTERNAL_INHERIT_CONFIG": config,
                                            "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)},
         )
 
