@@ -30,7 +30,7 @@ previous collective (``path_work``, by name) with the median rank's.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections import defaultdict
+from collections import defaultdict, namedtuple
 from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property
 from typing import Any
@@ -80,15 +80,19 @@ _CAUSES = {"cpu_op": "host-bound", "launch gap": "host-bound", "idle": "host-bou
            "sync wait": "synchronisation", "collective transfer": "synchronisation"}
 
 
+_Anchor = namedtuple("_Anchor", ["shift", "stop", "stop_call", "stop_ns"])  # what ``stitch`` reads of an anchor
+
+
 class _Walker:
     """One rank's graph, walked backwards. Times are the rank's relative ns; positions are the call tree's."""
 
-    def __init__(self, start: np.ndarray, end: np.ndarray, names: np.ndarray, cats: np.ndarray, tree: Any, g: Any,
-                 launch_pos: np.ndarray) -> None:
+    def __init__(self, start: np.ndarray, end: np.ndarray, name_code: np.ndarray, names: np.ndarray,
+                 cats: np.ndarray, tree: Any, g: Any, launch_pos: np.ndarray) -> None:
         order, parent, thread = tree.order, tree.parent, tree.thread
         self.hs = start[order].tolist()  # per position
         self.he = end[order].tolist()
-        self.hn = names[order].tolist()
+        self.hn_code = name_code[order]
+        self.hn = names[self.hn_code].tolist()
         self.hc = cats[order]
         m = len(self.hs)
         self.parent = parent
@@ -112,11 +116,12 @@ class _Walker:
         self.gs, self.ge = g.start.tolist(), g.end.tolist()
         self.g = g
         self.gn = g.name.tolist()
-        self.gkind = g.kind.tolist()
-        self.gk = ["memcpy" if k in ("memcpy", "memset") else "kernel" for k in g.kind.tolist()]
+        self.gk = np.where(np.isin(g.kind, ("memcpy", "memset")), "memcpy", "kernel").tolist()
         self.stream = g.stream
         self.launch = launch_pos.tolist()  # the launching call's position, -1 when none is known
-        self.launch_t = [self.hs[p] if p >= 0 else None for p in self.launch]
+        launched = np.full(len(launch_pos), np.iinfo(np.int64).max)  # when its call started (never: none)
+        launched[launch_pos >= 0] = start[order][launch_pos[launch_pos >= 0]]
+        self.launch_t = launched.tolist()
         by_start = work[np.lexsort((g.end[work], g.start[work]))]
         stream = pd.factorize(pd.Series(self.stream, dtype=object))[0]
         by_stream = by_start[np.argsort(stream[by_start], kind="stable")]
@@ -157,13 +162,11 @@ class _Walker:
         # parent's), or the thread's idle time between roots
         src = np.where(is_ce, tk, up[tk])
         self.own_kind = np.where(src >= 0, _KIND["cpu_op"], _KIND["idle"])
-        code, names = pd.factorize(np.array([*self.hn, "CPU idle"], dtype=object))
-        self.hn_code = code[:m]
-        self.own_name = code[src]  # -1: the last, "CPU idle"
         # the rank's texts: what the pieces' names, categories, pids and tids are codes into (``code``,
-        # ``RankTables.texts``)
+        # ``RankTables.texts``); its event names first, so that a name's code is its ``name_code``
         self.texts: list[str] = names.tolist()
         self.text_code = {n: i for i, n in enumerate(self.texts)}
+        self.own_name = np.where(src >= 0, self.hn_code[src], self.code("CPU idle"))
         self.own_src = np.where(src >= 0, src, _NONE)
         self.last_special: list[int] = []
 
@@ -201,8 +204,7 @@ class _Walker:
         i = bisect_right(self.ends, e) - 1
         while i >= 0 and self.ends[i] > s:
             j = self.by_end[i]
-            t = self.launch_t[j]
-            if t is not None and t < s:
+            if self.launch_t[j] < s:
                 return j
             i -= 1
         return -1
@@ -315,16 +317,18 @@ class _Walker:
         return best[2] if best else None
 
 
-def rank_pieces(start: np.ndarray, end: np.ndarray, names: np.ndarray, cats: np.ndarray, pids: np.ndarray,
-                tids: np.ndarray, tree: Any, g: Any,
+def rank_pieces(start: np.ndarray, end: np.ndarray, name_code: np.ndarray, names: np.ndarray, cats: np.ndarray,
+                pids: np.ndarray, tids: np.ndarray, tree: Any, g: Any,
                 step_spans: Sequence[tuple[int, int, int]], step_pos: Mapping[int, int], calls: pd.DataFrame,
                 base: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, list[str]]:
     """One rank's walks from its anchors, and the work between its collectives (map task).
 
     Parameters
     ----------
-    start, end, names, cats, pids, tids
-        Per X event, as arrays (relative ns, names, categories, pids and tids as in the trace).
+    start, end, name_code, cats, pids, tids
+        Per X event, as arrays (relative ns, name as a code into ``names``, category, pid and tid as in the trace).
+    names
+        The distinct names.
     tree
         The call tree (``analysis.rank._Tree``).
     g
@@ -343,7 +347,7 @@ def rank_pieces(start: np.ndarray, end: np.ndarray, names: np.ndarray, cats: np.
         and the texts their codes stand for.
     """
     launch_pos = np.where(g.launch >= 0, tree.pos[np.maximum(g.launch, 0)], -1)
-    w = _Walker(start, end, names, cats, tree, g, launch_pos)
+    w = _Walker(start, end, name_code, names, cats, tree, g, launch_pos)
     arrivals: dict[int, tuple[str, int]] = {}
     gpu_calls = calls[calls["gpu_start_ns"].notna()]
     if len(gpu_calls):
@@ -472,8 +476,12 @@ def _short_runs(walk: np.ndarray, kind: np.ndarray, name: np.ndarray, src: np.nd
     size = np.diff(np.append(head, len(t0)))
     name, src = name[head], src[head]
     many = np.flatnonzero(size > 1)
-    name[many] = [code(f"{c} short {KINDS[k]} segments") for c, k in zip(size[many].tolist(),
-                                                                       kind[head][many].tolist())]
+    if len(many):  # each distinct (count, kind) named once: a rank has thousands of runs but few of those
+        pairs, at = np.unique(size[many] * len(KINDS) + kind[head][many], return_inverse=True)
+        counts, kinds = np.divmod(pairs, len(KINDS))
+        name[many] = np.array([code(f"{c} short {KINDS[k]} segments") for c, k in zip(counts.tolist(),
+                                                                                   kinds.tolist())],
+                              dtype=np.int64)[at]
     src[many] = _NONE
     return walk[head], kind[head], name, src, t0[head + size - 1], t1[head]
 
@@ -512,14 +520,13 @@ def _work(w: _Walker, calls: pd.DataFrame, arrivals: Mapping[int, tuple[str, int
                                                                         [WORK_KINDS.index("cpu_op")]),
                        name=(w.hn_code[k], None), cat=(cat[k], w.codes(cats))))
     gs, ge = np.array(w.gs, dtype=np.int64), np.array(w.ge, dtype=np.int64)
-    work = np.array([k != "sync" and j not in w.gpu_call for j, k in enumerate(w.gkind)], dtype=bool)
+    work = (w.g.kind != "sync") & ~np.isin(np.arange(len(gs)), list(w.gpu_call))
     j, at = _starting(np.where(work, gs, np.iinfo(np.int64).min), a, b)  # device work, in its input order
     by = np.lexsort((j, at))
     j, at = j[by], at[by]
-    name, names = pd.factorize(w.g.name)
     parts.append(_sums(at, 2, ge[j] - gs[j], kind=(np.isin(w.g.kind[j], ("memcpy", "memset")),
                                                    [WORK_KINDS.index("kernel"), WORK_KINDS.index("memcpy")]),
-                       name=(name[j], w.codes(names)), cat=(np.zeros(len(j), dtype=np.int64), [none])))
+                       name=(w.g.code[j], None), cat=(np.zeros(len(j), dtype=np.int64), [none])))
     if len(gs):  # the GPU's idle time: the interval less the union of its work, cut at the interval's end
         s, e = gs[j], np.minimum(ge[j], b[at])
         by = np.lexsort((e, s, at))
@@ -579,12 +586,12 @@ def stitch(anchors: pd.DataFrame, segments: pd.DataFrame, calls: pd.DataFrame, m
         return pd.DataFrame(columns=PATH_COLUMNS), [], 0
     off = {int(r): round(v) for r, v in offsets_ns.items()}  # whole ns: absolute ns overflow a float's 53 bits
     a = anchors.assign(shift=anchors["rank"].map(lambda r: off.get(int(r), 0)).astype("int64"))
-    by_anchor = {(int(r), k, int(key)): row for r, k, key, row in zip(a["rank"], a["anchor"], a["key"],
-                                                                       a.itertuples(index=False))}
+    by_anchor = {(r, k, key): _Anchor(*row) for r, k, key, *row in zip(
+        *(a[c].tolist() for c in ("rank", "anchor", "key", "shift", "stop", "stop_call", "stop_ns")))}
     walks_of: dict[tuple[int, str, int], list[int]] = defaultdict(list)  # a step of a rank can have two anchors
     for r, k, key, walk in zip(a["rank"].tolist(), a["anchor"], a["key"].tolist(), a["walk"].tolist()):
         walks_of[(r, k, key)].append(walk)
-    rows_of = segments.groupby(["rank", "walk"], sort=False).indices if len(segments) else {}
+    rows_of = _runs(segments["rank"].to_numpy(), segments["walk"].to_numpy())
     columns = [segments[c].to_numpy() for c in ("kind", "name", "start_ns", "end_ns", "pid", "tid", "event_ns")]
 
     def segs_of(cur: tuple[int, str, int], shift: int) -> list[tuple[Any, ...]]:
@@ -596,9 +603,9 @@ def stitch(anchors: pd.DataFrame, segments: pd.DataFrame, calls: pd.DataFrame, m
         if not idx:
             return []
         return [(r, KINDS[k], text[n], t0 - shift, t1 - shift, text[p], text[q], t / 1000 if t != _NONE else np.nan)
-                for k, n, t0, t1, p, q, t in zip(*(v[np.concatenate(idx)].tolist() for v in columns))]
+                for k, n, t0, t1, p, q, t in zip(*(np.concatenate([v[i] for i in idx]).tolist() for v in columns))]
     arrival = _arrivals(calls, off)
-    op_of = {(int(r), int(c)): op for r, c, op in zip(calls["rank"], calls["index"], calls["op"])}
+    op_of = {(r, c): op for r, c, op in zip(*(calls[k].tolist() for k in ("rank", "index", "op")))}
     members: dict[int, list[tuple[int, int]]] = defaultdict(list)
     instance_of: dict[tuple[int, int], int] = {}
     for r, c, i in zip(*(matched[k].astype("int64").tolist() if k in matched else [] for k in
@@ -646,6 +653,19 @@ def stitch(anchors: pd.DataFrame, segments: pd.DataFrame, calls: pd.DataFrame, m
             for step, path, _, _ in paths for k, (r, kind, name, t0, t1, *event) in enumerate(path)]
     steps = [_step_summary(step, path, (b - origin) / 1e3, e - b) for step, path, b, e in paths]
     return pd.DataFrame(rows, columns=PATH_COLUMNS), steps, int(origin)
+
+
+def _runs(rank: np.ndarray, walk: np.ndarray) -> dict[tuple[int, int], Any]:
+    """The rows of each (rank, walk): a slice, as each rank's walks come one after the other (an index array
+    where one's rows are not together)."""
+    if len(rank) == 0:
+        return {}
+    cut = np.flatnonzero((rank[1:] != rank[:-1]) | (walk[1:] != walk[:-1])) + 1
+    first, stop = np.r_[0, cut].tolist(), np.r_[cut, len(rank)].tolist()
+    runs = {(r, w): slice(a, b) for r, w, a, b in zip(rank[first].tolist(), walk[first].tolist(), first, stop)}
+    if len(runs) == len(first):
+        return runs
+    return pd.DataFrame({"rank": rank, "walk": walk}).groupby(["rank", "walk"], sort=False).indices
 
 
 def _arrivals(calls: pd.DataFrame, off: Mapping[int, int]) -> dict[tuple[int, int], int]:
