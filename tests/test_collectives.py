@@ -60,6 +60,16 @@ def test_a_call_gathers_args_over_its_chain_and_its_kernel():
         10**9 + 100_000, 10**9 + 110_000, 10**9 + 130_000, 20)
 
 
+def test_a_kernel_without_a_launch_belongs_to_no_call():
+    """An NCCL kernel whose launch is unknown (no correlation, no flow) gives no call its GPU times, even when the
+    file's last X event is a call's own event (an index of -1 once read the launch as that event)."""
+    events = [{"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "pid": 0, "tid": 20,
+               "ts": 110, "dur": 20, "args": {"stream": 20}}, *nccl_call(100, 110, 20, 7)[:4][::-1]]
+    calls = analyze_rank(events, 0, "r0.json").tables["collectives"]
+    assert len(calls) == 1
+    assert calls["gpu_start_ns"].isna().all() and calls["stream"].isna().all()
+
+
 def test_a_rank_of_a_big_job_holds_its_groups_as_rank_specs():
     """A 10,000-rank job's groups cost a few bytes per call, not the 59 kB of their full lists."""
     world = list(range(10_000))

@@ -88,9 +88,8 @@ def _dims_product(dims: Any) -> int | None:
 
 
 def rank_collectives(names: list[str], tids: list[Any], args: list[Any], order: list[int], stop: list[int],
-                     members: list[int], start: list[int], end: list[int],
-                     gpu_launch: list[tuple[int, int, int, int, str, Any]], steps: list[tuple[int, int, int]],
-                     base: int, pg_config: Mapping[str, str]) -> pd.DataFrame:
+                     members: list[int], start: list[int], end: list[int], launch_pos: np.ndarray, gpu: Any,
+                     steps: list[tuple[int, int, int]], base: int, pg_config: Mapping[str, str]) -> pd.DataFrame:
     """One rank's collective calls, one row each, times in absolute ns.
 
     A call is the outermost of a chain of ``c10d::*``, ``record_param_comms``, ``nccl:*``
@@ -108,8 +107,10 @@ def rank_collectives(names: list[str], tids: list[Any], args: list[Any], order: 
         their children), and where each position's subtree ends (exclusive).
     members
         The positions, ascending, of the events whose name ``is_collective_call``.
-    gpu_launch
-        ``(position of the launching host event, gpu start, gpu end, stream, name, args)`` per GPU event.
+    launch_pos
+        Per GPU event, the position of the host event that launched it (-1: none).
+    gpu
+        The GPU events (``analysis.rank._Gpu``): their ``start``, ``end``, ``stream``, ``name`` and ``args``.
     steps
         ``(step, start, end)`` of each ``ProfilerStep#N`` (relative ns).
     pg_config
@@ -130,13 +131,15 @@ def rank_collectives(names: list[str], tids: list[Any], args: list[Any], order: 
                 continue
             calls[r] = {"name": names[r], "tid": tids[r], "cpu_start_ns": start[r] + base, "cpu_end_ns": end[r] + base}
         _gather(calls[r], names[order[k]], args[order[k]])
-    for k, s, e, stream, name, kernel_args in gpu_launch:
-        r = order[root[k]] if root[k] >= 0 else -1
-        if r in calls and is_comm_kernel(name, kernel_args):
+    held = np.array(root, dtype=np.int64)[launch_pos] if len(root) else launch_pos  # -1: not inside a call
+    for j in np.flatnonzero((launch_pos >= 0) & (held >= 0)).tolist():  # the GPU work launched inside calls
+        r = order[int(held[j])]
+        if r in calls and is_comm_kernel(gpu.name[j], gpu.args[j]):
             c = calls[r]
-            c["gpu_start_ns"] = min(c.get("gpu_start_ns", s + base), s + base)
-            c["gpu_end_ns"] = max(c.get("gpu_end_ns", e + base), e + base)
-            c["stream"] = stream
+            s, e = int(gpu.start[j]) + base, int(gpu.end[j]) + base
+            c["gpu_start_ns"] = min(c.get("gpu_start_ns", s), s)
+            c["gpu_end_ns"] = max(c.get("gpu_end_ns", e), e)
+            c["stream"] = gpu.stream[j]
     rows = []
     sizes = {pg: len(group_members(spec)) for pg, spec in pg_config.items()}
     for k, r in enumerate(sorted(calls, key=lambda r: (start[r], r))):

@@ -410,14 +410,13 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
     info = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
     pgs = {str(pg["pg_name"]): spec for pg in info.get("pg_config") or []
            if isinstance(pg, dict) and "pg_name" in pg and (spec := group_spec(pg.get("ranks")))}
-    gpu_launch = [(j, a, b, s, nm, ka) for j, a, b, s, nm, ka in zip(
-        tree.pos[g.launch].tolist(), g.start.tolist(), g.end.tolist(), g.stream, g.name, g.args) if j >= 0]
     members = np.flatnonzero(np.array([is_collective_call(nm) for nm in names], dtype=bool)[name_code[tree.order]])
+    launch_pos = np.where(g.launch >= 0, tree.pos[np.maximum(g.launch, 0)], -1)
     tables["collectives"] = rank_collectives(names[name_code].tolist(), tids.tolist(), args, tree.order.tolist(),
                                              tree.stop.tolist(), members.tolist(), start.tolist(), end.tolist(),
-                                             gpu_launch, step_spans, base, pgs)
+                                             launch_pos, g, step_spans, base, pgs)
     tables["path_anchors"], tables["path_segments"], tables["path_work"], texts = rank_pieces(
-        start, end, name_code, names, cats[cat_code], pids, tids, tree, g, step_spans,
+        start, end, name_code, names, cats[cat_code], pids, tids, tree, g, launch_pos, step_spans,
         {int(step_of[name_code[i]]): int(i) for i in step_events}, tables["collectives"], base)
     host_name = header.get("host_name")
     return RankTables(rank, path, tables, numbers, [s for s, _, _ in step_spans],
