@@ -29,7 +29,7 @@ previous collective (``path_work``, by name) with the median rank's.
 """
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import defaultdict, namedtuple
 from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property
@@ -118,6 +118,7 @@ class _Walker:
         self.gn = g.name.tolist()
         self.gk = np.where(np.isin(g.kind, ("memcpy", "memset")), "memcpy", "kernel").tolist()
         self.stream = g.stream
+        self.launch_pos = launch_pos
         self.launch = launch_pos.tolist()  # the launching call's position, -1 when none is known
         launched = np.full(len(launch_pos), np.iinfo(np.int64).max)  # when its call started (never: none)
         launched[launch_pos >= 0] = start[order][launch_pos[launch_pos >= 0]]
@@ -186,20 +187,22 @@ class _Walker:
         self.run_min = np.concatenate([[np.iinfo(np.int64).max], t[:-1]]).tolist()
 
     @cached_property
-    def launched_by(self) -> dict[int, list[int]]:
-        """The device work each host position launched."""
-        out: dict[int, list[int]] = defaultdict(list)
-        for j, p in enumerate(self.launch):
-            if p >= 0:
-                out[p].append(j)
-        return out
+    def _by_launch(self) -> tuple[list[int], list[int]]:
+        """The device work by the position of its launch (stable), and those positions."""
+        by = np.argsort(self.launch_pos, kind="stable")
+        return by.tolist(), self.launch_pos[by].tolist()
+
+    def launched_by(self, k: int) -> list[int]:
+        """The device work the host position ``k`` launched, in order."""
+        by, at = self._by_launch
+        return by[bisect_left(at, k):bisect_right(at, k)]
 
     def _waited_for(self, k: int) -> int:
         """The device work a blocking call at position ``k`` waited for: the latest to end while it blocked,
         among the work launched before it (a copy: the work it launched); -1 when none."""
         s, e = self.hs[k], self.he[k]
         if self.hn[k] in _COPIES:
-            mine = [j for j in self.launched_by.get(k, ()) if s < self.ge[j] <= e]
+            mine = [j for j in self.launched_by(k) if s < self.ge[j] <= e]
             return max(mine, key=lambda j: self.ge[j], default=-1)
         i = bisect_right(self.ends, e) - 1
         while i >= 0 and self.ends[i] > s:
@@ -318,7 +321,7 @@ class _Walker:
 
 
 def rank_pieces(start: np.ndarray, end: np.ndarray, name_code: np.ndarray, names: np.ndarray, cats: np.ndarray,
-                pids: np.ndarray, tids: np.ndarray, tree: Any, g: Any,
+                pids: np.ndarray, tids: np.ndarray, tree: Any, g: Any, launch_pos: np.ndarray,
                 step_spans: Sequence[tuple[int, int, int]], step_pos: Mapping[int, int], calls: pd.DataFrame,
                 base: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, list[str]]:
     """One rank's walks from its anchors, and the work between its collectives (map task).
@@ -333,6 +336,8 @@ def rank_pieces(start: np.ndarray, end: np.ndarray, name_code: np.ndarray, names
         The call tree (``analysis.rank._Tree``).
     g
         The device work (``analysis.rank._Gpu``).
+    launch_pos
+        Per device event, the position of the call that launched it (-1: none known).
     step_spans, step_pos
         ``(step, start, end)`` of each ``ProfilerStep#N``, and the event index of each step's own event.
     calls
@@ -346,7 +351,6 @@ def rank_pieces(start: np.ndarray, end: np.ndarray, name_code: np.ndarray, names
         ``ANCHOR_COLUMNS``, ``SEGMENT_COLUMNS`` and ``WORK_COLUMNS`` (absolute ns, but a segment's ``event_ns``),
         and the texts their codes stand for.
     """
-    launch_pos = np.where(g.launch >= 0, tree.pos[np.maximum(g.launch, 0)], -1)
     w = _Walker(start, end, name_code, names, cats, tree, g, launch_pos)
     arrivals: dict[int, tuple[str, int]] = {}
     gpu_calls = calls[calls["gpu_start_ns"].notna()]

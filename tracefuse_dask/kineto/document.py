@@ -22,7 +22,7 @@ _gc_users = 0
 
 @contextlib.contextmanager
 def paused_gc() -> Iterator[None]:
-    """Pause Python's cyclic GC while a rank is parsed and rewritten.
+    """Pause Python's cyclic GC while a rank is parsed and rewritten (or analysed, or the analysis reduced).
 
     Parsed JSON holds no reference cycles, so the collector only rescans the
     growing object graph: it costs 1.4-3x the parse time on big ranks.
