@@ -118,16 +118,19 @@ def test_sbatch_script_runs_its_steps_in_order_and_stops_at_the_first_failure(tm
 
 
 @pytest.mark.integration
-def test_the_deploy_files_workers_keep_glibc_malloc_trimming(scheduler_file):
+def test_the_deploy_files_workers_keep_glibc_malloc_trimming_and_a_heap_pad(scheduler_file):
     from distributed import Client
 
-    key, value = "DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON", "{'MALLOC_TRIM_THRESHOLD_': None}"
+    key = "DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON"
+    value = "{'MALLOC_TRIM_THRESHOLD_': None, 'MALLOC_TOP_PAD_': 268435456}"
     assert sbatch_exports()[key] == value
     (docker,) = re.findall(rf"^ENV {key}=(.*)$", (DEPLOY / "Dockerfile").read_text(), re.M)
     assert shlex.split(docker) == [value]
-    assert f'"export {key}=\\"{value}\\""' in (DEPLOY / "slurm" / "slurm_cluster.py").read_text()
+    slurm = (DEPLOY / "slurm" / "slurm_cluster.py").read_text()
+    assert f'environ = "{value}"' in slurm and f'"export {key}=\\"{{environ}}\\""' in slurm
     with Client(scheduler_file=scheduler_file, timeout=30) as c:  # `dask worker`s with the sbatch's environment
-        assert list(c.run(lambda: os.environ.get("MALLOC_TRIM_THRESHOLD_")).values()) == [None, None]
+        malloc = c.run(lambda: [os.environ.get(k) for k in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")])
+        assert list(malloc.values()) == [[None, "268435456"]] * 2
 
 
 def test_compose_file_parses_and_with_docker_compose_validates():
