@@ -33,6 +33,7 @@ from bisect import bisect_left, bisect_right
 from collections import defaultdict, namedtuple
 from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property
+from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -87,13 +88,14 @@ class _Walker:
     """One rank's graph, walked backwards. Times are the rank's relative ns; positions are the call tree's."""
 
     def __init__(self, start: np.ndarray, end: np.ndarray, name_code: np.ndarray, names: np.ndarray,
-                 cats: np.ndarray, tree: Any, g: Any, launch_pos: np.ndarray) -> None:
+                 cat_code: np.ndarray, cats: np.ndarray, tree: Any, g: Any, launch_pos: np.ndarray) -> None:
         order, parent, thread = tree.order, tree.parent, tree.thread
-        self.hs = start[order].tolist()  # per position
+        self.starts = start[order]  # per position
+        self.hs = self.starts.tolist()
         self.he = end[order].tolist()
         self.hn_code = name_code[order]
         self.hn = names[self.hn_code].tolist()
-        self.hc = cats[order]
+        self.hc_code, self.cats = cat_code[order], cats
         m = len(self.hs)
         self.parent = parent
         up = np.asarray(parent, dtype=np.int64)
@@ -104,14 +106,14 @@ class _Walker:
         same = key[by_key][1:] == key[by_key][:-1]
         prev = np.full(m, -1, dtype=np.int64)
         prev[by_key[1:][same]] = by_key[:-1][same]
-        self.prev = prev.tolist()
+        self.prev_pos, self.prev = prev, prev.tolist()
         last_child = np.full(m, -1, dtype=np.int64)
         np.maximum.at(last_child, up[child], child)
         self.last_child = last_child.tolist()
         dur = end[order] - start[order]
         children = np.zeros(m, dtype=np.int64)
         np.add.at(children, up[child], dur[child])
-        self.own = (dur - children).tolist()  # each position's time less its children's
+        self.own = dur - children  # each position's time less its children's
         work = np.flatnonzero(g.kind != "sync")
         self.gs, self.ge = g.start.tolist(), g.end.tolist()
         self.g = g
@@ -176,9 +178,8 @@ class _Walker:
         blocking call's or a CPU collective's end, the start after a CPU collective, a thread's first state."""
         calls = np.array(sorted(self.cpu_call), dtype=np.int64)
         blocking = np.array([n in _BLOCKING for n in self.texts], dtype=bool)[self.hn_code]
-        prev = np.asarray(self.prev, dtype=np.int64)
         is_ce, tk = self.tour_ce, self.tour_k
-        special = self.first | np.where(is_ce, np.isin(tk, calls) | blocking[tk], np.isin(prev[tk], calls))
+        special = self.first | np.where(is_ce, np.isin(tk, calls) | blocking[tk], np.isin(self.prev_pos[tk], calls))
         last = np.maximum.accumulate(np.where(special, np.arange(len(tk)), -1))
         self.last_special = last.tolist()
         # run_min[i]: the earliest time among states last_special[i] .. i-1, what a walk along the thread from i
@@ -320,18 +321,19 @@ class _Walker:
         return best[2] if best else None
 
 
-def rank_pieces(start: np.ndarray, end: np.ndarray, name_code: np.ndarray, names: np.ndarray, cats: np.ndarray,
-                pids: np.ndarray, tids: np.ndarray, tree: Any, g: Any, launch_pos: np.ndarray,
+def rank_pieces(start: np.ndarray, end: np.ndarray, name_code: np.ndarray, names: np.ndarray, cat_code: np.ndarray,
+                cats: np.ndarray, pids: np.ndarray, tids: np.ndarray, tree: Any, g: Any, launch_pos: np.ndarray,
                 step_spans: Sequence[tuple[int, int, int]], step_pos: Mapping[int, int], calls: pd.DataFrame,
                 base: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, list[str]]:
     """One rank's walks from its anchors, and the work between its collectives (map task).
 
     Parameters
     ----------
-    start, end, name_code, cats, pids, tids
-        Per X event, as arrays (relative ns, name as a code into ``names``, category, pid and tid as in the trace).
-    names
-        The distinct names.
+    start, end, name_code, cat_code, pids, tids
+        Per X event, as arrays (relative ns, name and category as codes into ``names`` and ``cats``, pid and tid
+        as in the trace).
+    names, cats
+        The distinct names and categories.
     tree
         The call tree (``analysis.rank._Tree``).
     g
@@ -351,7 +353,7 @@ def rank_pieces(start: np.ndarray, end: np.ndarray, name_code: np.ndarray, names
         ``ANCHOR_COLUMNS``, ``SEGMENT_COLUMNS`` and ``WORK_COLUMNS`` (absolute ns, but a segment's ``event_ns``),
         and the texts their codes stand for.
     """
-    w = _Walker(start, end, name_code, names, cats, tree, g, launch_pos)
+    w = _Walker(start, end, name_code, names, cat_code, cats, tree, g, launch_pos)
     arrivals: dict[int, tuple[str, int]] = {}
     gpu_calls = calls[calls["gpu_start_ns"].notna()]
     if len(gpu_calls):
@@ -359,8 +361,8 @@ def rank_pieces(start: np.ndarray, end: np.ndarray, name_code: np.ndarray, names
         for c, s, e, st in zip(gpu_calls["index"], gpu_calls["gpu_start_ns"], gpu_calls["gpu_end_ns"],
                                gpu_calls["stream"]):
             spans[int(st)].append((int(s) - base, int(e) - base, int(c)))
-        for j in range(len(w.gs)):
-            if w.stream[j] not in spans or not is_comm_kernel(w.gn[j], g.args[j]):
+        for j in compress(range(len(w.gs)), map(spans.__contains__, w.stream)):  # work on a call's stream
+            if not is_comm_kernel(w.gn[j], g.args[j]):
                 continue
             for s, e, c in spans[w.stream[j]]:
                 if s <= w.gs[j] <= e:
@@ -387,7 +389,8 @@ def rank_pieces(start: np.ndarray, end: np.ndarray, name_code: np.ndarray, names
     todo: list[tuple[str, int, tuple[str, int], float]] = [
         ("step", n, ("ce", int(tree.pos[step_pos[n]])), s) for n, s, _ in step_spans]
     if not step_spans:  # no steps: the whole trace, from the host event that ends last
-        ops = [k for k, c in enumerate(w.hc) if c.lower() != "trace"]  # not Kineto's span of the whole profile
+        # not Kineto's span of the whole profile
+        ops = np.flatnonzero(np.array([c.lower() != "trace" for c in cats], dtype=bool)[w.hc_code]).tolist()
         if ops:
             todo.append(("step", -1, ("ce", max(ops, key=lambda k: (w.he[k], -k))), -np.inf))
     todo += [("call", c, state, floor_of(w._time(*state))) for c, state in sorted(arrivals.items())]
@@ -399,7 +402,21 @@ def rank_pieces(start: np.ndarray, end: np.ndarray, name_code: np.ndarray, names
         walks.append((pieces, (at - t) // _SHORT_PER_WALK))
     anchors_df = pd.DataFrame(anchors, columns=ANCHOR_COLUMNS).astype({"floor_ns": "Int64", "stop_call": "Int64"})
     segments = _segments(w, walks, start, pids, tids, np.concatenate([tree.order, g.index]), base)
-    return anchors_df, segments, _work(w, calls, arrivals, floor_of, base), w.texts
+    return (anchors_df, *_used_texts(segments, _work(w, calls, arrivals, floor_of, base), w.texts))
+
+
+def _used_texts(segments: pd.DataFrame, work: pd.DataFrame,
+                texts: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+    """``segments`` and ``work`` with their codes into only the texts they use, and those texts: the walker's
+    texts start with every name of the rank, and the client holds each rank's texts (10,000 small A100 ranks:
+    1.1 kB of text each used, 4.9 kB with every kernel name)."""
+    columns = [(segments, c) for c in ("name", "pid", "tid")] + [(work, c) for c in ("name", "cat")]
+    used = np.unique(np.concatenate([t[c].to_numpy(dtype=np.int64) for t, c in columns]))
+    code = np.zeros(len(texts), dtype=np.int64)
+    code[used] = np.arange(len(used))
+    segments, work = (t.assign(**{c: code[t[c].to_numpy(dtype=np.int64)] for c in cs}) if len(t) else t
+                      for t, cs in ((segments, ("name", "pid", "tid")), (work, ("name", "cat"))))
+    return segments, work, [texts[i] for i in used.tolist()]
 
 
 def _segments(w: _Walker, walks: list[tuple[list[Any], int]], start: np.ndarray, pids: np.ndarray, tids: np.ndarray,
@@ -515,15 +532,12 @@ def _work(w: _Walker, calls: pd.DataFrame, arrivals: Mapping[int, tuple[str, int
     none = w.code("")
     parts = [pd.DataFrame({"seq": seq, "part": 0, "kind": WORK_KINDS.index("interval"), "name": none, "cat": none,
                            "count": 1, "ns": b - a})]
-    hs = np.array(w.hs, dtype=np.int64)
-    k, at = _starting(hs, a, b)  # host ops by their own time, but not a CPU collective's own call
+    k, at = _starting(w.starts, a, b)  # host ops by their own time, but not a CPU collective's own call
     mine = ~np.isin(k, list(w.cpu_call))
     k, at = k[mine], at[mine]
-    cat, cats = pd.factorize(w.hc)
-    parts.append(_sums(at, 1, np.array(w.own, dtype=np.int64)[k], kind=(np.zeros(len(k), dtype=np.int64),
-                                                                        [WORK_KINDS.index("cpu_op")]),
-                       name=(w.hn_code[k], None), cat=(cat[k], w.codes(cats))))
-    gs, ge = np.array(w.gs, dtype=np.int64), np.array(w.ge, dtype=np.int64)
+    parts.append(_sums(at, 1, w.own[k], kind=(np.zeros(len(k), dtype=np.int64), [WORK_KINDS.index("cpu_op")]),
+                       name=(w.hn_code[k], None), cat=(w.hc_code[k], w.codes(w.cats))))
+    gs, ge = w.g.start, w.g.end
     work = (w.g.kind != "sync") & ~np.isin(np.arange(len(gs)), list(w.gpu_call))
     j, at = _starting(np.where(work, gs, np.iinfo(np.int64).min), a, b)  # device work, in its input order
     by = np.lexsort((j, at))

@@ -416,7 +416,7 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
                                              tree.stop.tolist(), members.tolist(), start.tolist(), end.tolist(),
                                              launch_pos, g, step_spans, base, pgs)
     tables["path_anchors"], tables["path_segments"], tables["path_work"], texts = rank_pieces(
-        start, end, name_code, names, cats[cat_code], pids, tids, tree, g, launch_pos, step_spans,
+        start, end, name_code, names, cat_code, cats, pids, tids, tree, g, launch_pos, step_spans,
         {int(step_of[name_code[i]]): int(i) for i in step_events}, tables["collectives"], base)
     host_name = header.get("host_name")
     return RankTables(rank, path, tables, numbers, [s for s, _, _ in step_spans],
