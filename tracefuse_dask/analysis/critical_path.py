@@ -126,7 +126,7 @@ class _Walker:
         launched[launch_pos >= 0] = start[order][launch_pos[launch_pos >= 0]]
         self.launch_t = launched.tolist()
         by_start = work[np.lexsort((g.end[work], g.start[work]))]
-        stream = pd.factorize(pd.Series(self.stream, dtype=object))[0]
+        stream = g.stream_code
         by_stream = by_start[np.argsort(stream[by_start], kind="stable")]
         same = stream[by_stream][1:] == stream[by_stream][:-1]
         prev_on_stream = np.full(len(self.gs), -1, dtype=np.int64)

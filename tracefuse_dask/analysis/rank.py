@@ -202,6 +202,7 @@ class _Gpu:
     start: np.ndarray
     end: np.ndarray
     stream: list[Any]
+    stream_code: np.ndarray  # each stream as a code
     name: np.ndarray
     code: np.ndarray  # each name's code into the rank's distinct names
     kind: np.ndarray
@@ -294,9 +295,9 @@ def _call_tree(pids: np.ndarray, tids: np.ndarray, host: np.ndarray, start: np.n
     return _Tree(order, parent, np.array(stop, dtype=np.int64), pos, thread)
 
 
-def _factorized(values: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """``pd.factorize`` of texts, in C-level passes over a dict: it hashes each text once (a string keeps its hash)
-    where ``pd.factorize`` of an object array takes half as long again."""
+def _factorized(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """``pd.factorize`` of texts (or other values), in C-level passes over a dict: it hashes each text once (a
+    string keeps its hash) where ``pd.factorize`` of an object array takes half as long again."""
     code = {v: i for i, v in enumerate(dict.fromkeys(values))}
     return np.fromiter(map(code.__getitem__, values), np.int64, len(values)), np.array(list(code), dtype=object)
 
@@ -530,11 +531,13 @@ def _gpu_arrays(events: list[_Event], xs: list[_Event], dev: np.ndarray, host: n
             gpu.append(i)
             streams.append(s)
     code = name_code[gpu]
-    dur, clipped = _clipped(start[gpu], end[gpu], streams, kinds[gpu] != "sync")
+    stream_code = _factorized(streams)[0]
+    dur, clipped = _clipped(start[gpu], end[gpu], stream_code, kinds[gpu] != "sync")
     return _Gpu(
         start=start[gpu],
         end=end[gpu],
         stream=streams,
+        stream_code=stream_code,
         name=names[code],
         code=code,
         kind=kinds[gpu],
@@ -547,7 +550,8 @@ def _gpu_arrays(events: list[_Event], xs: list[_Event], dev: np.ndarray, host: n
     )
 
 
-def _clipped(start: np.ndarray, end: np.ndarray, streams: list[Any], work: np.ndarray) -> tuple[np.ndarray, int]:
+def _clipped(start: np.ndarray, end: np.ndarray, stream_code: np.ndarray,
+             work: np.ndarray) -> tuple[np.ndarray, int]:
     """Each event's duration, ended at the next start on its stream where it runs past it, and how many were;
     only the ``work`` events (kernels, memcpy, memset: not stream waits) clip or are clipped.
 
@@ -561,7 +565,7 @@ def _clipped(start: np.ndarray, end: np.ndarray, streams: list[Any], work: np.nd
     idx = np.flatnonzero(work)
     n = len(idx)
     start, end = start[idx], end[idx]
-    stream = pd.factorize(pd.Series([streams[i] for i in idx.tolist()], dtype=object))[0]
+    stream = stream_code[idx]
     order = np.lexsort((start, stream))
     s, e, st = start[order], end[order], stream[order]
     limit = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
