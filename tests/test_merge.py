@@ -114,6 +114,18 @@ def test_the_embedded_cluster_sets_its_workers_malloc(env, expected):
     assert done.stdout.splitlines()[-1] == repr([expected])
 
 
+@pytest.mark.parametrize("in_process", [False, True], ids=["worker-programs", "in-process"])
+def test_the_embedded_clusters_workers_run_no_profiler(in_process):
+    """Without a dashboard nobody sees Dask's statistical profile; it only interrupts the tasks every 10 ms."""
+    code = ("from tracefuse_dask.cluster import connect\n"
+            f"with connect(workers=1, in_process={in_process}) as c:\n"
+            "    print(list(c.run(lambda dask_worker: sorted(dask_worker.periodic_callbacks)).values()))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    (callbacks,) = eval(done.stdout.splitlines()[-1])
+    assert "heartbeat" in callbacks and not {"profile", "profile-cycle"} & set(callbacks)
+
+
 def test_the_embedded_cluster_starts_no_dashboard():
     """Nobody is told its port, and Bokeh's server costs start-up time and memory; nor does it take :8787."""
     code = ("import sys\nfrom tracefuse_dask.cluster import connect\nwith connect(workers=1) as c:\n"

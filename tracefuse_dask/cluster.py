@@ -67,6 +67,9 @@ _WORKER_STOP_TIMEOUT = 10.0  # seconds for one to close before it is killed
 # ~45 ms, of a 50 MB A100 rank's 0.75 s analysis; docs/performance.md, "A worker's freed memory"). A variable the
 # caller set wins.
 _WORKER_MALLOC = {"MALLOC_TOP_PAD_": str(256 * 2**20)}
+# Without a dashboard nobody sees what Dask's statistical profiler gathers, and it interrupts each task every 10 ms
+# (an A100 rank's analysis took 3-4% longer with it; docs/performance.md, "A worker's freed memory").
+_NO_PROFILER = {"distributed.worker.profile.enabled": False}
 
 
 class _WorkerProgram(Subprocess):
@@ -86,7 +89,7 @@ class _WorkerProgram(Subprocess):
         super().__init__()
 
     async def _start(self) -> None:
-        with dask.config.set({"logging.distributed": "critical"}):
+        with dask.config.set({"logging.distributed": "critical", **_NO_PROFILER}):
             config = dask.config.serialize(dask.config.global_config)
         self.process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "dask", "spec", self.scheduler, "--spec", json.dumps(self.spec),
@@ -108,8 +111,9 @@ def _embedded(n: int, in_process: bool) -> SpecCluster:
     # No dashboard: on a port nobody is told about, Bokeh's would cost 0.6-0.8 s of start-up and 18 MiB here.
     # The scheduler's plain HTTP server (health, metrics) stays on a free port of the loopback, not :8787.
     if in_process:
-        return LocalCluster(n_workers=n, threads_per_worker=1, processes=False, dashboard_address="127.0.0.1:0",
-                            scheduler_kwargs={"dashboard": False}, silence_logs=False)
+        with dask.config.set(_NO_PROFILER):
+            return LocalCluster(n_workers=n, threads_per_worker=1, processes=False, dashboard_address="127.0.0.1:0",
+                                scheduler_kwargs={"dashboard": False}, silence_logs=False)
     scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "port": 0, "dashboard": False,
                                                "dashboard_address": "127.0.0.1:0"}}
     kwargs = {"host": "127.0.0.1", "nthreads": 1, "memory_limit": parse_memory_limit("auto", 1, n, logger=log)}
