@@ -16,6 +16,7 @@ They are plain ``distributed.Worker`` programs, without a nanny: a nanny would b
 more interpreter to start per worker, before its worker's (~0.8 s more on 2 cores). What
 a nanny would add, a restart after a worker dies, the embedded cluster does without: the
 scheduler gives a lost worker's tasks to the others (``distributed.scheduler.allowed-failures``).
+They keep freed heap for their next task (``_WORKER_MALLOC``) and run no statistical profiler (``_NO_PROFILER``).
 The scheduler runs in this process, as ``LocalCluster``'s does.
 
 Small inputs (``small_input``) have no worker programs: when neither a cluster nor a number of workers is
@@ -63,12 +64,12 @@ log = logging.getLogger("tracefuse_dask")
 _WORKER_START_TIMEOUT = 60.0  # seconds for the embedded cluster's workers to start and join the scheduler
 _WORKER_STOP_TIMEOUT = 10.0  # seconds for one to close before it is killed
 # glibc keeps this much freed memory at the top of a worker's heap instead of handing it back to the system: a
-# rank's task then reuses the pages of the one before it instead of faulting them in again (~35,000 page faults,
-# ~45 ms, of a 50 MB A100 rank's 0.75 s analysis; docs/performance.md, "A worker's freed memory"). A variable the
-# caller set wins.
+# rank's task then reuses the pages of the one before it instead of faulting them in again (a 50 MB A100 rank's
+# analysis in a process: ~35,000 fewer page faults, 0.73-0.79 -> 0.65-0.69 s; docs/performance.md, "A worker's
+# freed memory"). A variable the caller set wins.
 _WORKER_MALLOC = {"MALLOC_TOP_PAD_": str(256 * 2**20)}
 # Without a dashboard nobody sees what Dask's statistical profiler gathers, and it interrupts each task every 10 ms
-# (an A100 rank's analysis took 3-4% longer with it; docs/performance.md, "A worker's freed memory").
+# (an A100 rank's analysis took 3-4% longer with it; docs/performance.md, "Dask's statistical profiler").
 _NO_PROFILER = {"distributed.worker.profile.enabled": False}
 
 
