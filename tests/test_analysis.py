@@ -390,3 +390,19 @@ def test_tables_travel_with_their_texts_as_categories_and_come_back_the_same(tex
     parts = [_coded(b), _coded(a)]  # out of rank order: sorted, each rank's rows in their order
     pd.testing.assert_frame_equal(_texts(_in_rank_order(parts)), pd.concat([a, b], ignore_index=True))
     assert parts == []
+
+
+def test_a_paused_collector_comes_back_as_the_caller_left_it():
+    import gc
+
+    from tracefuse_dask.kineto.document import paused_gc
+
+    was = gc.isenabled()
+    try:
+        for before in (True, False):
+            (gc.enable if before else gc.disable)()
+            with paused_gc(), paused_gc():
+                assert not gc.isenabled()
+            assert gc.isenabled() is before
+    finally:
+        (gc.enable if was else gc.disable)()

@@ -108,3 +108,17 @@ def test_gzipped_logs_and_exports_are_recognised(client, tmp_path):
     calls = a.collective_trace_calls
     assert len(calls[calls["rank"] == 0]) == len(parse(LOGS[0]))
     assert len(calls[calls["rank"] == 1]) == len(parse(CSVS[1], rank=1))
+
+
+def test_an_empty_table_summarises_as_grouping_it_would():
+    """An empty table of plain columns takes a shortcut past pandas' grouping; a typed one keeps its types."""
+    from tracefuse_dask.analysis import CT_COLUMNS
+
+    summary, hints, verdict = summarize(pd.DataFrame(columns=CT_COLUMNS))
+    assert summary.empty and hints.empty and verdict["rank"] is None
+    assert summary.dtypes.astype(str).to_dict() == {"op": "object", "shape": "object", "dtype": "object",
+                                                    "group": "object", "count": "int64", "ranks": "int64",
+                                                    "total_us": "object", "mean_us": "object", "max_us": "object",
+                                                    "bytes": "object"}
+    typed = summarize(pd.DataFrame(columns=CT_COLUMNS).astype({"duration_us": float}))[0]
+    assert typed.empty and typed["total_us"].dtype == "float64"

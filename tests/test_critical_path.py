@@ -22,7 +22,13 @@ from conftest import make_trace, shared, write_trace
 from perfetto_rules import assert_perfetto_rules, load_exact, ns
 
 from tracefuse_dask import MergeError, analyze, merge_traces
-from tracefuse_dask.analysis.critical_path import _NONE, KINDS, _short_runs
+from tracefuse_dask.analysis.critical_path import (
+    _NONE,
+    KINDS,
+    _runs,
+    _short_runs,
+    _used_texts,
+)
 from tracefuse_dask.kineto.layout import CRITICAL_PATH_PID
 from tracefuse_dask.synth import write_example
 
@@ -301,3 +307,26 @@ def test_runs_of_short_segments_are_joined_and_their_time_by_kind_kept():
                    (1, "cpu_op", "2 short cpu_op segments", _NONE, 25, 38)]
     for kind in ("cpu_op", "kernel"):
         assert sum(b - a for _, k, *_, a, b in got if k == kind) == sum(b - a for _, k, *_, a, b in segs if k == kind)
+
+def test_a_walks_rows_are_a_slice_when_together_and_every_row_when_not():
+    """``stitch`` finds each (rank, walk)'s segments as a slice; rows of a walk that are apart are all found too."""
+    together = _runs(np.array([0, 0, 0, 1, 1]), np.array([0, 0, 1, 0, 0]))
+    assert together == {(0, 0): slice(0, 2), (0, 1): slice(2, 3), (1, 0): slice(3, 5)}
+    apart = _runs(np.array([0, 0, 0, 0]), np.array([0, 1, 0, 1]))
+    assert {k: list(v) for k, v in apart.items()} == {(0, 0): [0, 2], (0, 1): [1, 3]}
+    assert _runs(np.array([], dtype=np.int64), np.array([], dtype=np.int64)) == {}
+
+
+def test_a_ranks_texts_keep_what_its_segments_and_work_rows_use():
+    texts = ["unused", "a", "pid 1", "", "b", "cat"]
+    segments = pd.DataFrame({"walk": [0], "kind": [0], "name": [1], "start_ns": [0], "end_ns": [1], "pid": [2],
+                             "tid": [3], "event_ns": [_NONE]})
+    work = pd.DataFrame({"call": [0, 0], "kind": [0, 1], "name": [3, 4], "cat": [3, 5], "count": [1, 1],
+                         "ns": [5, 2]})
+    seg, wk, kept = _used_texts(segments, work, texts)
+    assert kept == ["a", "pid 1", "", "b", "cat"]
+    assert [kept[c] for c in seg[["name", "pid", "tid"]].iloc[0]] == ["a", "pid 1", ""]
+    assert [[kept[c] for c in row] for row in wk[["name", "cat"]].to_numpy().tolist()] == [["", ""], ["b", "cat"]]
+    no_segments = pd.DataFrame({c: [] for c in segments.columns})
+    seg, wk, kept = _used_texts(no_segments, work, texts)
+    assert seg.empty and kept == ["", "b", "cat"] and wk["name"].tolist() == [0, 1]

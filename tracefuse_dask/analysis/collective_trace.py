@@ -158,7 +158,7 @@ def summarize(calls: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, dict[str
     keys = ["op", "shape", "dtype", "group"]
     cols = ["rank", "calls", "shortest_count", "others_waited_us"]
     no_hint = {"rank": None, "confidence": 0.0, "evidence": "no call was logged by two or more ranks: no straggler hint"}
-    if calls.empty:  # as below, without pandas' 15 ms of grouping nothing
+    if calls.empty and (calls.dtypes == object).all():  # as below, without pandas' 15 ms of grouping nothing
         return (pd.DataFrame(columns=[*keys, "count", "ranks", "total_us", "mean_us", "max_us", "bytes"]).astype(
             {"count": "int64", "ranks": "int64"}), pd.DataFrame(columns=cols), no_hint)
     c = calls.reset_index(drop=True)

@@ -18,6 +18,7 @@ __all__ = ["check_document", "decode_json", "paused_gc"]
 
 _gc_lock = threading.Lock()
 _gc_users = 0
+_gc_was_enabled = True  # the collector's state before the first of the current users paused it
 
 
 @contextlib.contextmanager
@@ -26,10 +27,13 @@ def paused_gc() -> Iterator[None]:
 
     Parsed JSON holds no reference cycles, so the collector only rescans the
     growing object graph: it costs 1.4-3x the parse time on big ranks.
-    Reference counting still frees everything. Safe with several task threads.
+    Reference counting still frees everything. Safe with several task threads; a collector the caller had
+    turned off stays off.
     """
-    global _gc_users
+    global _gc_users, _gc_was_enabled
     with _gc_lock:
+        if not _gc_users:
+            _gc_was_enabled = gc.isenabled()
         _gc_users += 1
         gc.disable()
     try:
@@ -37,7 +41,7 @@ def paused_gc() -> Iterator[None]:
     finally:
         with _gc_lock:
             _gc_users -= 1
-            if not _gc_users:
+            if not _gc_users and _gc_was_enabled:
                 gc.enable()
 
 
