@@ -175,6 +175,28 @@ def test_a_hand_built_step_follows_launch_kernel_and_sync(client, tmp_path):
         ("cudaDeviceSynchronize", "ProfilerStep#1")]
 
 
+def test_a_blocking_copy_waits_for_the_copy_it_launched(client, tmp_path):
+    """A cudaMemcpy [20, 80] µs blocks for its own copy [30, 70] on stream 8, not for the kernel [12, 78] on stream 7
+    launched before it, which a cudaDeviceSynchronize would have waited for: the copy is on the path, the kernel not."""
+    pid = 100
+
+    def x(cat, name, ts, dur, tid=pid, **args):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 0 if cat in ("kernel", "gpu_memcpy") else pid,
+                "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+    events = [x("user_annotation", "ProfilerStep#1", 0, 100),
+              x("cuda_runtime", "cudaLaunchKernel", 5, 5, correlation=5),
+              x("cuda_runtime", "cudaMemcpy", 20, 60, correlation=6),
+              x("kernel", "gemm", 12, 66, tid=7, stream=7, correlation=5, device=0),
+              x("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", 30, 40, tid=8, stream=8, correlation=6, device=0)]
+    write_trace(tmp_path / "rank0.json", make_trace(0, events))
+    seg = analyze(str(tmp_path / "rank0.json"), client=client).critical_path.sort_values("order")
+    assert ("memcpy", "Memcpy HtoD (Pageable -> Device)", 40.0) in set(zip(seg["kind"], seg["name"],
+                                                                          seg["dur_us"].round(3)))
+    assert "gemm" not in set(seg["name"])
+    assert ("sync wait", "cudaMemcpy") in set(zip(seg["kind"], seg["name"]))
+
+
 def trace_parts(path):
     """A critical-path trace's events: the marks (flows and the "critical path" process) and the rest."""
     events = load_exact(path)["traceEvents"]

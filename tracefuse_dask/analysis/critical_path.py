@@ -123,7 +123,7 @@ class _Walker:
         self.launch_pos = launch_pos
         self.launch = launch_pos.tolist()  # the launching call's position, -1 when none is known
         launched = np.full(len(launch_pos), np.iinfo(np.int64).max)  # when its call started (never: none)
-        launched[launch_pos >= 0] = start[order][launch_pos[launch_pos >= 0]]
+        launched[launch_pos >= 0] = self.starts[launch_pos[launch_pos >= 0]]
         self.launch_t = launched.tolist()
         by_start = work[np.lexsort((g.end[work], g.start[work]))]
         stream = g.stream_code

@@ -296,14 +296,17 @@ def _call_tree(pids: np.ndarray, tids: np.ndarray, host: np.ndarray, start: np.n
 
 
 def _factorized(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
-    """``pd.factorize`` of texts (or other values), in C-level passes over a dict: it hashes each text once (a
-    string keeps its hash) where ``pd.factorize`` of an object array takes half as long again."""
+    """Each value's code (equal values, None included, get equal codes, in order of first appearance) and the
+    distinct values: ``pd.factorize`` in C-level passes over a dict, which hashes each text once (a string keeps
+    its hash) where ``pd.factorize`` of an object array takes half as long again. For ints (pids, tids) pandas is
+    the faster one (``_codes``)."""
     code = {v: i for i, v in enumerate(dict.fromkeys(values))}
     return np.fromiter(map(code.__getitem__, values), np.int64, len(values)), np.array(list(code), dtype=object)
 
 
 def _codes(values: np.ndarray) -> np.ndarray:
-    """Equal values get equal integer codes (None included)."""
+    """Equal values get equal integer codes (None included); for pids and tids, 3 ms against the dict's 5 ms on
+    96,000 host events (``_factorized`` is the faster for texts)."""
     return pd.factorize(values, use_na_sentinel=False)[0]
 
 
@@ -403,16 +406,16 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
     tables["breakdown"] = pd.DataFrame([numbers])
     tables["breakdown_by_step"] = _by_step(g, step_spans, start)
     tables["kernels"], tables["kernel_categories"] = _kernel_tables(g, names)
+    launch_pos = np.where(g.launch >= 0, tree.pos[np.maximum(g.launch, 0)], -1)  # each GPU event's launch's position
     is_op = np.array([is_op_category(c) for c in cats], dtype=bool)[cat_code] & (step_of[name_code] < 0)
     tables["ops"], tables["kernel_launchers"] = _op_tables(tree, is_op, cats[cat_code] == "cpu_op", name_code, names,
-                                                           durs, args, g)
+                                                           durs, args, g, launch_pos)
     tables["idle"] = _idle_table(g, start)
     header = header or {}
     info = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
     pgs = {str(pg["pg_name"]): spec for pg in info.get("pg_config") or []
            if isinstance(pg, dict) and "pg_name" in pg and (spec := group_spec(pg.get("ranks")))}
     members = np.flatnonzero(np.array([is_collective_call(nm) for nm in names], dtype=bool)[name_code[tree.order]])
-    launch_pos = np.where(g.launch >= 0, tree.pos[np.maximum(g.launch, 0)], -1)
     tables["collectives"] = rank_collectives(names[name_code].tolist(), tids.tolist(), args, tree.order.tolist(),
                                              tree.stop.tolist(), members.tolist(), start.tolist(), end.tolist(),
                                              launch_pos, g, step_spans, base, pgs)
@@ -651,12 +654,14 @@ def _kernel_tables(g: _Gpu, names: np.ndarray) -> tuple[pd.DataFrame, pd.DataFra
 
 
 def _op_tables(tree: _Tree, is_op: np.ndarray, is_cpu_op: np.ndarray, name_code: np.ndarray, names: np.ndarray,
-               durs: np.ndarray, args: list[_Args], g: _Gpu) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """TreePerf-like tables: GPU time per op name over its subtree, and the leaf ops that launch kernels."""
+               durs: np.ndarray, args: list[_Args], g: _Gpu,
+               launch_pos: np.ndarray) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """TreePerf-like tables: GPU time per op name over its subtree, and the leaf ops that launch kernels.
+    ``launch_pos``: each GPU event's launch's position in the tree, -1 for none."""
     order, parent = tree.order, tree.parent
     m = len(order)
-    launched = g.launch >= 0
-    at = tree.pos[g.launch[launched]]  # the launches' positions
+    launched = launch_pos >= 0
+    at = launch_pos[launched]
     kernel_ns = g.dur[launched]
     # Subtree totals from prefix sums over the tree order, where every subtree is a run of positions.
     gpu_ns = np.zeros(m + 1, dtype=np.int64)
