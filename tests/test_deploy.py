@@ -122,15 +122,16 @@ def test_the_deploy_files_workers_keep_glibc_malloc_trimming_and_a_heap_pad(sche
     from distributed import Client
 
     key = "DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON"
-    value = "{'MALLOC_TRIM_THRESHOLD_': None, 'MALLOC_TOP_PAD_': 268435456}"
+    value = "{'MALLOC_TRIM_THRESHOLD_': None, 'MALLOC_TOP_PAD_': 268435456, 'MALLOC_ARENA_MAX': 1}"
     assert sbatch_exports()[key] == value
     (docker,) = re.findall(rf"^ENV {key}=(.*)$", (DEPLOY / "Dockerfile").read_text(), re.M)
     assert shlex.split(docker) == [value]
     slurm = (DEPLOY / "slurm" / "slurm_cluster.py").read_text()
     assert f'environ = "{value}"' in slurm and f'"export {key}=\\"{{environ}}\\""' in slurm
     with Client(scheduler_file=scheduler_file, timeout=30) as c:  # `dask worker`s with the sbatch's environment
-        malloc = c.run(lambda: [os.environ.get(k) for k in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")])
-        assert list(malloc.values()) == [[None, "268435456"]] * 2
+        malloc = c.run(lambda: [os.environ.get(k) for k in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
+                                                                 "MALLOC_ARENA_MAX")])
+        assert list(malloc.values()) == [[None, "268435456", "1"]] * 2
 
 
 def test_compose_file_parses_and_with_docker_compose_validates():

@@ -98,15 +98,16 @@ def test_output_is_identical_with_one_and_two_workers(client, tmp_path):
 
 
 @pytest.mark.parametrize("env, expected", [
-    ({}, [None, str(256 * 2**20)]),
-    ({"MALLOC_TRIM_THRESHOLD_": "131072", "MALLOC_TOP_PAD_": "0"}, ["131072", "0"]),
+    ({}, [None, str(256 * 2**20), "1"]),
+    ({"MALLOC_TRIM_THRESHOLD_": "131072", "MALLOC_TOP_PAD_": "0", "MALLOC_ARENA_MAX": "2"}, ["131072", "0", "2"]),
 ], ids=["dask-default-dropped", "environment-wins"])
 def test_the_embedded_cluster_sets_its_workers_malloc(env, expected):
     """Dask's nannies set MALLOC_TRIM_THRESHOLD_=65536 in their workers; those tracefuse starts keep glibc's trimming
-    but keep 256 MiB of freed memory for their next task (MALLOC_TOP_PAD_), unless the caller's environment says
-    otherwise."""
+    but keep 256 MiB of freed memory for their next task (MALLOC_TOP_PAD_) in one arena (MALLOC_ARENA_MAX), unless
+    the caller's environment says otherwise."""
     code = ("import os\nfrom tracefuse_dask.cluster import connect\nwith connect(workers=1) as c:\n"
-            "    print(list(c.run(lambda: [os.environ.get(k) for k in ('MALLOC_TRIM_THRESHOLD_', 'MALLOC_TOP_PAD_')])"
+            "    print(list(c.run(lambda: [os.environ.get(k) for k in ('MALLOC_TRIM_THRESHOLD_', 'MALLOC_TOP_PAD_', "
+            "'MALLOC_ARENA_MAX')])"
             ".values()))")
     environ = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")} | env
     done = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=120)

@@ -16,7 +16,7 @@ They are plain ``distributed.Worker`` programs, without a nanny: a nanny would b
 more interpreter to start per worker, before its worker's (~0.8 s more on 2 cores). What
 a nanny would add, a restart after a worker dies, the embedded cluster does without: the
 scheduler gives a lost worker's tasks to the others (``distributed.scheduler.allowed-failures``).
-They keep freed heap for their next task (``_WORKER_MALLOC``) and run no statistical profiler (``_NO_PROFILER``).
+They keep freed heap for their next task in one malloc arena (``_WORKER_MALLOC``) and run no statistical profiler (``_NO_PROFILER``).
 The scheduler runs in this process, as ``LocalCluster``'s does.
 
 Small inputs (``small_input``) have no worker programs: when neither a cluster nor a number of workers is
@@ -66,8 +66,11 @@ _WORKER_STOP_TIMEOUT = 10.0  # seconds for one to close before it is killed
 # glibc keeps this much freed memory at the top of a worker's heap instead of handing it back to the system: a
 # rank's task then reuses the pages of the one before it instead of faulting them in again (a 50 MB A100 rank's
 # analysis in a process: ~35,000 fewer page faults, 0.73-0.79 -> 0.65-0.69 s; docs/performance.md, "A worker's
-# freed memory"). A variable the caller set wins.
-_WORKER_MALLOC = {"MALLOC_TOP_PAD_": str(256 * 2**20)}
+# freed memory"). Their one task thread allocates from glibc's main arena, as the main thread does, not from an
+# arena of its own: a thread's arena hands freed pages back (madvise) despite the pad, and faults them in again
+# (an A100 rank in a thread: 38,700 page faults with its own arena, 22,400 with one; 8 such ranks on 2 workers:
+# 0.62-0.67 s per task against 0.61-0.62 s; docs/performance.md, "One malloc arena"). A variable the caller set wins.
+_WORKER_MALLOC = {"MALLOC_TOP_PAD_": str(256 * 2**20), "MALLOC_ARENA_MAX": "1"}
 # Without a dashboard nobody sees what Dask's statistical profiler gathers, and it interrupts each task every 10 ms
 # (an A100 rank's analysis took 3-4% longer with it; docs/performance.md, "Dask's statistical profiler").
 _NO_PROFILER = {"distributed.worker.profile.enabled": False}

@@ -14,8 +14,8 @@ from tracefuse_dask import merge_traces
 
 def main(inputs: str, output: str, jobs: int = 4) -> None:
     # The workers keep glibc's malloc trimming, not Dask's MALLOC_TRIM_THRESHOLD_=65536 (~10% per task), and 256 MiB
-    # of freed heap for their next task (MALLOC_TOP_PAD_).
-    environ = "{'MALLOC_TRIM_THRESHOLD_': None, 'MALLOC_TOP_PAD_': 268435456}"
+    # of freed heap for their next task (MALLOC_TOP_PAD_) in one arena (MALLOC_ARENA_MAX).
+    environ = "{'MALLOC_TRIM_THRESHOLD_': None, 'MALLOC_TOP_PAD_': 268435456, 'MALLOC_ARENA_MAX': 1}"
     cluster = SLURMCluster(cores=8, processes=8, memory="32GB", walltime="01:00:00", queue="cpu",
                            job_extra_directives=["--exclusive"], job_script_prologue=[
                                f"export DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON=\"{environ}\""])
