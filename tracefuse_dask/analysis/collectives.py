@@ -87,20 +87,24 @@ def _dims_product(dims: Any) -> int | None:
     return None
 
 
-def rank_collectives(names: list[str], tids: list[Any], args: list[Any], order: list[int], stop: list[int],
-                     members: list[int], start: list[int], end: list[int], launch_pos: np.ndarray, gpu: Any,
-                     steps: list[tuple[int, int, int]], base: int, pg_config: Mapping[str, str]) -> pd.DataFrame:
+def rank_collectives(name_code: np.ndarray, names: np.ndarray, tids: np.ndarray, args: list[Any],
+                     order: np.ndarray, stop: np.ndarray, members: np.ndarray, start: np.ndarray, end: np.ndarray,
+                     launch_pos: np.ndarray, gpu: Any, steps: list[tuple[int, int, int]], base: int,
+                     pg_config: Mapping[str, str]) -> pd.DataFrame:
     """One rank's collective calls, one row each, times in absolute ns.
 
     A call is the outermost of a chain of ``c10d::*``, ``record_param_comms``, ``nccl:*``
     and ``gloo:*`` events; its args are gathered over the chain, and its GPU times are those
     of the NCCL/RCCL kernels launched inside it. A ``gloo:*`` annotation on its own runloop
     thread is the execution of a ``c10d::*`` call, not a call, when the rank has ``c10d::*`` calls.
+    Only the chains' events are read, not the whole rank's.
 
     Parameters
     ----------
-    names, tids, args, start, end
-        Per event: its name, tid, ``args`` (the struct of ``analysis.rank``) and relative
+    name_code, names
+        Per event, its name as a code into ``names``.
+    tids, args, start, end
+        Per event: its tid, ``args`` (the struct of ``analysis.rank``) and relative
         start and end (ns).
     order, stop
         The call tree: the host event at each position (each thread's parents before
@@ -116,24 +120,27 @@ def rank_collectives(names: list[str], tids: list[Any], args: list[Any], order: 
     pg_config
         ``distributedInfo.pg_config`` as ``{pg_name: rank spec of its global ranks}`` (``group_spec``).
     """
-    root = [-1] * len(order)  # the outermost member holding each position
-    reach = 0
-    for k in members:
+    root = np.full(len(order), -1, dtype=np.int64)  # the outermost member holding each position
+    chain = []  # (position, its event, the root's event) of each member
+    reach = top = 0
+    for k in members.tolist():
         if k >= reach:
-            reach = stop[k]
-            root[k:reach] = [k] * (reach - k)
-    has_c10d = any(names[order[k]].startswith("c10d::") for k in members)
+            top, reach = k, int(stop[k])
+            root[k:reach] = k
+        chain.append((int(order[k]), int(order[top])))
+    has_c10d = any(names[name_code[i]].startswith("c10d::") for i, _ in chain)
     calls: dict[int, dict[str, Any]] = {}  # by the root's event
-    for k in members:
-        r = order[root[k]]
+    for i, r in chain:
         if r not in calls:
-            if has_c10d and names[r].startswith("gloo:"):
+            name = names[name_code[r]]
+            if has_c10d and name.startswith("gloo:"):
                 continue
-            calls[r] = {"name": names[r], "tid": tids[r], "cpu_start_ns": start[r] + base, "cpu_end_ns": end[r] + base}
-        _gather(calls[r], names[order[k]], args[order[k]])
-    held = np.array(root, dtype=np.int64)[launch_pos] if len(root) else launch_pos  # -1: not inside a call
+            calls[r] = {"name": name, "tid": tids[r], "cpu_start_ns": int(start[r]) + base,
+                        "cpu_end_ns": int(end[r]) + base}
+        _gather(calls[r], names[name_code[i]], args[i])
+    held = root[launch_pos] if len(root) else launch_pos  # -1: not inside a call
     for j in np.flatnonzero((launch_pos >= 0) & (held >= 0)).tolist():  # the GPU work launched inside calls
-        r = order[int(held[j])]
+        r = int(order[held[j]])
         if r in calls and is_comm_kernel(gpu.name[j], gpu.args[j]):
             c = calls[r]
             s, e = int(gpu.start[j]) + base, int(gpu.end[j]) + base
@@ -142,7 +149,7 @@ def rank_collectives(names: list[str], tids: list[Any], args: list[Any], order: 
             c["stream"] = gpu.stream[j]
     rows = []
     sizes = {pg: len(group_members(spec)) for pg, spec in pg_config.items()}
-    for k, r in enumerate(sorted(calls, key=lambda r: (start[r], r))):
+    for k, r in enumerate(sorted(calls, key=lambda r: (calls[r]["cpu_start_ns"], r))):
         c = calls[r]
         pg = c.get("pg_name")
         text = c.get("group_ranks")

@@ -416,8 +416,7 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
     pgs = {str(pg["pg_name"]): spec for pg in info.get("pg_config") or []
            if isinstance(pg, dict) and "pg_name" in pg and (spec := group_spec(pg.get("ranks")))}
     members = np.flatnonzero(np.array([is_collective_call(nm) for nm in names], dtype=bool)[name_code[tree.order]])
-    tables["collectives"] = rank_collectives(names[name_code].tolist(), tids.tolist(), args, tree.order.tolist(),
-                                             tree.stop.tolist(), members.tolist(), start.tolist(), end.tolist(),
+    tables["collectives"] = rank_collectives(name_code, names, tids, args, tree.order, tree.stop, members, start, end,
                                              launch_pos, g, step_spans, base, pgs)
     tables["path_anchors"], tables["path_segments"], tables["path_work"], texts = rank_pieces(
         start, end, name_code, names, cat_code, cats, pids, tids, tree, g, launch_pos, step_spans,
