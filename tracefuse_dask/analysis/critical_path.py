@@ -82,6 +82,7 @@ _CAUSES = {"cpu_op": "host-bound", "launch gap": "host-bound", "idle": "host-bou
 
 
 _Anchor = namedtuple("_Anchor", ["shift", "stop", "stop_call", "stop_ns"])  # what ``stitch`` reads of an anchor
+_DEVICE_KINDS = ("kernel", "memcpy")  # a device event's segment kind, by whether it is a memcpy or memset
 
 
 class _Walker:
@@ -89,10 +90,12 @@ class _Walker:
 
     def __init__(self, start: np.ndarray, end: np.ndarray, name_code: np.ndarray, names: np.ndarray,
                  cat_code: np.ndarray, cats: np.ndarray, tree: Any, g: Any, launch_pos: np.ndarray) -> None:
+        # Per-event values the walks read one at a time are memoryviews of the arrays: a walk reads a few of
+        # them, and a view gives Python ints at once where a list would make one per event first.
         order, parent, thread = tree.order, tree.parent, tree.thread
         self.starts = start[order]  # per position
-        self.hs = self.starts.tolist()
-        self.he = end[order].tolist()
+        self.hs = memoryview(self.starts)
+        self.he = memoryview(end[order])
         self.hn_code = name_code[order]
         self.hn = names[self.hn_code].tolist()
         self.hc_code, self.cats = cat_code[order], cats
@@ -106,35 +109,35 @@ class _Walker:
         same = key[by_key][1:] == key[by_key][:-1]
         prev = np.full(m, -1, dtype=np.int64)
         prev[by_key[1:][same]] = by_key[:-1][same]
-        self.prev_pos, self.prev = prev, prev.tolist()
+        self.prev_pos, self.prev = prev, memoryview(prev)
         last_child = np.full(m, -1, dtype=np.int64)
         np.maximum.at(last_child, up[child], child)
-        self.last_child = last_child.tolist()
+        self.last_child = memoryview(last_child)
         dur = end[order] - start[order]
         children = np.zeros(m, dtype=np.int64)
         np.add.at(children, up[child], dur[child])
         self.own = dur - children  # each position's time less its children's
         work = np.flatnonzero(g.kind != "sync")
-        self.gs, self.ge = g.start.tolist(), g.end.tolist()
+        self.gs, self.ge = memoryview(g.start), memoryview(g.end)
         self.g = g
         self.gn = g.name.tolist()
-        self.gk = np.where(np.isin(g.kind, ("memcpy", "memset")), "memcpy", "kernel").tolist()
+        self.is_copy = memoryview(np.isin(g.kind, ("memcpy", "memset")))
         self.stream = g.stream
         self.launch_pos = launch_pos
-        self.launch = launch_pos.tolist()  # the launching call's position, -1 when none is known
+        self.launch = memoryview(launch_pos)  # the launching call's position, -1 when none is known
         launched = np.full(len(launch_pos), np.iinfo(np.int64).max)  # when its call started (never: none)
         launched[launch_pos >= 0] = self.starts[launch_pos[launch_pos >= 0]]
-        self.launch_t = launched.tolist()
+        self.launch_t = memoryview(launched)
         by_start = work[np.lexsort((g.end[work], g.start[work]))]
         stream = g.stream_code
         by_stream = by_start[np.argsort(stream[by_start], kind="stable")]
         same = stream[by_stream][1:] == stream[by_stream][:-1]
         prev_on_stream = np.full(len(self.gs), -1, dtype=np.int64)
         prev_on_stream[by_stream[1:][same]] = by_stream[:-1][same]
-        self.prev_on_stream = prev_on_stream.tolist()
+        self.prev_on_stream = memoryview(prev_on_stream)
         # device work by end, to find what a blocking call or a stream wait waited for
         by_end = work[np.lexsort((work, g.end[work]))]
-        self.by_end, self.ends = by_end.tolist(), g.end[by_end].tolist()
+        self.by_end, self.ends = memoryview(by_end), memoryview(g.end[by_end])
         self.waits: dict[Any, list[int]] = defaultdict(list)  # Stream Wait Event ends per stream
         for j in np.flatnonzero(g.kind == "sync").tolist():
             if self.gn[j] == _STREAM_WAIT:
@@ -157,9 +160,9 @@ class _Walker:
         idx = np.arange(len(by))
         at_ce, at_cs = np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.int64)
         at_ce[tk[is_ce]], at_cs[tk[~is_ce]] = idx[is_ce], idx[~is_ce]
-        self.at = {"ce": at_ce.tolist(), "cs": at_cs.tolist()}
-        self.tour_is_end = is_ce.tolist()
-        self.tour_x = tk.tolist()
+        self.at = {"ce": memoryview(at_ce), "cs": memoryview(at_cs)}
+        self.tour_is_end = memoryview(is_ce)
+        self.tour_x = memoryview(tk)
         self.tour_t = np.where(is_ce, end[order][tk], start[order][tk])
         # the time from state i-1 to state i is a position's own time (its end, or its child's start: its
         # parent's), or the thread's idle time between roots
@@ -171,7 +174,7 @@ class _Walker:
         self.text_code = {n: i for i, n in enumerate(self.texts)}
         self.own_name = np.where(src >= 0, self.hn_code[src], self.code("CPU idle"))
         self.own_src = np.where(src >= 0, src, _NONE)
-        self.last_special: list[int] = []
+        self.last_special: Sequence[int] = []
 
     def index(self) -> None:
         """Mark the states where a walk has a choice to make (``_step``), once the collective calls are known: a
@@ -181,19 +184,19 @@ class _Walker:
         is_ce, tk = self.tour_ce, self.tour_k
         special = self.first | np.where(is_ce, np.isin(tk, calls) | blocking[tk], np.isin(self.prev_pos[tk], calls))
         last = np.maximum.accumulate(np.where(special, np.arange(len(tk)), -1))
-        self.last_special = last.tolist()
+        self.last_special = memoryview(last)
         # run_min[i]: the earliest time among states last_special[i] .. i-1, what a walk along the thread from i
         # reaches (times along a thread's tour mostly grow; overlapping siblings make them dip)
         t = pd.Series(self.tour_t).groupby(last).cummin().to_numpy()
-        self.run_min = np.concatenate([[np.iinfo(np.int64).max], t[:-1]]).tolist()
+        self.run_min = memoryview(np.concatenate([np.array([np.iinfo(np.int64).max]), t[:-1]]))
 
     @cached_property
-    def _by_launch(self) -> tuple[list[int], list[int]]:
+    def _by_launch(self) -> tuple[Sequence[int], Sequence[int]]:
         """The device work by the position of its launch (stable), and those positions."""
         by = np.argsort(self.launch_pos, kind="stable")
-        return by.tolist(), self.launch_pos[by].tolist()
+        return memoryview(by), memoryview(self.launch_pos[by])
 
-    def launched_by(self, k: int) -> list[int]:
+    def launched_by(self, k: int) -> Sequence[int]:
         """The device work the host position ``k`` launched, in order."""
         by, at = self._by_launch
         return by[bisect_left(at, k):bisect_right(at, k)]
@@ -297,7 +300,7 @@ class _Walker:
         if where == "ge":
             if x in self.gpu_call:
                 return "call", self.gpu_call[x]
-            return self.gk[x], self.gn[x], -1 - x, "gs", x
+            return _DEVICE_KINDS[self.is_copy[x]], self.gn[x], -1 - x, "gs", x
         # "gs": the latest of the previous work on the stream, a stream wait's work, the launch
         best: tuple[int, int, tuple[Any, ...]] | None = None
         p = self.prev_on_stream[x]
