@@ -14,7 +14,7 @@ from tracefuse_dask.analysis import rank_stats
 from tracefuse_dask.cli import main
 from tracefuse_dask.errors import OutputExistsError, RankError
 from tracefuse_dask.kineto.vocabulary import kernel_category, kernel_type
-from tracefuse_dask.analysis.rank import analyze_rank, union_length
+from tracefuse_dask.analysis.rank import LAUNCHER_COLUMNS, _Args, _launchers, analyze_rank, union_length
 from tracefuse_dask.synth import write_example
 
 import numpy as np
@@ -113,6 +113,34 @@ def test_gpu_time_goes_to_ops_and_launchers_through_the_tree():
     kernels = rt.tables["kernels"].set_index("name")
     assert kernels.loc["gemm_kernel", "pct"] == pytest.approx(100 * 30 / 72)
     assert kernels.loc["gemm_kernel", "category"] == "GEMM"
+
+
+def test_launchers_group_leaf_ops_by_json_text_and_rank_kernels_as_a_loop_would_meet_them():
+    """Kernels per (leaf op, input shapes, types): two spellings of one JSON value, or null and absent, are one
+    group; groups come in the order of their first kernel, and ties among a group's kernels go to the one met first,
+    leaf by leaf."""
+    from msgspec import Raw
+
+    names = np.array(["aten::mm", "aten::add", "k_a", "k_b", "k_c", "k_d"], dtype=object)
+    code_at = np.array([1, 0, 0, 0, 1])  # each position's name code
+    order = np.array([10, 11, 12, 13, 14])  # each position's event
+    args = [_Args()] * 10 + [_Args(input_dims=Raw(b"[[8],[8]]")), _Args(input_dims=Raw(b"[[8, 16]]")),
+                             _Args(input_dims=Raw(b"[[8,16]]"), input_types=Raw(b"null")),
+                             _Args(input_dims=Raw(b"[ [8,16] ]")), _Args(input_dims=Raw(b"[[8],[8]]"))]
+    # per kernel launched: its leaf's position, name code and ns; position 1's kernels come first, then 0's
+    leaf = np.array([1, -1, 0, 1, 2, 0, 4, 3, 3])
+    kernel = np.array([3, 2, 4, 3, 5, 2, 2, 5, 3])
+    ns = np.array([5, 100, 7, 5, 4, 1, 6, 2, 2])
+    got = _launchers(leaf, kernel, ns, order, code_at, names, args)
+    assert got.columns.tolist() == LAUNCHER_COLUMNS
+    assert got["name"].tolist() == ["aten::mm", "aten::add"]
+    assert got["input_dims"].tolist() == ["[[8,16]]", "[[8],[8]]"] and got["input_types"].tolist() == ["", ""]
+    assert got["count"].tolist() == [3, 2] and got["kernel_count"].tolist() == [5, 3]
+    assert got["gpu_time_us"].tolist() == [18 / 1e3, 14 / 1e3]
+    # aten::add: k_c 7 and k_a 1 + 6 tie; k_c was met first (a code order would put k_a first)
+    assert got["top_kernels"].tolist() == ["k_b | k_d", "k_c | k_a"]
+    empty = _launchers(np.array([-1]), np.array([2]), np.array([3]), order, code_at, names, args)
+    assert empty.columns.tolist() == LAUNCHER_COLUMNS and empty.empty
 
 
 def test_idle_breakdown_follows_hta():

@@ -197,7 +197,7 @@ def _gather(call: dict[str, Any], name: str, args: Any) -> None:
     for key, value in found.items():
         if value is not None and value != "" and key not in call:
             call[key] = str(value) if key in ("pg_name", "comms_id", "group_ranks") else value
-    dims = orjson.loads(memoryview(args.input_dims)) if args.input_dims else None  # raw JSON text, or UNSET
+    dims = orjson.loads(memoryview(args.input_dims)) if args.input_dims else None  # raw JSON text, empty when absent
     if dims is not None and "input_dims" not in call and _dims_product(dims):
         call["input_dims"] = orjson.dumps(dims).decode()
         n = _dims_product(dims)

@@ -113,8 +113,8 @@ class _Args(Struct, gc=False, rename=_ARG_KEYS):
     out_nelems: Any = None
     seq: Any = None
     comms_id: Any = None
-    input_dims: Raw | UnsetType = UNSET
-    input_types: Raw | UnsetType = UNSET
+    input_dims: Raw = Raw()  # empty when absent
+    input_types: Raw = Raw()
 
 
 _NO_ARGS = _Args()
@@ -160,6 +160,8 @@ _events_decoder = msgspec.json.Decoder(list[_Event])
 _CORRELATION_TYPES = frozenset({int, str})
 _CAT, _NAME, _PID, _TID, _TS, _DUR, _ARGS, _CORRELATION = map(attrgetter, ("cat", "name", "pid", "tid", "ts", "dur",
                                                                           "args", "correlation"))
+_DIMS, _TYPES = attrgetter("input_dims"), attrgetter("input_types")
+LAUNCHER_COLUMNS = ["name", "input_dims", "input_types", "count", "gpu_time_us", "kernel_count", "top_kernels"]
 
 
 def decode_trace(data: bytes) -> Trace | None:
@@ -183,16 +185,10 @@ def decode_trace(data: bytes) -> Trace | None:
     return decode_or_none(data, *_trace_decoders)
 
 
-def _json_text(raw: Raw | UnsetType, cache: dict[bytes, str]) -> str:
-    """A raw ``args`` value as compact JSON text ("" when absent or null), rendered once per distinct text."""
-    if raw is UNSET:
-        return ""
-    key = bytes(raw)
-    text = cache.get(key)
-    if text is None:
-        value = orjson.loads(key)
-        text = cache[key] = "" if value is None else orjson.dumps(value).decode()
-    return text
+def _json_text(raw: bytes) -> str:
+    """A raw ``args`` value as compact JSON text ("" when absent or null)."""
+    value = orjson.loads(raw) if raw else None
+    return "" if value is None else orjson.dumps(value).decode()
 
 
 @dataclass
@@ -697,15 +693,10 @@ def _op_tables(tree: _Tree, is_op: np.ndarray, is_cpu_op: np.ndarray, name_code:
             path[ops] = np.array(ids, dtype=np.int64)[at_pair]
         mine = ops[cpu_op_at[ops]]
         leaf[mine] = mine
-    path, leaf, code_at = path.tolist(), leaf.tolist(), code_at.tolist()
     # Which kernels each op name launched: kernels summed per (op names on the path, kernel), then spread.
     by_path: dict[tuple[int, str], int] = {}
-    by_leaf: dict[int, list[tuple[str, int]]] = defaultdict(list)
-    for k, name, d in zip(at.tolist(), g.name[launched], kernel_ns.tolist()):
-        key = (path[k], name)
+    for key, d in zip(zip(path[at].tolist(), g.name[launched]), kernel_ns.tolist()):
         by_path[key] = by_path.get(key, 0) + d
-        if leaf[k] >= 0:
-            by_leaf[leaf[k]].append((name, d))
     op_kernels: dict[int, Counter[str]] = defaultdict(Counter)
     for (k, name), d in by_path.items():
         for op in paths[k]:
@@ -717,29 +708,53 @@ def _op_tables(tree: _Tree, is_op: np.ndarray, is_cpu_op: np.ndarray, name_code:
             np.sort(order[is_op[order]]), name_code, durs, sub_ns, sub_kernels, tree.pos)],
         columns=["name", "count", "cpu_time_us", "gpu_time_us", "gpu_pct", "kernel_count", "top_kernels"])
     ops = ops.sort_values(["gpu_time_us", "cpu_time_us", "name"], ascending=[False, False, True], ignore_index=True)
-    groups: dict[tuple[str, str, str], list[Any]] = {}
-    shapes: dict[bytes, str] = {}
-    raw: dict[tuple[int, bytes, bytes], tuple[str, str, str]] = {}  # the key by the args' text as in the file
-    for k, kernels in by_leaf.items():
-        a = args[order[k]]
-        dims, types = a.input_dims, a.input_types
-        key = (code_at[k], b"" if dims is UNSET else bytes(dims), b"" if types is UNSET else bytes(types))
-        key = raw.get(key) or raw.setdefault(key, (names[code_at[k]], _json_text(dims, shapes),
-                                                   _json_text(types, shapes)))
-        r = groups.get(key)
-        if r is None:
-            r = groups[key] = [0, 0, 0, Counter()]
-        r[0] += 1
-        r[2] += len(kernels)
-        for name, d in kernels:
-            r[1] += d
-            r[3][name] += d
-    launchers = pd.DataFrame(
-        [(*key, c, gns / 1e3, k, _top(kc)) for key, (c, gns, k, kc) in groups.items()],
-        columns=["name", "input_dims", "input_types", "count", "gpu_time_us", "kernel_count", "top_kernels"])
+    launchers = _launchers(leaf[at], g.code[launched], kernel_ns, order, code_at, names, args)
     launchers = launchers.sort_values(["gpu_time_us", "name", "input_dims"], ascending=[False, True, True],
                                       ignore_index=True)
     return ops, launchers
+
+
+def _launchers(leaf: np.ndarray, kernel: np.ndarray, kernel_ns: np.ndarray, order: np.ndarray,
+               code_at: np.ndarray, names: np.ndarray, args: list[_Args]) -> pd.DataFrame:
+    """The leaf ops that launched kernels, grouped by name, input shapes and input types (TraceLens's kernel
+    launchers): per kernel launched, its leaf op's position (-1: none), name code and time (ns).
+
+    Groups, and each group's kernels for ``top_kernels``, come in the order of their first kernel, leaf by leaf
+    (a leaf's kernels together, in the order of its first), as a loop over the leaves would meet them."""
+    has = leaf >= 0
+    if not has.any():
+        return pd.DataFrame([], columns=LAUNCHER_COLUMNS)
+    leaf, kernel, kernel_ns = leaf[has], kernel[has], kernel_ns[has]
+    leaves, first, at_leaf = np.unique(leaf, return_index=True, return_inverse=True)
+    seen = np.argsort(first, kind="stable")  # the leaves by their first kernel
+    rank = np.empty_like(seen)
+    rank[seen] = np.arange(len(seen))
+    at_leaf = rank[at_leaf]
+    leaf_args = [args[i] for i in order[leaves[seen]].tolist()]
+    # grouped by the args' text as in the file first (few distinct), then by their text as JSON (a null is absent)
+    raw_code, raws = _factorized(list(zip(code_at[leaves[seen]].tolist(), map(bytes, map(_DIMS, leaf_args)),
+                                          map(bytes, map(_TYPES, leaf_args)))))
+    key_code, keys = _factorized([(names[c], _json_text(d), _json_text(t)) for c, d, t in raws])
+    group = key_code[raw_code][at_leaf]  # each kernel's
+    n = len(keys)
+    gpu_ns = np.zeros(n, dtype=np.int64)
+    np.add.at(gpu_ns, group, kernel_ns)
+    # each group's kernels by time, ties in the order a loop would meet them (Counter.most_common)
+    met = np.argsort(at_leaf, kind="stable")
+    pair = group[met] * len(names) + kernel[met]
+    pairs, first_met, pair_at = np.unique(pair, return_index=True, return_inverse=True)
+    pair_ns = np.zeros(len(pairs), dtype=np.int64)
+    np.add.at(pair_ns, pair_at, kernel_ns[met])
+    pair_group, pair_kernel = np.divmod(pairs, len(names))
+    by = np.lexsort((first_met, -pair_ns, pair_group))
+    top: list[list[str]] = [[] for _ in range(n)]
+    for r, k in zip(pair_group[by].tolist(), pair_kernel[by].tolist()):
+        if len(top[r]) < 3:
+            top[r].append(names[k])
+    name, dims, types = zip(*keys)
+    return pd.DataFrame(dict(zip(LAUNCHER_COLUMNS, (
+        list(name), list(dims), list(types), np.bincount(key_code[raw_code], minlength=n), gpu_ns / 1e3,
+        np.bincount(group, minlength=n), [" | ".join(t) for t in top]))))
 
 
 def _per_op(ops: np.ndarray, name_code: np.ndarray, durs: np.ndarray, sub_ns: np.ndarray, sub_kernels: np.ndarray,
