@@ -341,8 +341,9 @@ def test_1024_ranks_run_in_batches_and_reduce_to_small_tables(client, tmp_path, 
         assert stats.loc["gpu_span_us", "outlier_ranks"] == [17]
     # up to 64 tasks, the client joins their results itself
     assert runs["batched"] == {"_analyze_files": len(batches(sizes))} and len(batches(sizes)) < 8
-    # the client gets 16 results, not 1024
-    assert runs["one a task"] == {"_analyze_files": 1024, "_combine": 16}
+    # the client gets 16 results, not 1024, without the critical path's segments, and then those of the path's walks
+    assert runs["one a task"] == {"_analyze_files": 1024, "_combine": 16, "_without_segments": 16,
+                                  "_segments_in": 16}
     # the same tables and summary either way, though reduce tasks send the client their text coded
     for name, table in results["batched"].tables().items():
         pd.testing.assert_frame_equal(results["one a task"].tables()[name], table)

@@ -100,7 +100,8 @@ def test_group_spec_takes_lists_of_ranks_only(ranks, spec):
 def test_a_group_known_only_from_pg_config_reports_its_missing_rank():
     """Ranks 0 and 1 call twice, rank 2 of the same 3-rank group once: the second call lacks it, found
     through the reduce tasks' join (in any order of tasks) and the group's rank spec from pg_config."""
-    from tracefuse_dask.analysis import _batch, _combine, _reduce
+    from tracefuse_dask.analysis import _batch, _combine, _joined, _reduce, _texts
+    from tracefuse_dask.analysis.critical_path import walks_in
     from tracefuse_dask.analysis.rank import TABLES, rows_for
 
     def rank(r, calls):
@@ -113,14 +114,16 @@ def test_a_group_known_only_from_pg_config_reports_its_missing_rank():
     ranks = [rank(0, 2), rank(1, 2), rank(2, 1)]
     files = [{"ranks": [rt], "world_size": 3, "notes": []} for rt in ranks]
     # as reduce tasks send them: text columns as categoricals, joined by the client over their categories
-    a = _reduce([_combine([_batch(files[2:])], coded=True), _combine([_batch([{"ignored": "x.txt: ignored"}])],
-                                                                     coded=True),
-                 _combine([_batch(files[:1]), _batch(files[1:2])], coded=True)], [], None, False)
+    results = [_combine([_batch(files[2:])], coded=True), _combine([_batch([{"ignored": "x.txt: ignored"}])],
+                                                                   coded=True),
+               _combine([_batch(files[:1]), _batch(files[1:2])], coded=True)]
+    segments = _joined([res["tables"]["path_segments"] for res in results])
+    a = _reduce(results, lambda wanted: walks_in(segments, wanted), [], None, False)
     assert a.summary["ignored"] == ["x.txt: ignored"] and a.summary["collectives"]["matched"] == 1
     assert a.summary["collectives"]["problem_examples"] == [
         "unmatched allreduce #1 of group 0: no call from rank(s) [2]"]
-    for name in TABLES:
-        pd.testing.assert_frame_equal(getattr(a, name), rows_for(ranks, name))
+    for name in TABLES:  # with their text in Python storage (``_texts``)
+        pd.testing.assert_frame_equal(getattr(a, name), _texts(rows_for(ranks, name)))
 
 
 def calls_of(rank, events, base=0, pgs=None):

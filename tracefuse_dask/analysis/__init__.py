@@ -7,7 +7,7 @@ import logging
 import re
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -25,7 +25,7 @@ from ..model import DEFAULT_RANK_REGEX, InputFile, parse_steps, rank_subset
 from .collective_trace import CALL_COLUMNS as CT_COLUMNS
 from .collective_trace import looks_like_collective_trace, parse_collective_trace, summarize
 from .collectives import clock_offsets, group_members, instance_metrics, match_collectives, op_summary, straggler
-from .critical_path import stitch, straggler_cause
+from .critical_path import stitch, straggler_cause, walks_in
 from .diff import Diff
 from .rank import PIECES, TABLES, RankTables, analyze_events, analyze_rank, decode_trace, rows_for
 from ..kineto.document import check_document, decode_json, paused_gc
@@ -183,9 +183,12 @@ def _coded(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _texts(table: pd.DataFrame) -> pd.DataFrame:
-    """``table`` with the categorical columns of ``_coded`` as text again, of the text type they had."""
-    coded = [c for c, t in table.dtypes.items() if isinstance(t, pd.CategoricalDtype)]
-    return table.assign(**{c: _text(table[c]) for c in coded}) if coded else table
+    """``table`` with the categorical columns of ``_coded`` as text again, of the text type they had, and pandas's
+    text in its Python storage (``_text``) whichever way the table came: the same tables for any number of tasks."""
+    coded = {c: table[c] for c, t in table.dtypes.items() if isinstance(t, pd.CategoricalDtype)}
+    coded |= {c: table[c].astype("category") for c, t in table.dtypes.items()
+              if isinstance(t, pd.StringDtype) and t.storage != "python" and len(table)}
+    return table.assign(**{c: _text(v) for c, v in coded.items()}) if coded else table
 
 
 def _text(column: pd.Series) -> pd.Series:
@@ -363,28 +366,48 @@ def analyze(
         if show_progress:
             with contextlib.redirect_stdout(sys.stderr):
                 progress(futures, scheduler=c.scheduler.address)
-        joined = len(futures) > _COMBINE
-        if joined:
+        if len(futures) > _COMBINE:
             reduced = [c.submit(_combine, futures[i:i + _COMBINE], coded=True, pure=False)
                        for i in range(0, len(futures), _COMBINE)]
             del futures  # each file's result is freed once its reduce task has it
-            results = c.gather(reduced)
+            # the critical path's segments stay on the cluster; the client fetches those of the path's walks
+            results = c.gather([c.submit(_without_segments, r, pure=False) for r in reduced])
+
+            def segments_of(wanted: list[tuple[int, int]]) -> pd.DataFrame:
+                return _joined(c.gather([c.submit(_segments_in, r, wanted, pure=False) for r in reduced]))
         else:
-            results = c.gather(futures)
-    # The cyclic collector paused while the client reduces, as in the tasks: the reduce builds and frees many
-    # objects and no cycles, and a full collection over the client's objects cost 50-70 ms of an 8-rank analysis.
-    with paused_gc():
-        analysis = _reduce(results if joined else [_combine(results)], skipped_names, step_range,
-                           keep_unlaunched_gpu, subset)
+            results = [_combine(c.gather(futures))]
+            segments = _joined([res["tables"].pop("path_segments") for res in results])
+
+            def segments_of(wanted: list[tuple[int, int]]) -> pd.DataFrame:
+                return walks_in(segments, wanted)
+        # The cyclic collector paused while the client reduces, as in the tasks: the reduce builds and frees many
+        # objects and no cycles, and a full collection over the client's objects cost 50-70 ms of an 8-rank
+        # analysis.
+        with paused_gc():
+            analysis = _reduce(results, segments_of, skipped_names, step_range, keep_unlaunched_gpu, subset)
     analysis.summary["seconds"] = round(time.perf_counter() - started, 3)
     if out_dir is not None:
         write_report(analysis, out_dir, so, format=format, force=force)
     return analysis
 
 
-def _reduce(results: list[dict[str, Any]], skipped_names: list[str], steps: tuple[int, int] | None,
-            keep_unlaunched_gpu: bool, subset: Any = None) -> Analysis:
-    """The cross-rank reduce of the tasks' joined results (``_combine``); it takes their tables out of them."""
+def _without_segments(result: dict[str, Any]) -> dict[str, Any]:
+    """Task: a reduce task's result without the critical path's segments, for the client (10,000 A100 ranks:
+    79 MiB of them pickled, of which the path takes a few walks)."""
+    return {**result, "tables": {k: v for k, v in result["tables"].items() if k != "path_segments"}}
+
+
+def _segments_in(result: dict[str, Any], wanted: list[tuple[int, int]]) -> pd.DataFrame:
+    """Task: the segments of the walks ``wanted`` in a reduce task's result (``stitch``)."""
+    return walks_in(result["tables"]["path_segments"], wanted)
+
+
+def _reduce(results: list[dict[str, Any]], segments_of: Callable[[list[tuple[int, int]]], pd.DataFrame],
+            skipped_names: list[str], steps: tuple[int, int] | None, keep_unlaunched_gpu: bool,
+            subset: Any = None) -> Analysis:
+    """The cross-rank reduce of the tasks' joined results (``_combine``, without the critical path's segments,
+    which ``segments_of`` gives for the walks asked for); it takes their tables out of them."""
     warnings: list[str] = []
     ignored = [f"{p}: not a trace or collective_trace file by name, or written by tracefuse" for p in skipped_names]
     per_rank: list[RankTables] = []
@@ -428,10 +451,11 @@ def _reduce(results: list[dict[str, Any]], skipped_names: list[str], steps: tupl
     instances, waits = instance_metrics(matched, offsets)
     stragglers, verdict = straggler(instances, waits, matched)
     gpu = bool("kernel_count" in tables["breakdown"] and (tables["breakdown"]["kernel_count"] > 0).any())
-    pieces = {name: _texts(_in_rank_order([res["tables"].pop(name) for res in results])) for name in PIECES}
+    pieces = {name: _texts(_in_rank_order([res["tables"].pop(name) for res in results]))
+              for name in PIECES if name != "path_segments"}
     texts = {rt.rank: rt.texts for rt in per_rank}
-    path, path_steps, path_origin = stitch(pieces["path_anchors"], pieces["path_segments"], tables["collectives"],
-                                           matched, offsets, texts)
+    path, path_steps, path_origin = stitch(pieces["path_anchors"], segments_of, tables["collectives"], matched,
+                                           offsets, texts)
     verdict["cause"] = straggler_cause(verdict["rank"], instances, matched, pieces["path_work"], path, path_steps,
                                        gpu, texts)
     ct = _one_source_per_rank(pd.concat(ct_calls, ignore_index=True), warnings) if ct_calls \

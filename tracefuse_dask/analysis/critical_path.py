@@ -56,6 +56,7 @@ __all__ = [
     "stitch",
     "straggler_cause",
     "trace_marks",
+    "walks_in",
 ]
 
 KINDS = ("cpu_op", "kernel", "memcpy", "launch gap", "sync wait", "collective transfer", "idle")
@@ -82,6 +83,7 @@ _CAUSES = {"cpu_op": "host-bound", "launch gap": "host-bound", "idle": "host-bou
 
 
 _Anchor = namedtuple("_Anchor", ["shift", "stop", "stop_call", "stop_ns"])  # what ``stitch`` reads of an anchor
+_Walks = namedtuple("_Walks", ["anchor", "shift"])  # in ``stitch``: an anchor's walks, on its rank's corrected clock
 _DEVICE_KINDS = ("kernel", "memcpy")  # a device event's segment kind, by whether it is a memcpy or memset
 
 
@@ -579,15 +581,19 @@ def _sums(at: np.ndarray, part: int, ns: np.ndarray, **keys: tuple[np.ndarray, A
                             for k, (_, values) in keys.items()}})
 
 
-def stitch(anchors: pd.DataFrame, segments: pd.DataFrame, calls: pd.DataFrame, matched: pd.DataFrame,
-           offsets_ns: Mapping[int, float], texts: Mapping[int, Sequence[str]]) -> tuple[pd.DataFrame,
-                                                                                      list[dict[str, Any]], int]:
+def stitch(anchors: pd.DataFrame, segments_of: Callable[[list[tuple[int, int]]], pd.DataFrame], calls: pd.DataFrame,
+           matched: pd.DataFrame, offsets_ns: Mapping[int, float],
+           texts: Mapping[int, Sequence[str]]) -> tuple[pd.DataFrame, list[dict[str, Any]], int]:
     """The critical path of each step across ranks (reduce), from every rank's walks.
 
     Parameters
     ----------
-    anchors, segments
-        Every rank's ``rank_pieces``, with a leading ``rank`` column.
+    anchors
+        Every rank's ``rank_pieces`` anchors, with a leading ``rank`` column.
+    segments_of
+        The segments of the walks ``[(rank, walk), ...]`` (sorted), as ``rank_pieces`` gives them with a leading
+        ``rank`` column, in rank and walk order: only the walks the path takes are asked for, once (most of a
+        big job's segments are off the path, and they can stay where the ranks were analysed).
     calls
         Every rank's collective calls; ``matched``: those matched into instances (``match_collectives``).
     offsets_ns
@@ -612,19 +618,6 @@ def stitch(anchors: pd.DataFrame, segments: pd.DataFrame, calls: pd.DataFrame, m
     walks_of: dict[tuple[int, str, int], list[int]] = defaultdict(list)  # a step of a rank can have two anchors
     for r, k, key, walk in zip(a["rank"].tolist(), a["anchor"], a["key"].tolist(), a["walk"].tolist()):
         walks_of[(r, k, key)].append(walk)
-    rows_of = _runs(segments["rank"].to_numpy(), segments["walk"].to_numpy())
-    columns = [segments[c].to_numpy() for c in ("kind", "name", "start_ns", "end_ns", "pid", "tid", "event_ns")]
-
-    def segs_of(cur: tuple[int, str, int], shift: int) -> list[tuple[Any, ...]]:
-        """The segments of an anchor's walks, decoded (only for the walks the path takes), on the rank's corrected
-        clock. ``event_ts`` is the event's start as Python divides exact ints (one rounding; numpy's float
-        division would move the last digit)."""
-        r, text = cur[0], texts[cur[0]]
-        idx = [rows_of[(r, walk)] for walk in walks_of[cur] if (r, walk) in rows_of]
-        if not idx:
-            return []
-        return [(r, KINDS[k], text[n], t0 - shift, t1 - shift, text[p], text[q], t / 1000 if t != _NONE else np.nan)
-                for k, n, t0, t1, p, q, t in zip(*(np.concatenate([v[i] for i in idx]).tolist() for v in columns))]
     arrival = _arrivals(calls, off)
     op_of = {(r, c): op for r, c, op in zip(*(calls[k].tolist() for k in ("rank", "index", "op")))}
     members: dict[int, list[tuple[int, int]]] = defaultdict(list)
@@ -633,7 +626,7 @@ def stitch(anchors: pd.DataFrame, segments: pd.DataFrame, calls: pd.DataFrame, m
                          ("rank", "index", "instance"))):
         members[i].append((r, c))
         instance_of[(r, c)] = i
-    paths: list[tuple[int, list[tuple[Any, ...]], int, int]] = []
+    chains: list[tuple[int, list[Any], int | None, int]] = []  # per step: its anchors' walks and transfers
     ends = a[a["anchor"] == "step"].assign(end=a["at_ns"] - a["shift"], floor=a["floor_ns"] - a["shift"])
     latest = ends["end"] == ends.groupby("key")["end"].transform("max")
     by_step = pd.DataFrame({"last": ends[latest].groupby("key")["rank"].min(),
@@ -641,14 +634,14 @@ def stitch(anchors: pd.DataFrame, segments: pd.DataFrame, calls: pd.DataFrame, m
     for step, last, begin, end in zip(by_step.index.tolist(), by_step["last"].tolist(), by_step["begin"].tolist(),
                                       by_step["end"].tolist()):
         begin = None if pd.isna(begin) else int(begin)
-        path: list[tuple[Any, ...]] = []
+        chain: list[Any] = []
         cur = (last, "step", int(step))
         seen = set()
         while cur in by_anchor and cur not in seen:
             seen.add(cur)
             r = cur[0]
             row = by_anchor[cur]
-            path += segs_of(cur, row.shift)
+            chain.append(_Walks(cur, row.shift))
             if row.stop != "call":
                 break
             c, t = int(row.stop_call), int(row.stop_ns) - row.shift
@@ -660,20 +653,47 @@ def stitch(anchors: pd.DataFrame, segments: pd.DataFrame, calls: pd.DataFrame, m
                     nxt = who[0][1]
             t0 = min(arrival.get(nxt, t), t)
             if t0 < t:
-                path.append((nxt[0], "collective transfer", op_of.get((r, c), "collective"), t0, t, "", "", np.nan))
+                chain.append((nxt[0], "collective transfer", op_of.get((r, c), "collective"), t0, t, "", "", np.nan))
             cur = (nxt[0], "call", nxt[1])
+        chains.append((int(step), chain, begin, int(end)))
+    segments = segments_of(sorted({(w.anchor[0], walk) for _, chain, _, _ in chains for w in chain
+                                   if type(w) is _Walks for walk in walks_of[w.anchor]}))
+    rows_of = _runs(segments["rank"].to_numpy(), segments["walk"].to_numpy())
+    columns = [segments[c].to_numpy() for c in ("kind", "name", "start_ns", "end_ns", "pid", "tid", "event_ns")]
+
+    def segs_of(cur: tuple[int, str, int], shift: int) -> list[tuple[Any, ...]]:
+        """The segments of an anchor's walks, decoded, on the rank's corrected clock. ``event_ts`` is the event's
+        start as Python divides exact ints (one rounding; numpy's float division would move the last digit)."""
+        r, text = cur[0], texts[cur[0]]
+        idx = [rows_of[(r, walk)] for walk in walks_of[cur] if (r, walk) in rows_of]
+        if not idx:
+            return []
+        return [(r, KINDS[k], text[n], t0 - shift, t1 - shift, text[p], text[q], t / 1000 if t != _NONE else np.nan)
+                for k, n, t0, t1, p, q, t in zip(*(np.concatenate([v[i] for i in idx]).tolist() for v in columns))]
+    paths: list[tuple[int, list[tuple[Any, ...]], int, int]] = []
+    for step, chain, begin, end in chains:
+        path: list[tuple[Any, ...]] = []
+        for w in chain:
+            path += segs_of(*w) if type(w) is _Walks else [w]
         path.sort(key=lambda p: (p[3], p[4]))
         if begin is None:  # no steps: the whole trace, from where the path starts
             begin = path[0][3] if path else int(end)
         if path and path[0][3] > begin:  # the rank where the path starts began the step after another rank did
             path.insert(0, (path[0][0], "idle", f"not yet in ProfilerStep#{step}", begin, path[0][3], "", "",
                             np.nan))
-        paths.append((int(step), path, begin, int(end)))
+        paths.append((step, path, begin, end))
     origin = min((b for _, _, b, _ in paths), default=0)
     rows = [(step, k, r, kind, name, (t0 - origin) / 1e3, (t1 - t0) / 1e3, *event)
             for step, path, _, _ in paths for k, (r, kind, name, t0, t1, *event) in enumerate(path)]
     steps = [_step_summary(step, path, (b - origin) / 1e3, e - b) for step, path, b, e in paths]
     return pd.DataFrame(rows, columns=PATH_COLUMNS), steps, int(origin)
+
+
+def walks_in(segments: pd.DataFrame, wanted: Sequence[tuple[int, int]]) -> pd.DataFrame:
+    """The rows of ``segments`` (with a ``rank`` column) of the walks ``wanted`` (``[(rank, walk), ...]``), for
+    ``stitch``."""
+    key = segments["rank"].to_numpy(dtype=np.int64) << 32 | segments["walk"].to_numpy(dtype=np.int64)
+    return segments[np.isin(key, [r << 32 | w for r, w in wanted])]
 
 
 def _runs(rank: np.ndarray, walk: np.ndarray) -> dict[tuple[int, int], Any]:
