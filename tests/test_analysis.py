@@ -350,6 +350,26 @@ def test_1024_ranks_run_in_batches_and_reduce_to_small_tables(client, tmp_path, 
     assert {**results["one a task"].summary, "seconds": 0} == {**results["batched"].summary, "seconds": 0}
 
 
+def test_a_reduce_task_without_ranks_gives_no_segments(client, tmp_path, monkeypatch):
+    """65 tasks, one a file: the second reduce task holds only a JSON file without traceEvents (ignored), so its
+    critical path segments have no rows, nor any column but ``rank``; the path's walks come from the first."""
+    import tracefuse_dask.analysis
+    from tracefuse_dask.analysis.critical_path import walks_in
+
+    d = tmp_path / "many"
+    for r in range(64):
+        events = [x("ProfilerStep#1", 0, 100, cat="user_annotation"), x("aten::mm", 10, 20), launch(12, 2, 1),
+                  kernel("gemm_kernel", 20, 30, 7, 1)]
+        write_trace(d / f"rank{r:02d}.json", make_trace(r, events, world_size=64))
+    (d / "zz_notes.json").write_text('{"notes": "not a trace"}')
+    monkeypatch.setattr(tracefuse_dask.analysis, "batches", lambda s: [range(i, i + 1) for i in range(len(s))])
+    a = analyze(str(d), client=client)
+    assert a.summary["ignored"] == [f"{d / 'zz_notes.json'}: a JSON file without traceEvents, not a trace"]
+    assert len(a.breakdown) == 64 and len(a.critical_path) and a.summary["critical_path"]
+    no_ranks = pd.DataFrame({"rank": pd.Series([], dtype="int64")})
+    assert walks_in(no_ranks, [(0, 1)]) is no_ranks
+
+
 def test_an_unknown_phase_or_category_decodes_the_same_values():
     """Phases and categories decode as shared strings where known; a trace with another one decodes as plain strings."""
     import orjson

@@ -16,7 +16,8 @@ They are plain ``distributed.Worker`` programs, without a nanny: a nanny would b
 more interpreter to start per worker, before its worker's (~0.8 s more on 2 cores). What
 a nanny would add, a restart after a worker dies, the embedded cluster does without: the
 scheduler gives a lost worker's tasks to the others (``distributed.scheduler.allowed-failures``).
-They keep freed heap for their next task in one malloc arena (``_WORKER_MALLOC``) and run no statistical profiler (``_NO_PROFILER``).
+They keep freed heap for their next task in one malloc arena (``_WORKER_MALLOC``) and run no statistical
+profiler (``_NO_PROFILER``).
 The scheduler runs in this process, as ``LocalCluster``'s does.
 
 Small inputs (``small_input``) have no worker programs: when neither a cluster nor a number of workers is

@@ -183,27 +183,28 @@ def _coded(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _texts(table: pd.DataFrame) -> pd.DataFrame:
-    """``table`` with the categorical columns of ``_coded`` as text again, of the text type they had, and pandas's
-    text in its Python storage (``_text``) whichever way the table came: the same tables for any number of tasks."""
+    """``table`` with the categorical columns of ``_coded`` as text again, and pandas's text in its Python storage
+    (``_text``) whichever way the table came: the same tables for any number of tasks."""
     coded = {c: table[c] for c, t in table.dtypes.items() if isinstance(t, pd.CategoricalDtype)}
     coded |= {c: table[c].astype("category") for c, t in table.dtypes.items()
-              if isinstance(t, pd.StringDtype) and t.storage != "python" and len(table)}
+              if isinstance(t, pd.StringDtype) and t.storage != "python"}
     return table.assign(**{c: _text(v) for c, v in coded.items()}) if coded else table
 
 
 def _text(column: pd.Series) -> pd.Series:
-    """A categorical column as text of its categories' type, taken from them (``astype`` would build every row's
-    text as a Python string first: twice the memory).
+    """A categorical column as text again, taken from its categories (``astype`` would build every row's text as
+    a Python string first: twice the memory).
 
     pandas's text (``str``, ``string``) comes back in its Python storage, where each row refers to its category's
-    one string: Arrow's would copy every row's text (10,000 A100 ranks: 315 MB of ops, kernels and launchers)."""
+    one string: Arrow's would copy every row's text (10,000 A100 ranks: 315 MB of ops, kernels and launchers).
+    Other categories (pandas 2's object text) give their own type."""
     if not isinstance(column.dtype, pd.CategoricalDtype):
         return column
     values = column.cat.categories.array
     if isinstance(values.dtype, pd.StringDtype) and values.dtype.storage != "python":
-        python = pd.StringDtype("python") if values.dtype.na_value is pd.NA else pd.StringDtype(
-            "python", na_value=values.dtype.na_value)
-        values = pd.array(values.to_numpy(dtype=object), dtype=python)
+        with contextlib.suppress(TypeError):  # pandas < 2.3 has no Python storage for text missing as NaN
+            python = pd.StringDtype("python", na_value=values.dtype.na_value)
+            values = pd.array(values.to_numpy(dtype=object), dtype=python)
     return pd.Series(values.take(column.cat.codes.to_numpy(), allow_fill=True), index=column.index, name=column.name)
 
 
@@ -366,26 +367,27 @@ def analyze(
         if show_progress:
             with contextlib.redirect_stdout(sys.stderr):
                 progress(futures, scheduler=c.scheduler.address)
-        if len(futures) > _COMBINE:
+        joined = len(futures) > _COMBINE
+        if joined:
             reduced = [c.submit(_combine, futures[i:i + _COMBINE], coded=True, pure=False)
                        for i in range(0, len(futures), _COMBINE)]
             del futures  # each file's result is freed once its reduce task has it
-            # the critical path's segments stay on the cluster; the client fetches those of the path's walks
+            # the critical path's segments stay on the cluster: the reduce asks for those of the path's walks
             results = c.gather([c.submit(_without_segments, r, pure=False) for r in reduced])
 
             def segments_of(wanted: list[tuple[int, int]]) -> pd.DataFrame:
                 return _joined(c.gather([c.submit(_segments_in, r, wanted, pure=False) for r in reduced]))
-        else:
-            results = [_combine(c.gather(futures))]
-            segments = _joined([res["tables"].pop("path_segments") for res in results])
 
-            def segments_of(wanted: list[tuple[int, int]]) -> pd.DataFrame:
-                return walks_in(segments, wanted)
-        # The cyclic collector paused while the client reduces, as in the tasks: the reduce builds and frees many
-        # objects and no cycles, and a full collection over the client's objects cost 50-70 ms of an 8-rank
-        # analysis.
+            with paused_gc():
+                analysis = _reduce(results, segments_of, skipped_names, step_range, keep_unlaunched_gpu, subset)
+        else:
+            results = c.gather(futures)
+    if not joined:  # the reduce needs no cluster
         with paused_gc():
-            analysis = _reduce(results, segments_of, skipped_names, step_range, keep_unlaunched_gpu, subset)
+            results = [_combine(results)]
+            segments = results[0]["tables"].pop("path_segments")
+            analysis = _reduce(results, lambda wanted: walks_in(segments, wanted), skipped_names, step_range,
+                               keep_unlaunched_gpu, subset)
     analysis.summary["seconds"] = round(time.perf_counter() - started, 3)
     if out_dir is not None:
         write_report(analysis, out_dir, so, format=format, force=force)
@@ -403,6 +405,8 @@ def _segments_in(result: dict[str, Any], wanted: list[tuple[int, int]]) -> pd.Da
     return walks_in(result["tables"]["path_segments"], wanted)
 
 
+# The reduce runs with the cyclic collector paused, as the tasks do: it builds and frees many objects and no
+# cycles, and a full collection over the client's objects cost 50-70 ms of an 8-rank analysis.
 def _reduce(results: list[dict[str, Any]], segments_of: Callable[[list[tuple[int, int]]], pd.DataFrame],
             skipped_names: list[str], steps: tuple[int, int] | None, keep_unlaunched_gpu: bool,
             subset: Any = None) -> Analysis:

@@ -121,7 +121,7 @@ def rank_collectives(name_code: np.ndarray, names: np.ndarray, tids: np.ndarray,
         ``distributedInfo.pg_config`` as ``{pg_name: rank spec of its global ranks}`` (``group_spec``).
     """
     root = np.full(len(order), -1, dtype=np.int64)  # the outermost member holding each position
-    chain = []  # (position, its event, the root's event) of each member
+    chain = []  # (its event, its root's event) of each member
     reach = top = 0
     for k in members.tolist():
         if k >= reach:

@@ -592,8 +592,9 @@ def stitch(anchors: pd.DataFrame, segments_of: Callable[[list[tuple[int, int]]],
         Every rank's ``rank_pieces`` anchors, with a leading ``rank`` column.
     segments_of
         The segments of the walks ``[(rank, walk), ...]`` (sorted), as ``rank_pieces`` gives them with a leading
-        ``rank`` column, in rank and walk order: only the walks the path takes are asked for, once (most of a
-        big job's segments are off the path, and they can stay where the ranks were analysed).
+        ``rank`` column, each walk's rows together and in order: only the walks the path takes are asked for,
+        once, and only when there are any (most of a big job's segments are off the path, and they can stay
+        where the ranks were analysed).
     calls
         Every rank's collective calls; ``matched``: those matched into instances (``match_collectives``).
     offsets_ns
@@ -656,10 +657,12 @@ def stitch(anchors: pd.DataFrame, segments_of: Callable[[list[tuple[int, int]]],
                 chain.append((nxt[0], "collective transfer", op_of.get((r, c), "collective"), t0, t, "", "", np.nan))
             cur = (nxt[0], "call", nxt[1])
         chains.append((int(step), chain, begin, int(end)))
-    segments = segments_of(sorted({(w.anchor[0], walk) for _, chain, _, _ in chains for w in chain
-                                   if type(w) is _Walks for walk in walks_of[w.anchor]}))
-    rows_of = _runs(segments["rank"].to_numpy(), segments["walk"].to_numpy())
-    columns = [segments[c].to_numpy() for c in ("kind", "name", "start_ns", "end_ns", "pid", "tid", "event_ns")]
+    wanted = sorted({(w.anchor[0], walk) for _, chain, _, _ in chains for w in chain if type(w) is _Walks
+                     for walk in walks_of[w.anchor]})
+    segments = segments_of(wanted) if wanted else pd.DataFrame()
+    rows_of = _runs(segments["rank"].to_numpy(), segments["walk"].to_numpy()) if len(segments) else {}
+    columns = [segments[c].to_numpy() for c in ("kind", "name", "start_ns", "end_ns", "pid", "tid", "event_ns")
+               ] if len(segments) else []
 
     def segs_of(cur: tuple[int, str, int], shift: int) -> list[tuple[Any, ...]]:
         """The segments of an anchor's walks, decoded, on the rank's corrected clock. ``event_ts`` is the event's
@@ -691,7 +694,9 @@ def stitch(anchors: pd.DataFrame, segments_of: Callable[[list[tuple[int, int]]],
 
 def walks_in(segments: pd.DataFrame, wanted: Sequence[tuple[int, int]]) -> pd.DataFrame:
     """The rows of ``segments`` (with a ``rank`` column) of the walks ``wanted`` (``[(rank, walk), ...]``), for
-    ``stitch``."""
+    ``stitch``; ``segments`` as it is when it has no rows (then, with no ranks, it may have no other column)."""
+    if not len(segments):
+        return segments
     key = segments["rank"].to_numpy(dtype=np.int64) << 32 | segments["walk"].to_numpy(dtype=np.int64)
     return segments[np.isin(key, [r << 32 | w for r, w in wanted])]
 
