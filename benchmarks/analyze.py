@@ -142,7 +142,9 @@ def analyze_row(args: argparse.Namespace, client: Any, name: str, folder: str, h
             mem = m
         if failed is None:
             try:
-                runs.append(run_hta(args.hta_python, folder))
+                # the files as the ranks tracefuse found, so that both analyse the same ranks
+                runs.append(run_hta(args.hta_python, folder, files=dict(zip(analysis.summary["ranks"],
+                                                                            analysis.summary["inputs"]))))
             except (RuntimeError, ValueError) as e:
                 failed = f"FAILED: HTA: {e}"
     seconds = min(times)
@@ -195,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.workers} worker programs (`cluster.connect`, 1 thread each, pandas {pd.__version__}; started, "
         f"and its workers' imports done, before any row), seconds = from the call to its return; against "
         f"{hta or 'HolisticTraceAnalysis'} in a separate process of "
-        f"`{args.hta_python}` (`benchmarks/hta_breakdown.py`): `TraceAnalysis(trace_dir=folder, "
-        f"include_last_profiler_step=True)` + `get_temporal_breakdown(visualize=False)` with "
+        f"`{args.hta_python}` (`benchmarks/hta_breakdown.py`): `TraceAnalysis(trace_files={{rank: file}}, "
+        f"include_last_profiler_step=True)` with the ranks and files tracefuse found + `get_temporal_breakdown(visualize=False)` with "
         f"HTA_DISABLE_NS_ROUNDING=1, timed inside that process (load + breakdown; its imports are in the note, "
         f"not counted); HTA parses with a fork pool of min(CPUs, ranks) processes. The two alternate in each "
         f"of {args.repeat} rounds; s = each one's best; speedup = the median (range) of the rounds' HTA s / "

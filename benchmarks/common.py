@@ -245,12 +245,15 @@ def hta_versions(python: str) -> str | None:
     return f"HolisticTraceAnalysis {hta}, pandas {pandas}"
 
 
-def run_hta(python: str, folder: str, ranks: int | None = None) -> dict[str, Any]:
+def run_hta(python: str, folder: str, ranks: int | None = None,
+            files: dict[int, str] | None = None) -> dict[str, Any]:
     """``hta_breakdown.py`` on ``folder`` in a fresh process of ``python``; its JSON report.
 
-    With ``ranks``, it is an error when HTA did not load that many ranks.
+    With ``ranks``, it is an error when HTA did not load that many ranks; with ``files`` (``{rank: file}``), HTA
+    loads those files as those ranks.
     """
-    proc = subprocess.run([python, os.path.join(HERE, "hta_breakdown.py"), folder], capture_output=True,
+    extra = [json.dumps({str(r): p for r, p in files.items()})] if files else []
+    proc = subprocess.run([python, os.path.join(HERE, "hta_breakdown.py"), folder, *extra], capture_output=True,
                           text=True, env={**os.environ, "HTA_DISABLE_NS_ROUNDING": "1"})
     if proc.returncode:
         last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]

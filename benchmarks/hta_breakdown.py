@@ -1,11 +1,15 @@
 """Time HolisticTraceAnalysis's temporal breakdown of one trace folder; ``benchmarks/analyze.py`` and
 ``benchmarks/merge.py`` run it.
 
-Usage: ``HTA_DISABLE_NS_ROUNDING=1 /work/hta-venv/bin/python benchmarks/hta_breakdown.py FOLDER``
+Usage: ``HTA_DISABLE_NS_ROUNDING=1 /work/hta-venv/bin/python benchmarks/hta_breakdown.py FOLDER [RANKS_JSON]``
+
+``RANKS_JSON``, a ``{rank: file}`` object, is handed to HTA as ``trace_files``: then HTA loads those files as
+those ranks, instead of finding each file's rank with its regex over the file's start (which misses a
+``distributedInfo`` written after the events, as in the h100 shape, and loads every such file as rank 0).
 
 Runs with the python of a venv that has HTA (``python3 -m venv /work/hta-venv &&
 /work/hta-venv/bin/pip install HolisticTraceAnalysis==0.5.0``); it imports HTA and the standard library only.
-Prints one JSON line: the seconds of the imports, of ``TraceAnalysis(trace_dir=FOLDER,
+Prints one JSON line: the seconds of the imports, of ``TraceAnalysis(trace_files=RANKS, trace_dir=FOLDER,
 include_last_profiler_step=True)`` and of ``get_temporal_breakdown(visualize=False)``, HTA's row per rank, and
 the RSS of this process and its descendants (HTA's fork pool), summed, sampled every 25 ms from /proc: just
 before the load (baseline) and at its peak.
@@ -74,7 +78,7 @@ class TreeRSS:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
+    if len(argv) not in (1, 2):
         sys.exit(__doc__)
     if os.environ.get("HTA_DISABLE_NS_ROUNDING") != "1":
         sys.exit("set HTA_DISABLE_NS_ROUNDING=1: without it HTA rounds timestamps to whole µs")
@@ -85,7 +89,8 @@ def main(argv: list[str]) -> int:
     imports = time.perf_counter() - t
     with TreeRSS() as mem:
         t = time.perf_counter()
-        analysis = TraceAnalysis(trace_dir=folder, include_last_profiler_step=True)
+        files = {int(r): p for r, p in json.loads(argv[1]).items()} if len(argv) == 2 else None
+        analysis = TraceAnalysis(trace_files=files, trace_dir=folder, include_last_profiler_step=True)
         loaded = time.perf_counter()
         df = analysis.get_temporal_breakdown(visualize=False)
         done = time.perf_counter()
