@@ -95,9 +95,9 @@ class _Walker:
         # Per-event values the walks read one at a time are memoryviews of the arrays: a walk reads a few of
         # them, and a view gives Python ints at once where a list would make one per event first.
         order, parent, thread = tree.order, tree.parent, tree.thread
-        self.starts = start[order]  # per position
+        self.starts, ends = start[order], end[order]  # per position
         self.hs = memoryview(self.starts)
-        self.he = memoryview(end[order])
+        self.he = memoryview(ends)
         self.hn_code = name_code[order]
         self.hn = names[self.hn_code].tolist()
         self.hc_code, self.cats = cat_code[order], cats
@@ -115,7 +115,7 @@ class _Walker:
         last_child = np.full(m, -1, dtype=np.int64)
         np.maximum.at(last_child, up[child], child)
         self.last_child = memoryview(last_child)
-        dur = end[order] - start[order]
+        dur = ends - self.starts
         children = np.zeros(m, dtype=np.int64)
         np.add.at(children, up[child], dur[child])
         self.own = dur - children  # each position's time less its children's
@@ -165,7 +165,7 @@ class _Walker:
         self.at = {"ce": memoryview(at_ce), "cs": memoryview(at_cs)}
         self.tour_is_end = memoryview(is_ce)
         self.tour_x = memoryview(tk)
-        self.tour_t = np.where(is_ce, end[order][tk], start[order][tk])
+        self.tour_t = np.where(is_ce, ends[tk], self.starts[tk])
         # the time from state i-1 to state i is a position's own time (its end, or its child's start: its
         # parent's), or the thread's idle time between roots
         src = np.where(is_ce, tk, up[tk])

@@ -306,8 +306,11 @@ def _codes(values: np.ndarray) -> np.ndarray:
     return pd.factorize(values, use_na_sentinel=False)[0]
 
 
-def _top(counter: Counter[str], n: int = 3) -> str:
-    return " | ".join(name for name, _ in counter.most_common(n))
+_TOP = 3  # kernels named in a row's ``top_kernels``
+
+
+def _top(counter: Counter[str]) -> str:
+    return " | ".join(name for name, _ in counter.most_common(_TOP))
 
 
 def analyze_rank(events: list[Any], rank: int, path: str, steps: tuple[int, int] | None = None, *, base: int = 0,
@@ -727,9 +730,9 @@ def _launchers(leaf: np.ndarray, kernel: np.ndarray, kernel_ns: np.ndarray, orde
     leaf, kernel, kernel_ns = leaf[has], kernel[has], kernel_ns[has]
     leaves, first, at_leaf = np.unique(leaf, return_index=True, return_inverse=True)
     seen = np.argsort(first, kind="stable")  # the leaves by their first kernel
-    rank = np.empty_like(seen)
-    rank[seen] = np.arange(len(seen))
-    at_leaf = rank[at_leaf]
+    place = np.empty_like(seen)
+    place[seen] = np.arange(len(seen))
+    at_leaf = place[at_leaf]
     leaf_args = [args[i] for i in order[leaves[seen]].tolist()]
     # grouped by the args' text as in the file first (few distinct), then by their text as JSON (a null is absent)
     raw_code, raws = _factorized(list(zip(code_at[leaves[seen]].tolist(), map(bytes, map(_DIMS, leaf_args)),
@@ -749,7 +752,7 @@ def _launchers(leaf: np.ndarray, kernel: np.ndarray, kernel_ns: np.ndarray, orde
     by = np.lexsort((first_met, -pair_ns, pair_group))
     top: list[list[str]] = [[] for _ in range(n)]
     for r, k in zip(pair_group[by].tolist(), pair_kernel[by].tolist()):
-        if len(top[r]) < 3:
+        if len(top[r]) < _TOP:
             top[r].append(names[k])
     name, dims, types = zip(*keys)
     return pd.DataFrame(dict(zip(LAUNCHER_COLUMNS, (
