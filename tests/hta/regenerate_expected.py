@@ -104,6 +104,8 @@ JOBS: Dict[str, str] = {
     "real/hta_alexnet": "gpu",
     "real/kineto_2021_resnet50": "gpu",
     "real/hta_mtia_inference": "gpu",
+    "real/tracelens_mi300_qwen": "gpu",
+    "real/hta_negative_queue_length": "gpu",
     "real/hta_cpu_only": "cpu",
     "real/hta_cpu_only_full": "cpu",
     "gloo_4ranks": "cpu",
