@@ -24,11 +24,23 @@ REAL_SETS = sorted(p.name for p in (SHARED / "real").iterdir() if p.is_dir()) if
 BASE = 1790857026000000000
 
 
+def _missing(path: Path) -> str:
+    return f"{path} is missing: ../shared/traces must sit beside the repository"
+
+
 def shared(*parts: str) -> Path:
     path = SHARED.joinpath(*parts)
     if not path.exists():
-        pytest.skip(f"{path} is missing: ../shared/traces must sit beside the repository")
+        pytest.skip(_missing(path))
     return path
+
+
+def shared_params(found: list[Any]) -> list[Any]:
+    """Parameters found under ../shared/traces; without it, one that skips and says what to put where (an empty
+    list would skip with pytest's own reason, 'got empty parameter set')."""
+    if SHARED.is_dir():
+        return found
+    return [pytest.param(None, marks=pytest.mark.skip(reason=_missing(SHARED)), id="shared-missing")]
 
 
 def only_trace(name: str) -> Path:

@@ -20,6 +20,17 @@ def test_every_command_and_option_has_help():
                 assert opt.help, f"{action.prog} {opt.dest} has no help"
 
 
+def test_the_workers_option_says_what_each_command_runs_in_this_process():
+    """merge and info run small inputs in this process, analyze too unless it writes the critical-path trace; diff
+    starts its cluster's worker programs whatever the sides' size."""
+    commands = _parser()._subparsers._group_actions[0].choices
+    helps = {name: next(a.help for a in p._actions if a.dest == "workers") for name, p in commands.items()
+             if name in ("merge", "analyze", "diff", "info")}
+    assert "--critical-path-trace" in helps["analyze"]
+    assert not any("--critical-path-trace" in helps[name] for name in ("merge", "info", "diff"))
+    assert "this process" not in helps["diff"] and "this process" in helps["merge"]
+
+
 def test_version(capsys):
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"tracefuse {__version__}"
@@ -116,8 +127,8 @@ def test_a_reader_that_goes_away_stops_the_output_quietly():
         pytest.param(["merge", "x.json"], 2, "-o/--output", id="no-output"),
         pytest.param(["merge", "x.json", "-o", "o.json", "--storage-options", "{bad"], 2, "not valid JSON",
                      id="bad-storage-options"),
-        pytest.param(["merge", "missing.json", "-o", "o.json"], 1, "error: missing.json: no such file",
-                     id="missing-file"),
+        pytest.param(["merge", "missing.json", "-o", "o.json"], 1,
+                     "error: missing.json: no such file or object; check the path\n", id="missing-file"),
         pytest.param(["merge", "missing.json", "-o", "o.json", "--ranks", "5-1"], 1, "error: bad rank spec",
                      id="bad-ranks"),
         pytest.param(["merge", "missing.json", "-o", "o.json", "--keep", "gpu,disk"], 1, "unknown --keep preset",

@@ -80,7 +80,11 @@ def test_a_run_against_itself_changes_nothing(client, tmp_path):
         s = got.summary
         assert not got.failed and s["regressions"] == [] and s["improvements"] == [] and s["failing"] == []
         assert s["verdict"].startswith("no significant change in step time (+0.0%")
+        assert "and the smallest change reported, 1%)" in s["verdict"]  # one spread, then the minimum change
         assert s["step_time"]["delta_pct"] == 0 and not s["straggler"]["changed"]
+        assert [w for w in s["warnings"] if w.startswith("both sides are ")] == [
+            f"both sides are {shared(*parts)}: a run compared with itself shows no change; give the other run's "
+            "traces or report as NEW"]
         written = json.loads((tmp_path / parts[-1] / "diff.json").read_text())
         assert written == json.loads(json.dumps(s))
         items = pd.read_parquet(tmp_path / parts[-1] / "items.parquet")

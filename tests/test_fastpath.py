@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import BASE, SHARED, make_trace, shared
+from conftest import BASE, SHARED, make_trace, shared, shared_params
 from test_properties import QUARTER, SEEDS, mutate, rank_events, seed
 from tracefuse_dask.errors import TraceFuseError
 from tracefuse_dask.merge.fastpath import _KinetoEvent, _decoders, handles, rewrite_fast
@@ -21,8 +21,8 @@ from tracefuse_dask.model import MergeOptions
 from tracefuse_dask.merge.rewrite import rewrite
 from tracefuse_dask.synth import make_rank_trace
 
-TRACE_FILES = sorted(str(p.relative_to(SHARED)) for p in SHARED.glob("**/*.json*")
-                     if p.name != "generation_info.json") if SHARED.is_dir() else []
+TRACE_FILES = shared_params(sorted(str(p.relative_to(SHARED)) for p in SHARED.glob("**/*.json*")
+                                   if p.name != "generation_info.json"))
 OPTIONS = [pytest.param(MergeOptions(), id="default"),
            pytest.param(MergeOptions(include_pyfunc=True, keep_empty_processes=True, annotate_rank=True),
                         id="pyfunc-empty-annotate")]

@@ -26,7 +26,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from conftest import SHARED
+from conftest import SHARED, shared
 from tracefuse_dask import analyze
 from tracefuse_dask.storage.files import parse_json
 
@@ -139,7 +139,7 @@ def test_hta_differs_only_by_the_cpu_ops_with_a_stream(job):
     difference is those ops and nothing else."""
     spans, compute = [], []
     for f in EXPECTED["jobs"][job]["rank_to_file"].values():
-        raw = (SHARED / job / f).read_bytes()
+        raw = shared(*job.split("/"), f).read_bytes()
         doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw, parse_float=Decimal)
         for ev in doc["traceEvents"]:
             stream = ev["args"].get("stream") if isinstance(ev.get("args"), dict) else None

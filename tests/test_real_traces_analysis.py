@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import only_trace, read_trace, shared, write_trace
+from conftest import SHARED, only_trace, read_trace, shared, shared_params, write_trace
 from tracefuse_dask import analyze
 
 pytestmark = pytest.mark.integration
@@ -137,8 +137,7 @@ def independent_breakdown(path: Path) -> dict[str, float]:
             "non_compute_us": (busy - comp) / 1e3}
 
 
-REAL_FILES = sorted(str(p.relative_to(shared("real"))) for p in shared("real").glob("*/*.json*")) \
-    if shared("real").is_dir() else []
+REAL_FILES = shared_params(sorted(str(p.relative_to(SHARED / "real")) for p in SHARED.glob("real/*/*.json*")))
 
 
 @pytest.mark.parametrize("name", REAL_FILES)

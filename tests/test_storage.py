@@ -81,18 +81,29 @@ def test_write_group_joins_local_files(tmp_path, monkeypatch, kernel_copy):
     assert Path(dest).read_bytes() == want
 
 
+_BOUNDED = {"config_kwargs": {"connect_timeout": 5, "read_timeout": 60,
+                              "retries": {"max_attempts": 2, "mode": "standard"}}}
+
+
 @pytest.mark.parametrize(
     "url, so, expected",
     [
-        ("s3://b/k", {"anon": True}, {"anon": True}),
-        ("s3://b/k", {"s3": {"anon": True}, "gs": {"token": "anon"}}, {"anon": True}),
+        ("s3://b/k", {"anon": True}, {"anon": True, **_BOUNDED}),
+        ("s3://b/k", {"s3": {"anon": True}, "gs": {"token": "anon"}}, {"anon": True, **_BOUNDED}),
         ("gs://b/k", {"s3": {"anon": True}, "gs": {"token": "anon"}}, {"token": "anon"}),
         ("gcs://b/k", {"gs": {"token": "anon"}}, {"token": "anon"}),
         ("/tmp/x", {"s3": {"anon": True}}, {}),
-        ("s3://b/k", {"client_kwargs": {"endpoint_url": "http://x"}}, {"client_kwargs": {"endpoint_url": "http://x"}}),
+        ("/tmp/x", {"anon": True}, {"anon": True}),
+        ("s3://b/k", {"client_kwargs": {"endpoint_url": "http://x"}},
+         {"client_kwargs": {"endpoint_url": "http://x"}, **_BOUNDED}),
+        ("s3a://b/k", None, _BOUNDED),
+        pytest.param("s3://b/k", {"config_kwargs": {"retries": {"max_attempts": 9}, "read_timeout": 600}},
+                     {"config_kwargs": {"connect_timeout": 5, "read_timeout": 600, "retries": {"max_attempts": 9}}},
+                     id="the-user's-settings-win"),
     ],
 )
 def test_options_for(url, so, expected):
+    """S3 gets bounded timeouts and retries (storage.files.S3_CONFIG), each of which --storage-options overrides."""
     assert options_for(url, so) == expected
 
 
@@ -259,8 +270,9 @@ def test_access_denied_missing_bucket_and_wrong_endpoint(s3, bucket_name, exampl
                  json.dumps(wrong), "--scheduler", client.scheduler.address])
     err = capsys.readouterr().err
     assert code == 1 and "access denied" in err and "not-the-secret-xyz" not in err and "Traceback" not in err
-    with pytest.raises(TraceFileNotFoundError, match="s3://no-such-bucket-tf/in/"):
+    with pytest.raises(TraceFileNotFoundError, match="s3://no-such-bucket-tf/in/") as e:
         merge_traces("s3://no-such-bucket-tf/in/", "/tmp/never.json", storage_options=s3.options, client=client)
+    assert str(e.value).endswith("check the path (bucket and key)")
     bad_endpoint = {**s3.options, "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}, "config_kwargs":
                     {"retries": {"max_attempts": 1}, "connect_timeout": 1}}
     with pytest.raises(StorageConnectionError, match="cannot reach the storage"):
@@ -373,7 +385,7 @@ def test_ten_thousand_objects_list_in_one_pass_without_a_request_per_file(s3, bu
 
     s3.bucket(bucket_name)
     s3.fs().pipe({f"{bucket_name}/job/rank{r}.json": b"{}" for r in range(10_000)}, batch_size=256)
-    fs = fsspec.filesystem("s3", **s3.options)  # the cached instance expand_inputs uses
+    fs = fsspec.filesystem("s3", **options_for("s3://", s3.options))  # the cached instance expand_inputs uses
     calls: list[str] = []
     fs.s3.meta.events.register("before-call.s3", lambda event_name, **kw: calls.append(event_name.split(".")[-1]))
     fs.invalidate_cache()

@@ -234,7 +234,7 @@ def analyze(
                                 "slices": sum(ev["ph"] == "X" for m in marks.values() for ev in m.track),
                                 "warnings": merged.warnings}
     if out_dir is not None:
-        write_report(result, out_dir, so, format=options.get("format", "parquet"), force=force)
+        write_report(result, out_dir, so, format=options.get("format", "parquet"))
     return result
 
 
@@ -320,9 +320,22 @@ def diff(
         result = compare(sides["base"], sides["new"], fail_above=threshold)
     except ValueError as e:
         raise MergeError(str(e)) from None
+    if _same_place(base, new):
+        result.summary["warnings"].append(f"both sides are {os.fspath(base)}: a run compared with itself shows no "
+                                          "change; give the other run's traces or report as NEW")
     if out_dir is not None:
-        write_diff(result, out_dir, so, format=format, force=force)
+        write_diff(result, out_dir, so, format=format)
     return result
+
+
+def _same_place(a: Any, b: Any) -> bool:
+    """Whether two sides of a diff name the same folder, file or URL (a trailing ``/`` aside)."""
+    if not all(isinstance(x, (str, os.PathLike)) for x in (a, b)):
+        return False
+    a, b = (os.fspath(x).rstrip("/") for x in (a, b))
+    if "://" not in a and "://" not in b:
+        return os.path.realpath(a) == os.path.realpath(b)
+    return a == b
 
 
 def _percent(value: float | str | None) -> float | None:

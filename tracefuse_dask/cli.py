@@ -35,11 +35,10 @@ def _storage_options(text: str | None) -> dict[str, Any] | None:
     return value
 
 
-def _add_cluster_args(p: argparse.ArgumentParser) -> None:
+def _add_cluster_args(p: argparse.ArgumentParser, small: str = "") -> None:
     g = p.add_argument_group("cluster")
     g.add_argument("--workers", type=int, metavar="N",
-                   help="worker processes of the embedded cluster (default: one per core; without it, merge, "
-                        "info and analyze without --critical-path-trace run small inputs in this process)")
+                   help=f"worker processes of the embedded cluster (default: one per core{small})")
     g.add_argument("--scheduler", metavar="ADDRESS",
                    help="connect to an existing Dask scheduler (also DASK_SCHEDULER_ADDRESS)")
     g.add_argument("--scheduler-file", metavar="PATH", help="connect through a Dask scheduler file")
@@ -112,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary on stderr")
     r.add_argument("-v", "--verbose", action="store_true", help="log what happens on stderr")
     r.add_argument("--performance-report", metavar="FILE", help="write Dask's HTML performance report (needs bokeh)")
-    _add_cluster_args(m)
+    _add_cluster_args(m, "; without it, inputs of up to 64 MiB of trace run in this process")
 
     a = sub.add_parser("analyze", help="per-rank breakdowns, kernel and op summaries, outlier ranks, HTML report",
                        description="Analyse per-rank traces (one Dask task per rank) into small cross-rank "
@@ -132,7 +131,8 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("-f", "--force", action="store_true", help="replace an existing report folder")
     a.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary on stderr")
     a.add_argument("-v", "--verbose", action="store_true", help="log what happens on stderr")
-    _add_cluster_args(a)
+    _add_cluster_args(a, "; without it, inputs of up to 64 MiB of trace run in this process, unless "
+                         "--critical-path-trace is given")
 
     d = sub.add_parser("diff", help="compare two runs: step time, breakdown, kernels, ops, collectives, straggler",
                        description="Compare two runs, each given as traces (analysed here) or as a folder that "
@@ -162,7 +162,7 @@ def _parser() -> argparse.ArgumentParser:
                                    "pids and flows. Nothing is written.")
     _add_input_args(i)
     i.add_argument("--json", action="store_true", help="print JSON for machines instead of a table")
-    _add_cluster_args(i)
+    _add_cluster_args(i, "; without it, inputs of up to 64 MiB of trace run in this process")
 
     e = sub.add_parser("example", help="write a small realistic multi-rank example to merge",
                        description="Write synthetic but Kineto-shaped per-rank traces (NCCL collectives, "

@@ -46,13 +46,14 @@ from distributed import (
     LocalCluster,
     Scheduler,
     SpecCluster,
+    as_completed,
     progress,
 )
 from distributed.deploy.subprocess import Subprocess
 from distributed.utils import silence_logging_cmgr
 from distributed.worker_memory import parse_memory_limit
 
-from .errors import SchedulerConnectionError
+from .errors import SchedulerConnectionError, StorageConnectionError
 
 if TYPE_CHECKING:
     from .model import InputFile
@@ -64,6 +65,7 @@ log = logging.getLogger("tracefuse_dask")
 
 _WORKER_START_TIMEOUT = 60.0  # seconds for the embedded cluster's workers to start and join the scheduler
 _WORKER_STOP_TIMEOUT = 10.0  # seconds for one to close before it is killed
+_WORKER_ABANDON_TIMEOUT = 1.0  # the same when the job failed: a worker closes only once its running task ends
 # glibc keeps this much freed memory at the top of a worker's heap instead of handing it back to the system: a
 # rank's task then reuses the pages of the one before it instead of faulting them in again (a 50 MB A100 rank's
 # analysis in a process: ~35,000 fewer page faults, 0.73-0.79 -> 0.65-0.69 s; docs/performance.md, "A worker's
@@ -90,6 +92,7 @@ class _WorkerProgram(Subprocess):
 
     def __init__(self, scheduler: str, name: str, worker_kwargs: dict) -> None:
         self.scheduler = scheduler
+        self.stop_timeout = _WORKER_STOP_TIMEOUT
         self.spec = {"cls": "distributed.Worker", "opts": {**worker_kwargs, "name": name}}
         super().__init__()
 
@@ -108,7 +111,7 @@ class _WorkerProgram(Subprocess):
         if self.process and self.process.returncode is None:
             self.process.terminate()
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.process.wait(), _WORKER_STOP_TIMEOUT)
+                await asyncio.wait_for(self.process.wait(), self.stop_timeout)
         await super().close()
 
 
@@ -206,7 +209,14 @@ def connect(
                 f"(each runs '{sys.executable} -m dask spec'); check that this Python can run it, or pass "
                 "--scheduler to use a running cluster"
             ) from None
-        yield c
+        try:
+            yield c
+        except BaseException:
+            # The job failed: what its workers still run is of no use, and may wait on a storage that is gone.
+            for w in getattr(cluster, "workers", {}).values():
+                if isinstance(w, _WorkerProgram):
+                    w.stop_timeout = _WORKER_ABANDON_TIMEOUT
+            raise
 
 
 BATCH_BYTES = 4 * 2**20  # small ranks share tasks of about this many input bytes; bigger ones have their own
@@ -216,11 +226,17 @@ BATCH_RANKS = 1024
 def outcomes(c: Client, futures: list[Any], show_progress: bool = False) -> list[tuple[Any, BaseException | None]]:
     """Each task's result or exception, in order; one gather, which waits for them all, for the successes.
 
+    A task that finds the storage unreachable (``StorageConnectionError``) ends the wait at once, and its error is
+    raised: the other tasks would only wait for the storage too, each through its own retries.
+
     Everything goes through ``c``: the client need not be the process's default one.
     """
     if show_progress:
         with contextlib.redirect_stdout(sys.stderr):
             progress(futures, scheduler=c.scheduler.address)
+    for f in as_completed(futures, loop=c.loop):
+        if f.status == "error" and isinstance(exc := f.exception(), StorageConnectionError):
+            raise exc
     ok = iter(c.gather(futures, errors="skip"))
     return [(next(ok), None) if f.status == "finished"
             else (None, f.exception() if f.status == "error" else CancelledError(f"task {f.key} was cancelled"))

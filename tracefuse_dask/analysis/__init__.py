@@ -19,7 +19,8 @@ from pandas.api.types import union_categoricals
 
 from .._version import __version__
 from ..errors import MergeError, OutputExistsError, RankError
-from ..storage.files import options_for, read_bytes, read_start, storage_errors
+from ..storage.files import (options_for, read_bytes, read_start, retry_unreachable,
+                             storage_errors)
 from ..cluster import batches, connect
 from ..model import DEFAULT_RANK_REGEX, InputFile, parse_steps, rank_subset
 from .collective_trace import CALL_COLUMNS as CT_COLUMNS
@@ -31,7 +32,8 @@ from .rank import PIECES, TABLES, RankTables, analyze_events, analyze_rank, deco
 from ..kineto.document import check_document, decode_json, paused_gc
 from ..kineto.layout import is_merged, split_merged
 from ..storage.inputs import TRACE_NAME, expand_inputs, rank_from_name, resolve_rank
-from ..storage.output import TMP_SUFFIX, open_write
+from ..storage.output import open_write
+from ..storage.runs import commit_folder, run_folder
 
 __all__ = ["Analysis", "analyze", "check_new", "is_report", "rank_stats", "read_report", "write_diff", "write_report"]
 
@@ -128,6 +130,7 @@ def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps
         return {"ranks": ranks, "world_size": world_size, "notes": notes}
 
 
+@retry_unreachable
 def _analyze_files(files: list[InputFile], storage_options: Mapping[str, Any] | None,
                    steps: tuple[int, int] | None, subset: Any, rank_regex: str,
                    keep_unlaunched_gpu: bool) -> dict[str, Any]:
@@ -390,7 +393,7 @@ def analyze(
                                keep_unlaunched_gpu, subset)
     analysis.summary["seconds"] = round(time.perf_counter() - started, 3)
     if out_dir is not None:
-        write_report(analysis, out_dir, so, format=format, force=force)
+        write_report(analysis, out_dir, so, format=format)
     return analysis
 
 
@@ -530,7 +533,7 @@ def check_new(out_dir: str, so: Mapping[str, Any], force: bool) -> None:
 
 
 def write_report(analysis: Analysis, out_dir: str, storage_options: Mapping[str, Any] | None = None, *,
-                 format: str = "parquet", force: bool = False) -> None:
+                 format: str = "parquet") -> None:
     """Write the report folder: a file per table, ``report.html`` and ``summary.json`` (last:
     a folder with ``summary.json`` is complete; see ``write_folder``)."""
     from .report import render_report
@@ -539,59 +542,43 @@ def write_report(analysis: Analysis, out_dir: str, storage_options: Mapping[str,
         (f"{name}.{format}", df) for name, df in analysis.tables().items())
     files["report.html"] = render_report(analysis.tables(), analysis.summary).encode()
     files["summary.json"] = json.dumps(analysis.summary, indent=1).encode()
-    write_folder(files, out_dir, storage_options, format=format, force=force)
+    write_folder(files, out_dir, storage_options, format=format)
 
 
 def write_diff(diff: Diff, out_dir: str, storage_options: Mapping[str, Any] | None = None, *,
-               format: str = "parquet", force: bool = False) -> None:
+               format: str = "parquet") -> None:
     """Write ``tracefuse diff``'s folder: its tables, ``diff.html`` and ``diff.json`` (last)."""
     from .report import render_diff
 
     files: dict[str, bytes | pd.DataFrame] = {f"{name}.{format}": df for name, df in diff.tables.items()}
     files["diff.html"] = render_diff(diff).encode()
     files["diff.json"] = json.dumps(diff.summary, indent=1).encode()
-    write_folder(files, out_dir, storage_options, format=format, force=force)
+    write_folder(files, out_dir, storage_options, format=format)
 
 
 def write_folder(files: Mapping[str, bytes | pd.DataFrame], out_dir: str,
-                 storage_options: Mapping[str, Any] | None = None, *, format: str = "parquet",
-                 force: bool = False) -> None:
-    """Write ``files`` (bytes, or tables in ``format``) into the folder ``out_dir``, in the order given.
+                 storage_options: Mapping[str, Any] | None = None, *, format: str = "parquet") -> None:
+    """Write ``files`` (bytes, or tables in ``format``) into the folder ``out_dir``, in the order given, in the
+    place of whatever is there: the caller checked before any work that it may (``check_new``), and a run of the
+    same job that ended meanwhile is replaced, as the last run to end wins.
 
-    Every file is written under a temporary folder first, then moved into place, so a failed run leaves
-    nothing behind and a folder with its last file is complete.
+    The files are written in this run's own temporary folder first (``storage.runs.run_folder``), then the folder
+    takes the place of ``out_dir`` (``commit_folder``): a failed run leaves nothing behind, runs that write the
+    same folder at once leave each other alone, and a folder with its last file is complete.
     """
     so = dict(storage_options or {})
-    check_new(out_dir, so, force)
-    tmp = out_dir.rstrip("/") + TMP_SUFFIX
-    with storage_errors(out_dir, so):
+    with run_folder(out_dir, so) as tmp, storage_errors(out_dir, so):
         fs, path = fsspec.core.url_to_fs(out_dir, **options_for(out_dir, so))
-        _, tmp_path = fsspec.core.url_to_fs(tmp, **options_for(out_dir, so))
-        with contextlib.suppress(FileNotFoundError):
-            fs.rm(tmp_path, recursive=True)
-        try:
-            fs.makedirs(tmp_path, exist_ok=True)
-            for name, content in files.items():
-                with open_write(f"{tmp}/{name}", so) as fh:
-                    if isinstance(content, bytes):
-                        fh.write(content)
-                    elif format == "csv":
-                        fh.write(content.to_csv(index=False).encode())
-                    else:
-                        content.to_parquet(fh, index=False)
-            if fs.exists(path):
-                fs.rm(path, recursive=True)
-            fs.makedirs(path, exist_ok=True)
-            try:
-                for name in files:
-                    fs.mv(f"{tmp_path}/{name}", f"{path}/{name}")
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    fs.rm(path, recursive=True)
-                raise
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                fs.rm(tmp_path, recursive=True)
+        staged = f"{tmp}/folder"
+        for name, content in files.items():
+            with open_write(f"{staged}/{name}", so) as fh:
+                if isinstance(content, bytes):
+                    fh.write(content)
+                elif format == "csv":
+                    fh.write(content.to_csv(index=False).encode())
+                else:
+                    content.to_parquet(fh, index=False)
+        commit_folder(fs, fsspec.core.url_to_fs(staged, **options_for(out_dir, so))[1], path, list(files))
 
 
 def is_report(url: str, storage_options: Mapping[str, Any] | None = None) -> bool:

@@ -385,7 +385,7 @@ def _verdict(step: dict[str, Any], regressions: list[dict[str, Any]], straggler:
             text += f"; rank {busy['rank']}'s computation {_pct_text(busy)}"
     else:
         text = (f"no significant change in step time ({pct:+.1f}%, within the runs' step-to-step spread of "
-                f"{noise:.1f}% and {MIN_CHANGE_PCT:g}%)")
+                f"{noise:.1f}% and the smallest change reported, {MIN_CHANGE_PCT:g}%)")
         if regressions:
             top = regressions[0]
             on = _where(top, sides) if top["rank"] == -1 else f" on rank {top['rank']}"

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..errors import RankError
-from ..storage.files import parse_json
+from ..storage.files import parse_json, retry_unreachable
 from ..cluster import batches, connect
 from ..model import DEFAULT_RANK_REGEX, InputFile
 from ..kineto.document import check_document, paused_gc
@@ -103,6 +103,7 @@ def _stats(events: list[Any], base: int | None) -> dict[str, Any]:
     }
 
 
+@retry_unreachable
 def _describe_ranks(files: list[InputFile],
                     storage_options: Mapping[str, Any] | None) -> list[tuple[int, list[dict[str, Any]]] | None]:
     """Task: describe several small files (or one big one)."""

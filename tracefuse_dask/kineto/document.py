@@ -93,7 +93,7 @@ def decode_json(data: bytes, path: str, *, rank: int | None = None, cut_gzip: bo
         if "UTF-8" in e.msg:
             raise TraceFormatError(f"{who}: not UTF-8 text near byte {e.pos} ({e.msg}); the file is damaged "
                                    "or not a trace. Re-export the trace or drop this file") from None
-        what = (" The file ends early: it was probably truncated; pass --repair to recover its complete events"
+        what = (" The file ends early: it was probably truncated; pass --repair to recover its complete events."
                 if truncated else "")
         raise TraceFormatError(f"{who}: not valid JSON at byte {e.pos}: {e.msg}.{what} Otherwise re-export the "
                                "trace or drop this file") from None

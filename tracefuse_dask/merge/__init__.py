@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import os
 import time
-import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -24,7 +23,8 @@ from ..errors import MergeError, OutputExistsError
 from ..model import MergeSummary
 from ..storage.files import options_for, storage_errors
 from ..storage.inputs import expand_inputs
-from .assemble import assemble_outputs, clean
+from ..storage.runs import run_folder
+from .assemble import assemble_outputs
 from .manifest import manifest_of, unchanged, write_manifest
 from .plan import ClockEstimate, MergeNotes, MergeRequest, build_options, plan_merge
 from .tasks import rewrite_ranks
@@ -59,9 +59,6 @@ def merge(urlpath: str | Iterable[str] | Mapping[int, str], request: MergeReques
         fs, out_path = fsspec.core.url_to_fs(out, **options_for(out, so))
         if fs.exists(out_path) and not request.force:
             raise OutputExistsError(f"{out}: the output exists; pass --force (force=True) to replace it")
-        clean(fs, out, request.tmp_root, so)  # leftovers of a crashed run
-    # A folder of its own per run: the task keys name its files, so no run reuses another's results.
-    tmp_dir = f"{request.tmp_root}/{uuid.uuid4().hex}"
     in_memory = any(url.startswith("memory://") for url in [out] + [f.path for f in files])
     report = contextlib.nullcontext()
     if performance_report:
@@ -70,29 +67,30 @@ def merge(urlpath: str | Iterable[str] | Mapping[int, str], request: MergeReques
         report = _perf(filename=performance_report)
     notes = MergeNotes()
     futures: list[Any] = []
-    try:
-        with connect(client, scheduler=scheduler, scheduler_file=scheduler_file, workers=workers,
-                     timeout=timeout, in_process=in_memory, inputs=files) as c, report:
-            if in_memory and set(c.run(os.getpid).values()) != {os.getpid()}:
-                raise MergeError("memory:// paths live in one process, but this Dask cluster runs its workers in "
-                                 "other processes; use a local path or object storage, or an in-process cluster "
-                                 "(LocalCluster(processes=False))")
-            plan = plan_merge(c, request, files, unlisted, tmp_dir, estimate, notes, futures)
-            results = rewrite_ranks(c, plan, notes, futures)
-            outputs, bytes_out = assemble_outputs(c, plan, notes, results, futures)
-    except BaseException:
-        # Only unfinished work is cancelled: a finished key that is cancelled would also
-        # cancel the same (deterministic) key of a rerun in this client.
-        for fut in futures:
-            if not fut.done():
-                fut.cancel()
-        raise
-    finally:
-        futures.clear()
-        with storage_errors(out, so):
-            clean(fs, out, request.tmp_root, so)
+    # A folder of its own per run (the task keys name its files, so no run reuses another's results), leased while
+    # the run lives, so that runs writing the same output at once leave each other's temporaries alone.
+    with run_folder(out, so) as tmp_dir:
+        try:
+            with connect(client, scheduler=scheduler, scheduler_file=scheduler_file, workers=workers,
+                         timeout=timeout, in_process=in_memory, inputs=files) as c, report:
+                if in_memory and set(c.run(os.getpid).values()) != {os.getpid()}:
+                    raise MergeError("memory:// paths live in one process, but this Dask cluster runs its workers "
+                                     "in other processes; use a local path or object storage, or an in-process "
+                                     "cluster (LocalCluster(processes=False))")
+                plan = plan_merge(c, request, files, unlisted, tmp_dir, estimate, notes, futures)
+                results = rewrite_ranks(c, plan, notes, futures)
+                outputs, bytes_out = assemble_outputs(c, plan, notes, results, futures)
+        except BaseException:
+            # Only unfinished work is cancelled: a finished key that is cancelled would also
+            # cancel the same (deterministic) key of a rerun in this client.
+            for fut in futures:
+                if not fut.done():
+                    fut.cancel()
+            raise
+        finally:
+            futures.clear()
     if manifest is not None:
-        write_manifest(out, manifest, so)
+        write_manifest(out, manifest, bytes_out, so)
     seconds = round(time.perf_counter() - started, 3)
     bytes_in = sum(r.bytes_in for r in results)
     if bytes_out > _BIG_OUTPUT:

@@ -22,14 +22,14 @@ from .._version import __version__
 from ..cluster import BATCH_RANKS
 from ..errors import OutputExistsError
 from ..model import RankResult
-from ..storage.files import options_for, storage_errors
+from ..storage.files import options_for, retry_unreachable, storage_errors
 from ..storage.inputs import relative_sources
-from ..storage.joins import MIN_PART, Piece, abort_uploads, join, plan_groups, protocol_of, write_group
-from ..storage.output import TMP_SUFFIX, gzip_member, gzip_writer, open_write, writing
+from ..storage.joins import MIN_PART, Piece, join, plan_groups, protocol_of, write_group
+from ..storage.output import gzip_member, gzip_writer, open_write, writing
 from .plan import MergeNotes, MergePlan
 from .tasks import SEP
 
-__all__ = ["PERFETTO_MANIFEST", "archive_member", "assemble_outputs", "clean", "split_name"]
+__all__ = ["PERFETTO_MANIFEST", "archive_member", "assemble_outputs", "split_name"]
 
 log = logging.getLogger("tracefuse_dask")
 
@@ -42,6 +42,7 @@ _FOOT = b"\n]}\n"
 PERFETTO_MANIFEST = "perfetto_manifest.json"
 
 
+@retry_unreachable
 def _write_group(out: str, pieces: list[Piece], dest: str, recompress: bool,
                  storage_options: Mapping[str, Any] | None) -> int:
     """Task: write consecutive pieces of the output as one object (a part of at least 5 MiB)."""
@@ -50,6 +51,7 @@ def _write_group(out: str, pieces: list[Piece], dest: str, recompress: bool,
         return write_group(fs, pieces, path, recompress)
 
 
+@retry_unreachable
 def _finish(out: str, tmp_dir: str, sources: list[str], sizes: list[int],
             storage_options: Mapping[str, Any] | None) -> int:
     """Task: make the output from its parts (server side on S3 and GCS, a rename elsewhere)."""
@@ -62,16 +64,6 @@ def _finish(out: str, tmp_dir: str, sources: list[str], sizes: list[int],
             _, tmp_path = fsspec.core.url_to_fs(tmp_dir, **options_for(out, storage_options))
             join(fs, out_path, paths, sizes, tmp_path)
         return fs.size(out_path)
-
-
-def clean(fs: Any, out: str, tmp_dir: str, so: Mapping[str, Any]) -> None:
-    """Abort unfinished multipart uploads of ``out`` and remove its temporary folder."""
-    _, out_path = fsspec.core.url_to_fs(out, **options_for(out, so))
-    _, tmp_path = fsspec.core.url_to_fs(tmp_dir, **options_for(out, so))
-    fs.invalidate_cache()  # the workers wrote the temporaries: a cached listing would miss them
-    abort_uploads(fs, out_path, tmp_path)
-    with contextlib.suppress(FileNotFoundError):
-        fs.rm(tmp_path, recursive=True)
 
 
 def _assemble(c: Client, out: str, tmp_dir: str, pieces: list[Piece], single_member: bool,
@@ -103,6 +95,7 @@ def _assemble(c: Client, out: str, tmp_dir: str, pieces: list[Piece], single_mem
     return fut.result()
 
 
+@retry_unreachable
 def _write_heads(jobs: list[tuple[str, bytes, list[tuple[int, str, int | None, tuple[str, int, int]]], bytes, bool]],
                  storage_options: Mapping[str, Any] | None) -> list[int]:
     """Task: write merged traces' headers, each to its own file; returns their sizes.
@@ -214,7 +207,6 @@ def _assemble_parts(c: Client, parts: list[tuple[str, list[RankResult]]], meta: 
             for o in written:
                 with contextlib.suppress(Exception), storage_errors(o, so):
                     fs, path = fsspec.core.url_to_fs(o, **options_for(o, so))
-                    abort_uploads(fs, path, path + TMP_SUFFIX)
                     if fs.exists(path):
                         fs.rm(path)
         raise

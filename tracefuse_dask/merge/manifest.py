@@ -43,7 +43,9 @@ def unchanged(out: str, manifest: dict[str, Any], so: Mapping[str, Any]) -> Merg
             size = fs.size(out_path)
         except (FileNotFoundError, orjson.JSONDecodeError):
             return None
-    if previous != orjson.loads(orjson.dumps(manifest)):
+    # the output's size too: runs of other inputs that overlapped may have left one's output and another's manifest
+    if not isinstance(previous, dict) or previous.pop("output_bytes", None) != size \
+            or previous != orjson.loads(orjson.dumps(manifest)):
         return None
     return MergeSummary(ranks=len(manifest["inputs"]), skipped=[], events_in=0, events_out=0, bytes_in=0,
                         bytes_out=size, seconds=0.0, mb_per_s=0.0, output=out, status="unchanged",
@@ -51,8 +53,9 @@ def unchanged(out: str, manifest: dict[str, Any], so: Mapping[str, Any]) -> Merg
                                   f"{out}{MANIFEST_SUFFIX}; nothing to do"])
 
 
-def write_manifest(out: str, manifest: dict[str, Any], so: Mapping[str, Any]) -> None:
-    """Write ``manifest`` beside the output ``out``."""
+def write_manifest(out: str, manifest: dict[str, Any], bytes_out: int, so: Mapping[str, Any]) -> None:
+    """Write ``manifest`` beside the output ``out``, of ``bytes_out`` bytes."""
     with storage_errors(out + MANIFEST_SUFFIX, so):
         fs, out_path = fsspec.core.url_to_fs(out, **options_for(out, so))
-        fs.pipe(out_path + MANIFEST_SUFFIX, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
+        fs.pipe(out_path + MANIFEST_SUFFIX, orjson.dumps({**manifest, "output_bytes": bytes_out},
+                                                         option=orjson.OPT_INDENT_2))

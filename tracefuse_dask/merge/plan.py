@@ -36,9 +36,9 @@ from ..model import (
     parse_window,
     rank_subset,
 )
-from ..storage.files import parse_json, read_header, storage_errors
+from ..storage.files import parse_json, read_header, retry_unreachable, storage_errors
 from ..storage.inputs import resolve_rank
-from ..storage.output import TMP_SUFFIX, open_write, writing
+from ..storage.output import open_write, writing
 
 __all__ = ["MergeNotes", "MergePlan", "MergeRequest", "SKIPPABLE", "build_options", "plan_merge",
            "ranges", "settle"]
@@ -106,11 +106,6 @@ class MergeRequest:
             raise MergeError(str(e)) from None
         object.__setattr__(self, "split", split or 1)
 
-    @property
-    def tmp_root(self) -> str:
-        """The folder beside the output where a run writes its temporaries."""
-        return self.out.rstrip("/") + TMP_SUFFIX
-
 
 @dataclass(frozen=True)
 class MergePlan:
@@ -121,7 +116,7 @@ class MergePlan:
 
     request: MergeRequest
     files: list[InputFile]
-    tmp_dir: str  # this run's own folder under ``request.tmp_root``
+    tmp_dir: str  # this run's own folder beside the output (``storage.runs.run_folder``)
     ranks: list[tuple[int, RankHeader]]
     world_size: int | None
     base_out: int
@@ -362,6 +357,7 @@ def settle(outcomes: list[tuple[Any, BaseException | None]], paths: list[str], r
     return kept
 
 
+@retry_unreachable
 def _read_headers(files: list[InputFile], meta_path: str, storage_options: Mapping[str, Any] | None,
                   earliest: MergeOptions | None, repair: bool) -> list[tuple[RankHeader | None, BaseException | None]]:
     """Phase A task: the headers of several files, or why a file could not be read.
@@ -454,6 +450,7 @@ def _fill_earliest(c: Client, headers: list[RankHeader], so: dict[str, Any], opt
         h.earliest_ns, h.earliest_kept_ns = got
 
 
+@retry_unreachable
 def _earliest(f: InputFile, storage_options: Mapping[str, Any] | None, earliest: MergeOptions,
               repair: bool) -> tuple[int | None, int | None]:
     """Task: a rank's earliest event, over all events and over those kept (nothing else of its header)."""

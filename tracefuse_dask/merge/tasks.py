@@ -19,7 +19,7 @@ from ..errors import MergeError
 from ..kineto.document import check_document, decode_json, paused_gc
 from ..kineto.events import RankEvents
 from ..model import RankResult, RankTask
-from ..storage.files import read_bytes, storage_errors
+from ..storage.files import read_bytes, retry_unreachable, storage_errors
 from ..storage.output import gzip_member, open_write, writing
 from .fastpath import handles, rewrite_fast
 from .plan import SKIPPABLE, MergeNotes, MergePlan, ranges, settle
@@ -32,6 +32,7 @@ log = logging.getLogger("tracefuse_dask")
 SEP = b",\n"
 
 
+@retry_unreachable
 def _rewrite_batch(tasks: list[RankTask], part_path: str, storage_options: Mapping[str, Any] | None,
                    skip: bool) -> list[tuple[RankResult | None, BaseException | None]]:
     """Phase B task: parse, filter and rewrite consecutive ranks, and write their partitions to one file.

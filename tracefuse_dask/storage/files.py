@@ -7,11 +7,14 @@ alone, because trace files are often misnamed.
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import os
 import re
+import time
 import zlib
-from collections.abc import Iterator, Mapping
-from typing import IO, Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import IO, Any, TypeVar
 
 import fsspec
 from isal import igzip
@@ -28,7 +31,10 @@ from ..kineto.document import decode_json
 from ..kineto.header import GZIP_MAGIC
 from ..kineto.header import read_header as _read_header
 
-__all__ = ["options_for", "parse_json", "read_bytes", "read_header", "read_start", "redact", "storage_errors"]
+__all__ = ["RETRY_WAITS", "S3_CONFIG", "options_for", "parse_json", "read_bytes", "read_header", "read_start", "redact",
+           "retry_unreachable", "storage_errors"]
+
+T = TypeVar("T")
 
 
 _CHUNK = 1 << 16  # what a damaged gzip stream is decompressed by
@@ -36,21 +42,49 @@ _SECRET_KEY = re.compile(r"key|secret|token|password|credential|session|signatur
 _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID", "GOOGLE_APPLICATION_CREDENTIALS")
 
 
+#: botocore's settings for S3 unless ``--storage-options`` gives ``config_kwargs`` of its own (each key wins on its
+#: own): a refused connection is tried twice (botocore's standard retry mode), a connection waits 5 s at most, an
+#: answer 60 s (botocore's default; a server-side copy of a big part takes a while). The tasks themselves retry a
+#: storage that does not answer, at fixed times (``RETRY_WAITS``), so that a run whose storage is gone ends in
+#: seconds, and a storage that restarts within them is not noticed.
+S3_CONFIG = {"connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 2, "mode": "standard"}}
+RETRY_WAITS = (1.0, 2.0)  # seconds before a task that found the storage unreachable runs again
+
+
 def options_for(url: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The fsspec options for ``url``.
+    """The fsspec options for ``url``, with ``S3_CONFIG`` for S3.
 
     ``storage_options`` is either one set for every protocol, or one per
     protocol, ``{"s3": {...}, "gs": {...}}``, for mixed inputs and outputs.
     """
     so = dict(storage_options or {})
-    if not so or not all(isinstance(v, dict) for v in so.values()):
-        return so
-    if not set(so) <= set(fsspec.available_protocols()):
-        return so
     if "::" in url:
         return so  # fsspec hands each protocol of a chained URL its own dict
     proto = fsspec.core.split_protocol(url)[0] or "file"
-    return dict(so.get(proto) or so.get(_ALIASES.get(proto, ""), {}))
+    if so and all(isinstance(v, dict) for v in so.values()) and set(so) <= set(fsspec.available_protocols()):
+        so = dict(so.get(proto) or so.get(_ALIASES.get(proto, ""), {}))
+    if proto in ("s3", "s3a"):  # a copy: botocore rewrites the retries dict it is given
+        so["config_kwargs"] = copy.deepcopy({**S3_CONFIG, **(so.get("config_kwargs") or {})})
+    return so
+
+
+def retry_unreachable(task: Callable[..., T]) -> Callable[..., T]:
+    """``task``, run again after each of ``RETRY_WAITS`` when it fails because the storage did not answer
+    (``StorageConnectionError``); the error of the last try is raised.
+
+    For task functions: each writes only its own files, so running it again is safe.
+    """
+
+    @functools.wraps(task)
+    def retried(*args: Any, **kwargs: Any) -> T:
+        for wait in RETRY_WAITS:
+            try:
+                return task(*args, **kwargs)
+            except StorageConnectionError:
+                time.sleep(wait)
+        return task(*args, **kwargs)
+
+    return retried
 
 
 def _secrets(value: Any, key: str = "") -> Iterator[str]:
@@ -88,7 +122,8 @@ def storage_errors(url: str, storage_options: Mapping[str, Any] | None = None) -
         extra = " (pip install 'tracefuse_dask[gcs]')" if url.startswith(("gs://", "gcs://")) else ""
         raise TraceFuseError(f"{url}: {e}{extra}") from None
     except FileNotFoundError:
-        raise TraceFileNotFoundError(f"{url}: no such file or object; check the path (bucket and key)") from None
+        where = " (bucket and key)" if "://" in url and not url.startswith("file://") else ""
+        raise TraceFileNotFoundError(f"{url}: no such file or object; check the path{where}") from None
     except PermissionError as e:
         raise StorageAccessError(
             f"{url}: access denied ({redact(str(e), storage_options)}); check the credentials (environment, "

@@ -126,6 +126,7 @@ def expand_inputs(
         with storage_errors(item, storage_options):
             chain, _, last = item.rpartition("::")  # list through the innermost filesystem
             fs, p = _fs_for(last, options_for(last, storage_options))
+            fs.invalidate_cache()  # fsspec keeps its instances: a listing cached by an earlier run would be stale
             if _GLOB_CHARS.search(p):
                 found = fs.glob(p, detail=True)
             elif fs.isdir(p):

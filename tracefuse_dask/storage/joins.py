@@ -24,8 +24,7 @@ from typing import Any, Union
 
 from .output import WRITE_BLOCK, gzip_writer
 
-__all__ = ["MIN_PART", "MAX_PARTS", "COMPOSE_MAX", "Piece", "plan_groups", "protocol_of", "write_group", "join",
-           "abort_uploads"]
+__all__ = ["MIN_PART", "MAX_PARTS", "COMPOSE_MAX", "Piece", "plan_groups", "protocol_of", "write_group", "join"]
 
 MIN_PART = 5 * 2**20  # S3's smallest part, but for the last one
 MAX_PARTS = 10_000  # S3's most parts in one multipart upload
@@ -170,15 +169,3 @@ def _gcs_join(fs: Any, dest: str, sources: list[str], tmp: str) -> None:
         sources, level = merged, level + 1
     fs.merge(dest, sources)
     fs.invalidate_cache(dest)
-
-
-def abort_uploads(fs: Any, dest: str, tmp: str) -> None:
-    """Abort the unfinished S3 multipart uploads of ``dest`` and of anything under ``tmp``."""
-    if protocol_of(fs) != "s3":
-        return
-    bucket, key, _ = fs.split_path(dest)
-    _, tmp_key, _ = fs.split_path(tmp)
-    listing = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=key)
-    for up in listing.get("Uploads") or []:
-        if up["Key"] == key or up["Key"].startswith(tmp_key + "/"):
-            fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=up["Key"], UploadId=up["UploadId"])

@@ -1,0 +1,279 @@
+"""Runs that write the same output at the same time: each run's own temporary folder, its lease, and the clean-up
+of what dead runs left behind.
+
+A scheduled job can start while its previous run still writes (a CronJob, a retried Slurm job, two people merging
+one bucket). Every run therefore writes under a folder of its own, ``<out>.tracefuse-tmp/<run id>/``, and keeps a
+lease beside it, ``<out>.tracefuse-tmp/<run id>.lease``: a small JSON (host, pid, start time) that it rewrites every
+``stale-after / 4`` seconds while it runs. When a run starts it removes what dead runs left behind, and only that:
+
+- a run is **alive** while its lease was written less than ``stale-after`` seconds ago (the storage's modification
+  time against this machine's clock; default 60 s, Dask config ``tracefuse.lease.stale-after``, environment
+  ``DASK_TRACEFUSE__LEASE__STALE_AFTER``), unless the lease names this host and a process id that no longer exists,
+  or this very process and a run of it that has ended (a crashed run on the same machine is dead at once);
+- the folder and lease of a dead run, and anything else under ``<out>.tracefuse-tmp/`` that no live run owns, are
+  removed; so are the unfinished S3 multipart uploads under them;
+- unfinished multipart uploads of the output itself are aborted only when no other run is alive (a live run may be
+  completing one).
+
+A run that ends, well or not, removes its own folder and lease. Each run's output appears by one atomic step (a
+rename, a completed multipart upload, a compose), so overlapping runs of the same inputs leave the same bytes, and
+of different inputs the last one to finish.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import errno
+import itertools
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import fsspec
+import fsspec.implementations.local
+import orjson
+
+from ..errors import StorageConnectionError
+from .files import options_for, storage_errors
+from .joins import protocol_of
+from .output import TMP_SUFFIX
+
+__all__ = ["LEASE_SUFFIX", "commit_folder", "run_folder", "stale_after"]
+
+LEASE_SUFFIX = ".lease"
+_STALE_AFTER = 60.0
+_LIVE: set[str] = set()  # the runs of this process that have not ended
+
+
+def stale_after() -> float:
+    """Seconds after which a lease that was not renewed is dead: Dask config ``tracefuse.lease.stale-after``."""
+    import dask.config
+
+    return float(dask.config.get("tracefuse.lease.stale-after", _STALE_AFTER))
+
+
+def _mtime(info: Mapping[str, Any]) -> float | None:
+    """A listing entry's modification time as a Unix time: ``mtime`` (local), ``LastModified`` (S3), ``updated``
+    (GCS) or ``created`` (memory)."""
+    for key in ("mtime", "LastModified", "updated", "created"):
+        value = info.get(key)
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                value = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        if isinstance(value, dt.datetime):
+            return (value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)).timestamp()
+    return None
+
+
+def _pid_gone(pid: Any) -> bool:
+    if type(pid) is not int or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _alive(fs: Any, info: Mapping[str, Any], run_id: str, limit: float) -> bool:
+    """Whether the lease ``info`` (a listing entry) of the run ``run_id`` belongs to a live run."""
+    mtime = _mtime(info)
+    if mtime is None or time.time() - mtime > limit:
+        return False
+    try:
+        lease = orjson.loads(fs.cat(info["name"]))
+    except FileNotFoundError:
+        return False
+    except (orjson.JSONDecodeError, OSError):
+        return True  # caught while its run rewrites it: that run is alive
+    if not isinstance(lease, dict) or lease.get("host") != socket.gethostname():
+        return True
+    if lease.get("pid") == os.getpid():  # a run of this process (a notebook's, a script's) lives while it runs
+        return run_id in _LIVE
+    return not _pid_gone(lease.get("pid"))
+
+
+def _clean_dead(fs: Any, out_path: str, root: str, me: str, limit: float) -> None:
+    """Remove what dead runs left under ``root``; abort the output's own unfinished uploads if no other run lives."""
+    fs.invalidate_cache()  # other runs and the workers wrote here: a cached listing would miss them
+    try:
+        entries = fs.ls(root, detail=True)
+    except FileNotFoundError:
+        entries = []
+    names = {e["name"].rstrip("/").rsplit("/", 1)[-1]: e for e in entries}
+    live = {run for name, e in names.items() if name.endswith(LEASE_SUFFIX)
+            and ((run := name[: -len(LEASE_SUFFIX)]) == me or _alive(fs, e, run, limit))}
+    for name, e in names.items():
+        if name.removesuffix(LEASE_SUFFIX) not in live:
+            _remove(fs, e["name"])
+    if protocol_of(fs) != "s3":
+        return
+    bucket, key, _ = fs.split_path(out_path)
+    _, root_key, _ = fs.split_path(root)
+    listing = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=key)
+    for up in listing.get("Uploads") or []:
+        if up["Key"] == key:
+            dead = not (live - {me})
+        else:
+            dead = up["Key"].startswith(root_key + "/") and up["Key"][len(root_key) + 1:].split("/")[0] not in live
+        if dead:
+            fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=up["Key"], UploadId=up["UploadId"])
+
+
+def _put(fs: Any, path: str, data: bytes) -> None:
+    """Write ``data`` to ``path``, making its folder first where folders exist (another run that ended may have
+    just removed it)."""
+    for attempt in range(3):
+        with contextlib.suppress(PermissionError):  # as fsspec.open does for writing
+            fs.makedirs(fs._parent(path), exist_ok=True)
+        try:
+            fs.pipe(path, data)
+            return
+        except FileNotFoundError:  # the folder went between the two calls
+            if attempt == 2:
+                raise
+
+
+def _remove(fs: Any, path: str) -> None:
+    """Remove a file, or a folder and all it holds, if it is there; on S3 also the folder's own entry, which some
+    servers keep when it is empty (SeaweedFS lists it until a key ``<folder>/`` is deleted)."""
+    with contextlib.suppress(FileNotFoundError):
+        fs.rm(path, recursive=True)
+    if protocol_of(fs) == "s3" and not path.endswith(LEASE_SUFFIX):
+        fs.invalidate_cache(path)
+        for folder in [*_folders(fs, path), path]:  # the deepest first: a folder with a folder in it stays
+            bucket, key, _ = fs.split_path(folder)
+            fs.call_s3("delete_object", Bucket=bucket, Key=key.rstrip("/") + "/")
+
+
+def _folders(fs: Any, path: str) -> list[str]:
+    """The (empty) folders under ``path``, the deepest first."""
+    try:
+        entries = fs.ls(path, detail=True)
+    except FileNotFoundError:
+        return []
+    return [f for e in entries if e["type"] == "directory" for f in (*_folders(fs, e["name"]), e["name"])]
+
+
+def _remove_if_empty(fs: Any, folder: str) -> None:
+    """Remove ``folder`` if nothing is in it: never what another run has just put there."""
+    if protocol_of(fs) == "s3":
+        bucket, key, _ = fs.split_path(folder)
+        fs.call_s3("delete_object", Bucket=bucket, Key=key.rstrip("/") + "/")  # servers keep a folder with keys
+    elif protocol_of(fs) == "other":
+        with contextlib.suppress(OSError):  # another run's lease or folder is in it
+            fs.rmdir(folder)
+
+
+def _abort_own(fs: Any, folder: str) -> None:
+    """Abort the unfinished S3 multipart uploads under this run's own folder."""
+    if protocol_of(fs) != "s3":
+        return
+    bucket, key, _ = fs.split_path(folder)
+    for up in fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=key + "/").get("Uploads") or []:
+        fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=up["Key"], UploadId=up["UploadId"])
+
+
+@contextlib.contextmanager
+def run_folder(out: str, storage_options: Mapping[str, Any] | None) -> Iterator[str]:
+    """This run's own temporary folder beside ``out`` (a URL), leased while the block runs.
+
+    On entry: write the lease, remove what dead runs left (see the module's docstring), start renewing the lease.
+    On exit: stop renewing, remove the folder and the lease, and again what dead runs left (the tasks of a run that
+    failed may go on writing for a while), unless the storage stopped answering (then the next run does).
+
+    Parameters
+    ----------
+    out
+        The output (file or folder) whose temporaries these are.
+    storage_options
+        fsspec options, as ``options_for`` takes them.
+
+    Yields
+    ------
+    str
+        The folder's URL, ``<out>.tracefuse-tmp/<run id>``; it is not created (object stores have no folders).
+    """
+    so = dict(storage_options or {})
+    run_id = uuid.uuid4().hex
+    root_url = out.rstrip("/") + TMP_SUFFIX
+    limit = stale_after()
+    body = orjson.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                         "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "output": out})
+    with storage_errors(out, so):
+        fs, out_path = fsspec.core.url_to_fs(out, **options_for(out, so))
+        root = fs._strip_protocol(fsspec.core.url_to_fs(root_url, **options_for(out, so))[1])
+    lease = f"{root}/{run_id}{LEASE_SUFFIX}"
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(limit / 4):
+            with contextlib.suppress(Exception):  # a storage that stopped answering fails the run itself
+                _put(fs, lease, body)
+
+    renewer = threading.Thread(target=renew, name="tracefuse-lease", daemon=True)
+    _LIVE.add(run_id)
+    unreachable = False
+    try:
+        with storage_errors(out, so):
+            _put(fs, lease, body)
+            _clean_dead(fs, out_path, root, run_id, limit)
+        renewer.start()
+        yield f"{root_url}/{run_id}"
+    except StorageConnectionError:
+        unreachable = True
+        raise
+    finally:
+        stop.set()
+        _LIVE.discard(run_id)
+        if not unreachable:
+            if renewer.is_alive():
+                renewer.join(5)
+            # a storage that stops answering now leaves the clean-up to the next run, and fails nothing that ended
+            with contextlib.suppress(StorageConnectionError), storage_errors(out, so):
+                fs.invalidate_cache()
+                _abort_own(fs, f"{root}/{run_id}")
+                _remove(fs, f"{root}/{run_id}")
+                _remove(fs, lease)
+                # again what dead runs left: the tasks of a run that failed may have written after this one began
+                _clean_dead(fs, out_path, root, run_id, limit)
+                _remove_if_empty(fs, root)
+                fs.invalidate_cache()  # what was listed here is gone
+
+
+def commit_folder(fs: Any, staged: str, path: str, names: list[str]) -> None:
+    """Put the folder ``staged`` (this run's, holding ``names``) in the place of the folder ``path``.
+
+    On a local disk the folder is renamed into place, and a folder already there (an older report, or a run that
+    finished first) is first renamed into ``staged``'s parent, so ``path`` is at every moment absent or a whole
+    folder. Object stores have no folders to rename: the files are moved in the order of ``names`` after the old
+    last one is removed (the last file marks a complete folder, ``summary.json`` for a report), then files that
+    are not in ``names`` are removed.
+    """
+    if isinstance(fs, fsspec.implementations.local.LocalFileSystem):
+        fs.makedirs(fs._parent(path), exist_ok=True)
+        for k in itertools.count():
+            try:
+                os.rename(staged, path)
+                return
+            except OSError as e:
+                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+                    raise
+            with contextlib.suppress(FileNotFoundError):  # another run moved it away first
+                os.rename(path, f"{fs._parent(staged)}/replaced-{k}")
+    with contextlib.suppress(FileNotFoundError):
+        fs.rm(f"{path}/{names[-1]}")
+    for name in names:
+        fs.mv(f"{staged}/{name}", f"{path}/{name}")
+    fs.invalidate_cache(path)
+    for extra in set(fs.ls(path, detail=False)) - {fs._strip_protocol(f"{path}/{name}") for name in names}:
+        with contextlib.suppress(FileNotFoundError):
+            fs.rm(extra, recursive=True)
