@@ -138,6 +138,7 @@ def _leftovers_s3(fs, bucket: str) -> list:
 
 SCENARIOS = [
     *(pytest.param(2, [0.0, gap], False, id=f"2-runs-{gap:g}s-apart-fresh") for gap in GAPS),
+    pytest.param(2, [0.0, 0.5], True, id="2-runs-0.5s-apart-force-over-an-existing-output"),
     pytest.param(4, GAPS, False, id="4-runs-fresh"),
     pytest.param(4, GAPS, True, id="4-runs-force-over-an-existing-output"),
 ]
@@ -163,6 +164,7 @@ def test_overlapping_merges_on_local_disk(n, gaps, force, job, reference, tmp_pa
 
 @pytest.mark.parametrize("n, gaps, force", [
     pytest.param(2, [0.0, 1.0], False, id="2-runs-1s-apart-fresh"),
+    pytest.param(2, [0.0, 0.0], True, id="2-runs-at-once-force-over-an-existing-output"),
     pytest.param(4, GAPS, False, id="4-runs-fresh"),
     pytest.param(4, GAPS, True, id="4-runs-force-over-an-existing-output"),
 ])
@@ -351,6 +353,64 @@ def test_a_lease_renewed_on_another_host_is_alive_until_it_is_stale(tmp_path):
     assert not root.exists()
 
 
+@pytest.mark.parametrize("lease, age, alive", [
+    pytest.param({"host": "another-host", "pid": 1}, 10, True, id="another-host-fresh"),
+    pytest.param({"host": "another-host", "pid": 1}, 31, False, id="another-host-stale"),
+    pytest.param({"host": "another-host", "pid": 1, "stale_after": 600}, 100, True,
+                 id="its-own-longer-stale-age-counts"),
+    pytest.param({"host": "HERE", "space": "another-machine/1", "pid": 4_000_000}, 10, True,
+                 id="this-host-name-another-pid-namespace"),
+    pytest.param({"host": "HERE", "space": "HERE", "pid": 4_000_000}, 10, False, id="this-machine-a-gone-process"),
+    pytest.param({"host": "HERE", "space": "HERE", "pid": "ME"}, 10, False, id="this-process-an-ended-run"),
+])
+def test_a_lease_is_alive_by_its_age_on_the_storage_s_clock_and_by_its_process(lease, age, alive, tmp_path,
+                                                                               monkeypatch):
+    """A lease is judged by its age on the storage's clock (this machine's is an hour fast here), against the larger
+    of this run's stale age (30 s) and its own; by its process only where its host name and pid namespace are
+    this machine's (a container with the host's network shares the name, not the processes)."""
+    import socket
+
+    import dask
+
+    from tracefuse_dask.storage import runs
+
+    here = {"HERE": socket.gethostname()}
+    lease = {k: here.get(v, v) if k == "host" else runs._process_space() if v == "HERE" else
+             os.getpid() if v == "ME" else v for k, v in lease.items()}
+    out = tmp_path / "m.json"
+    root = tmp_path / "m.json.tracefuse-tmp"
+    root.mkdir()
+    (root / "feedface.lease").write_bytes(orjson.dumps(lease))
+    (root / "feedface").mkdir()
+    then = time.time() - age
+    os.utime(root / "feedface.lease", (then, then))
+    fast = time.time
+    monkeypatch.setattr(runs.time, "time", lambda: fast() + 3600)
+    with dask.config.set({"tracefuse.lease.stale-after": 30}), runs.run_folder(str(out), None):
+        assert (root / "feedface").exists() is alive and (root / "feedface.lease").exists() is alive
+
+
+def test_a_folder_key_and_a_live_run_on_s3_are_left_alone(job, s3, bucket_name):
+    """A key "<out>.tracefuse-tmp/" (what S3 consoles write for a folder, listed by s3fs as an entry) is not a dead
+    run's leftover: a run that found it removed every live run's folder."""
+    from tracefuse_dask.storage.runs import run_folder
+
+    s3.bucket(bucket_name)
+    fs = s3.fs()
+    for p in sorted(job.iterdir()):
+        fs.put(str(p), f"{bucket_name}/in/{p.name}")
+    out = f"s3://{bucket_name}/out/merged.json.gz"
+    fs.call_s3("put_object", Bucket=bucket_name, Key="out/merged.json.gz.tracefuse-tmp/", Body=b"")
+    with run_folder(out, s3.options) as live:
+        fs.pipe(f"{live.removeprefix('s3://')}/part-00000000.json", b"a live run's partition")
+        cmd = ["merge", f"s3://{bucket_name}/in/", "-o", out, "-q", "--workers", "1", "--storage-options",
+               json.dumps(s3.options)]
+        done = tracefuse(*cmd)
+        assert done.wait(300) == 0, done.stderr.read()
+        fs.invalidate_cache()
+        assert fs.cat(f"{live.removeprefix('s3://')}/part-00000000.json") == b"a live run's partition"
+
+
 def test_a_crashed_run_s_leftovers_on_s3_are_cleaned_by_the_next_run(job, reference, s3, bucket_name):
     s3.bucket(bucket_name)
     fs = s3.fs()
@@ -430,6 +490,25 @@ def test_a_storage_server_killed_mid_merge_ends_the_run_in_seconds(own_s3, job, 
     assert tracefuse("merge", str(job), "-o", str(local), "-q", "--workers", "1").wait(300) == 0
     fs.invalidate_cache()
     assert hashlib.sha256(fs.cat("traces/out/merged.json")).digest() == hashlib.sha256(local.read_bytes()).digest()
+
+
+def test_an_input_storage_that_goes_away_leaves_no_local_temporaries(own_s3, tmp_path):
+    """From S3 to a local disk: the storage that went away is the input's, so the run still removes its own
+    temporaries from the output's disk."""
+    out = tmp_path / "out" / "merged.json"
+    out.parent.mkdir()
+    proc = tracefuse("merge", "s3://traces/in/", "-o", str(out), "-q", "--workers", "2", "--storage-options",
+                     json.dumps(own_s3.options))
+    deadline = time.monotonic() + 120
+    while not any((tmp_path / "out").glob("*.tracefuse-tmp/*/part-*")):
+        assert proc.poll() is None and time.monotonic() < deadline, "the merge ended before the server went away"
+        time.sleep(0.02)
+    own_s3.proc.kill()
+    own_s3.proc.wait()
+    own_s3.proc = None
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and "cannot reach the storage" in err and "s3://traces/in/" in err, err
+    assert list(out.parent.iterdir()) == []
 
 
 def test_a_storage_server_restarted_mid_merge_is_not_noticed(own_s3, job, tmp_path):

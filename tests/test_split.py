@@ -9,7 +9,7 @@ import pytest
 from perfetto_rules import assert_perfetto_rules, load_exact
 from tracefuse_dask import MergeError, OutputExistsError, merge_traces
 from tracefuse_dask.cli import main
-from tracefuse_dask.merge.assemble import split_name
+from tracefuse_dask.storage.output import is_output_part, split_name
 from tracefuse_dask.synth import write_example
 
 
@@ -18,7 +18,10 @@ from tracefuse_dask.synth import write_example
     ("m.gz", "m.ranks-007-015.gz"), ("merged", "merged.ranks-007-015"),
 ])
 def test_split_names(out, name):
+    """A part's name, and that it is known as one of its output's (the uploads a run aborts of a dead run's)."""
     assert split_name(out, 7, 15, 3) == name
+    assert is_output_part(out, name) and is_output_part(out, out)
+    assert not is_output_part(out, "x" + name) and not is_output_part(out, name.replace("ranks-", "rank-"))
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """Object storage: merges from and to real S3 (SeaweedFS) and GCS (fake-gcs-server) servers on 127.0.0.1."""
 from __future__ import annotations
 
+import datetime as dt
 import errno
 import json
 import os
@@ -105,6 +106,19 @@ _BOUNDED = {"config_kwargs": {"connect_timeout": 5, "read_timeout": 60,
 def test_options_for(url, so, expected):
     """S3 gets bounded timeouts and retries (storage.files.S3_CONFIG), each of which --storage-options overrides."""
     assert options_for(url, so) == expected
+
+
+@pytest.mark.parametrize("entry, expected", [
+    pytest.param({"mtime": 1795709123.5}, 1795709123.5, id="local"),
+    pytest.param({"LastModified": dt.datetime(2026, 11, 26, 16, 5, 23, 500000, tzinfo=dt.timezone.utc)},
+                 1795709123.5, id="s3"),
+    pytest.param({"updated": "2026-11-26T16:05:23.500000Z"}, 1795709123.5, id="gcs-text"),
+    pytest.param({"name": "x"}, None, id="none"),
+])
+def test_a_lease_s_age_comes_from_each_storage_s_listing(entry, expected):
+    from tracefuse_dask.storage.runs import _mtime
+
+    assert _mtime(entry) == expected
 
 
 def test_redact_hides_credentials():
@@ -356,11 +370,13 @@ def test_stale_multipart_uploads_and_temporaries_are_cleaned(s3, bucket_name, ex
     s3.bucket(bucket_name)
     fs = s3.fs()
     _upload(fs, example, f"{bucket_name}/in")
-    fs.call_s3("create_multipart_upload", Bucket=bucket_name, Key="out/m.json")
+    for key in ("out/m.json", "out/m.ranks-000-001.json", "out/other.json"):  # a --split part's too
+        fs.call_s3("create_multipart_upload", Bucket=bucket_name, Key=key)
     fs.pipe(f"{bucket_name}/out/m.json.tracefuse-tmp/part-00000001.json", b"stale")
     merge_traces(f"s3://{bucket_name}/in/", f"s3://{bucket_name}/out/m.json", storage_options=s3.options,
                  client=client)
-    assert not fs.call_s3("list_multipart_uploads", Bucket=bucket_name).get("Uploads")
+    left = fs.call_s3("list_multipart_uploads", Bucket=bucket_name).get("Uploads") or []
+    assert [up["Key"] for up in left] == ["out/other.json"]  # another output's upload is not this run's to abort
     assert _leftovers(fs, bucket_name) == []
 
 

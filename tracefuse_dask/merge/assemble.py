@@ -25,11 +25,11 @@ from ..model import RankResult
 from ..storage.files import options_for, retry_unreachable, storage_errors
 from ..storage.inputs import relative_sources
 from ..storage.joins import MIN_PART, Piece, join, plan_groups, protocol_of, write_group
-from ..storage.output import gzip_member, gzip_writer, open_write, writing
+from ..storage.output import gzip_member, gzip_writer, open_write, split_name, writing
 from .plan import MergeNotes, MergePlan
 from .tasks import SEP
 
-__all__ = ["PERFETTO_MANIFEST", "archive_member", "assemble_outputs", "split_name"]
+__all__ = ["PERFETTO_MANIFEST", "archive_member", "assemble_outputs"]
 
 log = logging.getLogger("tracefuse_dask")
 
@@ -132,14 +132,6 @@ def _write_heads(jobs: list[tuple[str, bytes, list[tuple[int, str, int | None, t
         if src is not None:
             src.close()
     return sizes
-
-
-def split_name(out: str, first: int, last: int, width: int) -> str:
-    """The part of ``out`` with ranks ``first`` to ``last``: ``m.json.gz`` gives ``m.ranks-000-127.json.gz``."""
-    for ext in (".json.gz", ".json", ".gz"):
-        if out.endswith(ext):
-            return f"{out[:-len(ext)]}.ranks-{first:0{width}d}-{last:0{width}d}{ext}"
-    return f"{out}.ranks-{first:0{width}d}-{last:0{width}d}"
 
 
 def _split_parts(out: str, results: list[RankResult], lasts: list[int]) -> list[tuple[str, list[RankResult]]]:

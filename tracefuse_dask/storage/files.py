@@ -43,10 +43,11 @@ _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID"
 
 
 #: botocore's settings for S3 unless ``--storage-options`` gives ``config_kwargs`` of its own (each key wins on its
-#: own): a refused connection is tried twice (botocore's standard retry mode), a connection waits 5 s at most, an
-#: answer 60 s (botocore's default; a server-side copy of a big part takes a while). The tasks themselves retry a
-#: storage that does not answer, at fixed times (``RETRY_WAITS``), so that a run whose storage is gone ends in
-#: seconds, and a storage that restarts within them is not noticed.
+#: own): a failed request is retried twice, three tries in all (botocore's standard retry mode, whose
+#: ``max_attempts`` counts the retries), a connection waits 5 s at most, an answer 60 s (botocore's default; a
+#: server-side copy of a big part takes a while). The tasks themselves retry a storage that does not answer, at
+#: fixed times (``RETRY_WAITS``), so that a run whose storage is gone ends in seconds, and a storage that restarts
+#: within them is not noticed.
 S3_CONFIG = {"connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 2, "mode": "standard"}}
 RETRY_WAITS = (1.0, 2.0)  # seconds before a task that found the storage unreachable runs again
 

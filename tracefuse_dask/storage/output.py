@@ -3,6 +3,7 @@ written with fixed settings so that the bytes are deterministic."""
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator, Mapping
 from typing import IO, Any
 
@@ -12,8 +13,8 @@ from isal import igzip
 from ..errors import OutputWriteError, TraceFuseError
 from .files import options_for
 
-__all__ = ["GZIP_LEVEL", "MANIFEST_SUFFIX", "TMP_SUFFIX", "WRITE_BLOCK", "gzip_member", "gzip_writer", "open_write",
-           "writing"]
+__all__ = ["GZIP_LEVEL", "MANIFEST_SUFFIX", "TMP_SUFFIX", "WRITE_BLOCK", "gzip_member", "gzip_writer",
+           "is_output_part", "open_write", "split_name", "writing"]
 
 
 TMP_SUFFIX = ".tracefuse-tmp"
@@ -22,6 +23,26 @@ GZIP_LEVEL = 1  # isal level: fast, and fixed so the bytes are deterministic
 # What a task writing an object buffers before it uploads a part: s3fs's default, 50 MiB, held ~100 MiB of
 # RSS per task while a 34 MB partition was written (7-22 MiB with this, S3's smallest part).
 WRITE_BLOCK = 5 * 2**20
+
+
+def split_name(out: str, first: int, last: int, width: int) -> str:
+    """The ``--split`` part of ``out`` with ranks ``first`` to ``last``: ``m.json.gz`` gives
+    ``m.ranks-000-127.json.gz``."""
+    stem, ext = _stem(out)
+    return f"{stem}.ranks-{first:0{width}d}-{last:0{width}d}{ext}"
+
+
+def is_output_part(out: str, name: str) -> bool:
+    """Whether ``name`` is ``out`` or one of its ``--split`` parts (``split_name``)."""
+    stem, ext = _stem(out)
+    return name == out or re.fullmatch(rf"{re.escape(stem)}\.ranks-\d+-\d+{re.escape(ext)}", name) is not None
+
+
+def _stem(out: str) -> tuple[str, str]:
+    for ext in (".json.gz", ".json", ".gz"):
+        if out.endswith(ext):
+            return out[: -len(ext)], ext
+    return out, ""
 
 
 def gzip_member(data: bytes) -> bytes:

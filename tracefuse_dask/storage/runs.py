@@ -25,6 +25,7 @@ import contextlib
 import datetime as dt
 import errno
 import itertools
+import logging
 import os
 import socket
 import threading
@@ -38,27 +39,40 @@ import fsspec.implementations.local
 import orjson
 
 from ..errors import StorageConnectionError
-from .files import options_for, storage_errors
+from .files import options_for, redact, storage_errors
 from .joins import protocol_of
-from .output import TMP_SUFFIX
+from .output import TMP_SUFFIX, is_output_part
 
 __all__ = ["LEASE_SUFFIX", "commit_folder", "run_folder", "stale_after"]
 
+log = logging.getLogger("tracefuse_dask")
+
 LEASE_SUFFIX = ".lease"
 _STALE_AFTER = 60.0
+_MIN_STALE_AFTER = 2.0
 _LIVE: set[str] = set()  # the runs of this process that have not ended
 
 
 def stale_after() -> float:
-    """Seconds after which a lease that was not renewed is dead: Dask config ``tracefuse.lease.stale-after``."""
+    """Seconds after which a lease that was not renewed is dead: Dask config ``tracefuse.lease.stale-after``
+    (at least ``_MIN_STALE_AFTER``)."""
     import dask.config
 
-    return float(dask.config.get("tracefuse.lease.stale-after", _STALE_AFTER))
+    return max(_MIN_STALE_AFTER, float(dask.config.get("tracefuse.lease.stale-after", _STALE_AFTER)))
+
+
+def _process_space() -> str | None:
+    """What tells this machine's processes from another's that shares its host name (a container with the host's
+    network, a pod with ``hostNetwork``): the boot id and the process-id namespace; None where they are unknown."""
+    with contextlib.suppress(OSError):
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f"{f.read().strip()}/{os.stat('/proc/self/ns/pid').st_ino}"
+    return None
 
 
 def _mtime(info: Mapping[str, Any]) -> float | None:
-    """A listing entry's modification time as a Unix time: ``mtime`` (local), ``LastModified`` (S3), ``updated``
-    (GCS) or ``created`` (memory)."""
+    """A listing entry's modification time as a Unix time: ``mtime`` (local, GCS), ``LastModified`` (S3),
+    ``updated`` (GCS as text) or ``created`` (memory)."""
     for key in ("mtime", "LastModified", "updated", "created"):
         value = info.get(key)
         if isinstance(value, (int, float)):
@@ -83,34 +97,48 @@ def _pid_gone(pid: Any) -> bool:
     return False
 
 
-def _alive(fs: Any, info: Mapping[str, Any], run_id: str, limit: float) -> bool:
-    """Whether the lease ``info`` (a listing entry) of the run ``run_id`` belongs to a live run."""
-    mtime = _mtime(info)
-    if mtime is None or time.time() - mtime > limit:
-        return False
+def _alive(fs: Any, info: Mapping[str, Any], run_id: str, now: float, limit: float) -> bool:
+    """Whether the lease ``info`` (a listing entry) of the run ``run_id`` belongs to a live run, at the storage's
+    time ``now``. Its age counts against the larger of ``limit`` and the limit its run wrote in it; a lease of
+    this machine and process-id namespace is also judged by its process, and one of this process by its run."""
     try:
         lease = orjson.loads(fs.cat(info["name"]))
     except FileNotFoundError:
         return False
     except (orjson.JSONDecodeError, OSError):
         return True  # caught while its run rewrites it: that run is alive
-    if not isinstance(lease, dict) or lease.get("host") != socket.gethostname():
-        return True
-    if lease.get("pid") == os.getpid():  # a run of this process (a notebook's, a script's) lives while it runs
+    if not isinstance(lease, dict):
+        lease = {}
+    space = _process_space()
+    here = lease.get("host") == socket.gethostname() and space is not None and lease.get("space") == space
+    if here and lease.get("pid") == os.getpid():  # a run of this process (a notebook's) lives while it runs
         return run_id in _LIVE
-    return not _pid_gone(lease.get("pid"))
+    if here and _pid_gone(lease.get("pid")):
+        return False
+    mtime = _mtime(info)
+    if mtime is None:
+        with contextlib.suppress(Exception):  # a filesystem that lists no time may still tell it
+            mtime = _mtime({"mtime": fs.modified(info["name"])})
+    written = lease.get("stale_after")
+    return mtime is None or now - mtime <= max(limit, written if isinstance(written, (int, float)) else 0)
 
 
 def _clean_dead(fs: Any, out_path: str, root: str, me: str, limit: float) -> None:
-    """Remove what dead runs left under ``root``; abort the output's own unfinished uploads if no other run lives."""
+    """Remove what dead runs left under ``root``; abort the output's own unfinished uploads (or its ``--split``
+    parts') if no other run lives."""
     fs.invalidate_cache()  # other runs and the workers wrote here: a cached listing would miss them
     try:
         entries = fs.ls(root, detail=True)
     except FileNotFoundError:
         entries = []
-    names = {e["name"].rstrip("/").rsplit("/", 1)[-1]: e for e in entries}
+    # a listing may hold the folder itself, as a key "<root>/" that a tool wrote (s3fs lists it): never removed
+    names = {e["name"].rstrip("/").rsplit("/", 1)[-1]: e for e in entries
+             if fs._strip_protocol(e["name"]).rstrip("/") != root.rstrip("/")}
+    mine = names.get(me + LEASE_SUFFIX)
+    now = _mtime(mine) if mine is not None else None  # the storage's clock, not this machine's
+    now = time.time() if now is None else now
     live = {run for name, e in names.items() if name.endswith(LEASE_SUFFIX)
-            and ((run := name[: -len(LEASE_SUFFIX)]) == me or _alive(fs, e, run, limit))}
+            and ((run := name[: -len(LEASE_SUFFIX)]) == me or _alive(fs, e, run, now, limit))}
     for name, e in names.items():
         if name.removesuffix(LEASE_SUFFIX) not in live:
             _remove(fs, e["name"])
@@ -118,14 +146,28 @@ def _clean_dead(fs: Any, out_path: str, root: str, me: str, limit: float) -> Non
         return
     bucket, key, _ = fs.split_path(out_path)
     _, root_key, _ = fs.split_path(root)
-    listing = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=key)
+    folder = key.rpartition("/")[0]
+    listing = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=f"{folder}/" if folder else "")
     for up in listing.get("Uploads") or []:
-        if up["Key"] == key:
+        if is_output_part(key, up["Key"]):
             dead = not (live - {me})
         else:
             dead = up["Key"].startswith(root_key + "/") and up["Key"][len(root_key) + 1:].split("/")[0] not in live
         if dead:
             fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=up["Key"], UploadId=up["UploadId"])
+
+
+def _on_storage_of(message: str, out: str) -> bool:
+    """Whether the storage an error names (``<url>: cannot reach the storage ...``) is the one ``out`` lives on:
+    its protocol, and its bucket on object storage."""
+    url = message.split(": ", 1)[0]
+
+    def where(u: str) -> tuple[str, str]:
+        protocol, path = fsspec.core.split_protocol(u.rpartition("::")[2])
+        protocol = protocol or "file"
+        return protocol, "" if protocol in ("file", "local") else path.split("/", 1)[0]
+
+    return where(url) == where(out)
 
 
 def _put(fs: Any, path: str, data: bytes) -> None:
@@ -206,8 +248,9 @@ def run_folder(out: str, storage_options: Mapping[str, Any] | None) -> Iterator[
     run_id = uuid.uuid4().hex
     root_url = out.rstrip("/") + TMP_SUFFIX
     limit = stale_after()
-    body = orjson.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                         "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "output": out})
+    body = orjson.dumps({"host": socket.gethostname(), "space": _process_space(), "pid": os.getpid(),
+                         "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                         "stale_after": limit, "output": out})
     with storage_errors(out, so):
         fs, out_path = fsspec.core.url_to_fs(out, **options_for(out, so))
         root = fs._strip_protocol(fsspec.core.url_to_fs(root_url, **options_for(out, so))[1])
@@ -218,6 +261,8 @@ def run_folder(out: str, storage_options: Mapping[str, Any] | None) -> Iterator[
         while not stop.wait(limit / 4):
             with contextlib.suppress(Exception):  # a storage that stopped answering fails the run itself
                 _put(fs, lease, body)
+                if stop.is_set():  # the run ended while this was written: what it removed must stay removed
+                    _remove(fs, lease)
 
     renewer = threading.Thread(target=renew, name="tracefuse-lease", daemon=True)
     _LIVE.add(run_id)
@@ -228,8 +273,8 @@ def run_folder(out: str, storage_options: Mapping[str, Any] | None) -> Iterator[
             _clean_dead(fs, out_path, root, run_id, limit)
         renewer.start()
         yield f"{root_url}/{run_id}"
-    except StorageConnectionError:
-        unreachable = True
+    except StorageConnectionError as e:
+        unreachable = _on_storage_of(str(e), out)
         raise
     finally:
         stop.set()
@@ -237,8 +282,7 @@ def run_folder(out: str, storage_options: Mapping[str, Any] | None) -> Iterator[
         if not unreachable:
             if renewer.is_alive():
                 renewer.join(5)
-            # a storage that stops answering now leaves the clean-up to the next run, and fails nothing that ended
-            with contextlib.suppress(StorageConnectionError), storage_errors(out, so):
+            try:
                 fs.invalidate_cache()
                 _abort_own(fs, f"{root}/{run_id}")
                 _remove(fs, f"{root}/{run_id}")
@@ -247,6 +291,9 @@ def run_folder(out: str, storage_options: Mapping[str, Any] | None) -> Iterator[
                 _clean_dead(fs, out_path, root, run_id, limit)
                 _remove_if_empty(fs, root)
                 fs.invalidate_cache()  # what was listed here is gone
+            except Exception as e:  # noqa: BLE001 - the run's own outcome stands; the next run cleans up
+                log.warning("%s: could not remove this run's temporaries (%s); the next run will",
+                            root_url, redact(str(e), so))
 
 
 def commit_folder(fs: Any, staged: str, path: str, names: list[str]) -> None:
