@@ -141,7 +141,7 @@ def _clean_dead(fs: Any, out_path: str, root: str, me: str, limit: float) -> Non
             and ((run := name[: -len(LEASE_SUFFIX)]) == me or _alive(fs, e, run, now, limit))}
     for name, e in names.items():
         if name.removesuffix(LEASE_SUFFIX) not in live:
-            _remove(fs, e["name"])
+            _quietly(_remove, fs, e["name"])
     if protocol_of(fs) != "s3":
         return
     bucket, key, _ = fs.split_path(out_path)
@@ -154,7 +154,16 @@ def _clean_dead(fs: Any, out_path: str, root: str, me: str, limit: float) -> Non
         else:
             dead = up["Key"].startswith(root_key + "/") and up["Key"][len(root_key) + 1:].split("/")[0] not in live
         if dead:
-            fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=up["Key"], UploadId=up["UploadId"])
+            _quietly(fs.call_s3, "abort_multipart_upload", Bucket=bucket, Key=up["Key"], UploadId=up["UploadId"])
+
+
+def _quietly(step: Any, *args: Any, **kwargs: Any) -> None:
+    """One step of removing a dead run's leftovers: another run may be removing the same ones (the second abort
+    of an upload fails), and what is left is removed by the next run; it never fails this one."""
+    try:
+        step(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001
+        log.debug("left for the next run: %s", e)
 
 
 def _on_storage_of(message: str, out: str) -> bool:
@@ -281,19 +290,18 @@ def run_folder(out: str, storage_options: Mapping[str, Any] | None) -> Iterator[
         _LIVE.discard(run_id)
         if not unreachable:
             if renewer.is_alive():
-                renewer.join(5)
-            try:
-                fs.invalidate_cache()
-                _abort_own(fs, f"{root}/{run_id}")
-                _remove(fs, f"{root}/{run_id}")
-                _remove(fs, lease)
-                # again what dead runs left: the tasks of a run that failed may have written after this one began
-                _clean_dead(fs, out_path, root, run_id, limit)
-                _remove_if_empty(fs, root)
-                fs.invalidate_cache()  # what was listed here is gone
-            except Exception as e:  # noqa: BLE001 - the run's own outcome stands; the next run cleans up
-                log.warning("%s: could not remove this run's temporaries (%s); the next run will",
-                            root_url, redact(str(e), so))
+                renewer.join(30)  # a lease it writes after this run removed it would outlive the run
+            fs.invalidate_cache()
+            for step, path in ((_abort_own, f"{root}/{run_id}"), (_remove, f"{root}/{run_id}"), (_remove, lease)):
+                try:
+                    step(fs, path)
+                except Exception as e:  # noqa: BLE001 - the run's own outcome stands; the next run cleans up
+                    log.warning("%s: could not remove this run's temporaries (%s); the next run will",
+                                root_url, redact(str(e), so))
+            # again what dead runs left: the tasks of a run that failed may have written after this one began
+            _quietly(_clean_dead, fs, out_path, root, run_id, limit)
+            _quietly(_remove_if_empty, fs, root)
+            fs.invalidate_cache()  # what was listed here is gone
 
 
 def commit_folder(fs: Any, staged: str, path: str, names: list[str]) -> None:
