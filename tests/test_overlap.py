@@ -483,7 +483,7 @@ def test_a_storage_server_killed_mid_merge_ends_the_run_in_seconds(own_s3, job, 
     _, err = proc.communicate(timeout=120)
     seconds = time.monotonic() - killed
     assert proc.returncode == 1 and err.startswith("error: ") and "cannot reach the storage" in err, err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert seconds < 25, f"the run took {seconds:.1f} s to end after the storage was killed"
     own_s3.start()
     fs = own_s3.fs()

@@ -200,7 +200,8 @@ def connect(
     # Its logs silenced here rather than by the cluster (silence_logs), which gives distributed's handlers their
     # level back before its close is over: an in-process worker whose stream to the scheduler is closed under it
     # then logged a traceback.
-    with silence_logging_cmgr(logging.CRITICAL), _embedded(n, in_process) as cluster, Client(cluster) as c:
+    with silence_logging_cmgr(logging.CRITICAL), _quiet("asyncio"), _embedded(n, in_process) as cluster, \
+            Client(cluster) as c:
         try:
             c.wait_for_workers(n, timeout=_WORKER_START_TIMEOUT)
         except TimeoutError:
@@ -217,6 +218,19 @@ def connect(
                 if isinstance(w, _WorkerProgram):
                     w.stop_timeout = _WORKER_ABANDON_TIMEOUT
             raise
+
+
+@contextlib.contextmanager
+def _quiet(name: str) -> Iterator[None]:
+    """The logger ``name`` says nothing below ERROR meanwhile: asyncio's child watcher warns ("Unknown child
+    process pid ...") when a worker program that a failed job abandons is killed while it exits."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 BATCH_BYTES = 4 * 2**20  # small ranks share tasks of about this many input bytes; bigger ones have their own
