@@ -417,6 +417,24 @@ def test_a_folder_key_and_a_live_run_on_s3_are_left_alone(job, s3, bucket_name):
         assert fs.cat(f"{live.removeprefix('s3://')}/part-00000000.json") == b"a live run's partition"
 
 
+def test_a_run_that_ends_aborts_its_own_unfinished_uploads_on_s3(s3, bucket_name):
+    """A task killed mid-upload leaves a multipart upload under its run's folder: the run's end aborts it, and
+    another run's upload stays (it is alive)."""
+    from tracefuse_dask.storage.runs import run_folder
+
+    s3.bucket(bucket_name)
+    fs = s3.fs()
+    out = f"s3://{bucket_name}/out/merged.json"
+    with run_folder(out, s3.options) as other:
+        with run_folder(out, s3.options) as mine:
+            for folder in (mine, other):
+                key = folder.removeprefix(f"s3://{bucket_name}/") + "/part-00000000.json"
+                fs.call_s3("create_multipart_upload", Bucket=bucket_name, Key=key)
+        left = [up["Key"] for up in fs.call_s3("list_multipart_uploads", Bucket=bucket_name).get("Uploads") or []]
+        assert left == [other.removeprefix(f"s3://{bucket_name}/") + "/part-00000000.json"]
+    assert not (left := _leftovers_s3(fs, bucket_name)), left
+
+
 def test_a_crashed_run_s_leftovers_on_s3_are_cleaned_by_the_next_run(job, reference, s3, bucket_name):
     s3.bucket(bucket_name)
     fs = s3.fs()

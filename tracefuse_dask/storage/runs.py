@@ -3,21 +3,23 @@ of what dead runs left behind.
 
 A scheduled job can start while its previous run still writes (a CronJob, a retried Slurm job, two people merging
 one bucket). Every run therefore writes under a folder of its own, ``<out>.tracefuse-tmp/<run id>/``, and keeps a
-lease beside it, ``<out>.tracefuse-tmp/<run id>.lease``: a small JSON (host, pid, start time) that it rewrites every
-``stale-after / 4`` seconds while it runs. When a run starts it removes what dead runs left behind, and only that:
+lease beside it, ``<out>.tracefuse-tmp/<run id>.lease``: a small JSON (host, boot and pid namespace, pid, start
+time, stale age) that it rewrites every stale age / 4 while it runs. A run removes what dead runs left behind, and
+only that, when it starts and again when it ends:
 
-- a run is **alive** while its lease was written less than ``stale-after`` seconds ago (the storage's modification
-  time against this machine's clock; default 60 s, Dask config ``tracefuse.lease.stale-after``, environment
-  ``DASK_TRACEFUSE__LEASE__STALE_AFTER``), unless the lease names this host and a process id that no longer exists,
-  or this very process and a run of it that has ended (a crashed run on the same machine is dead at once);
+- a run is **alive** while its lease was written less than the stale age ago: the larger of the reader's and the
+  one in the lease (default 60 s, at least 2 s; Dask config ``tracefuse.lease.stale-after``, environment
+  ``DASK_TRACEFUSE__LEASE__STALE_AFTER``), on the storage's clock (the reader's own lease's modification time is
+  "now"). A lease of this machine and pid namespace whose process is gone is dead at once, and so is one of this
+  very process whose run has ended;
 - the folder and lease of a dead run, and anything else under ``<out>.tracefuse-tmp/`` that no live run owns, are
   removed; so are the unfinished S3 multipart uploads under them;
-- unfinished multipart uploads of the output itself are aborted only when no other run is alive (a live run may be
-  completing one).
+- unfinished multipart uploads of the output itself (and of its ``--split`` parts) are aborted only when no other
+  run is alive (a live run may be completing one).
 
-A run that ends, well or not, removes its own folder and lease. Each run's output appears by one atomic step (a
-rename, a completed multipart upload, a compose), so overlapping runs of the same inputs leave the same bytes, and
-of different inputs the last one to finish.
+A run that ends, well or not, removes its own folder, lease and uploads. Each run's output appears by one atomic
+step (a rename, a completed multipart upload, a compose), so overlapping runs of the same inputs leave the same
+bytes, and of different inputs the last one to finish.
 """
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ from .files import options_for, redact, storage_errors
 from .joins import protocol_of
 from .output import TMP_SUFFIX, is_output_part
 
-__all__ = ["LEASE_SUFFIX", "commit_folder", "run_folder", "stale_after"]
+__all__ = ["commit_folder", "run_folder"]
 
 log = logging.getLogger("tracefuse_dask")
 
@@ -53,7 +55,7 @@ _MIN_STALE_AFTER = 2.0
 _LIVE: set[str] = set()  # the runs of this process that have not ended
 
 
-def stale_after() -> float:
+def _stale_after() -> float:
     """Seconds after which a lease that was not renewed is dead: Dask config ``tracefuse.lease.stale-after``
     (at least ``_MIN_STALE_AFTER``)."""
     import dask.config
@@ -123,9 +125,10 @@ def _alive(fs: Any, info: Mapping[str, Any], run_id: str, now: float, limit: flo
     return mtime is None or now - mtime <= max(limit, written if isinstance(written, (int, float)) else 0)
 
 
-def _clean_dead(fs: Any, out_path: str, root: str, me: str, limit: float) -> None:
+def _clean_dead(fs: Any, out_path: str, root: str, me: str, limit: float, *, ending: bool = False) -> None:
     """Remove what dead runs left under ``root``; abort the output's own unfinished uploads (or its ``--split``
-    parts') if no other run lives."""
+    parts') if no other run lives. The run ``me`` counts as dead too when it is ``ending``; its lease still gives
+    the storage's clock."""
     fs.invalidate_cache()  # other runs and the workers wrote here: a cached listing would miss them
     try:
         entries = fs.ls(root, detail=True)
@@ -139,6 +142,8 @@ def _clean_dead(fs: Any, out_path: str, root: str, me: str, limit: float) -> Non
     now = time.time() if now is None else now
     live = {run for name, e in names.items() if name.endswith(LEASE_SUFFIX)
             and ((run := name[: -len(LEASE_SUFFIX)]) == me or _alive(fs, e, run, now, limit))}
+    if ending:
+        live.discard(me)
     for name, e in names.items():
         if name.removesuffix(LEASE_SUFFIX) not in live:
             _quietly(_remove, fs, e["name"])
@@ -224,15 +229,6 @@ def _remove_if_empty(fs: Any, folder: str) -> None:
             fs.rmdir(folder)
 
 
-def _abort_own(fs: Any, folder: str) -> None:
-    """Abort the unfinished S3 multipart uploads under this run's own folder."""
-    if protocol_of(fs) != "s3":
-        return
-    bucket, key, _ = fs.split_path(folder)
-    for up in fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=key + "/").get("Uploads") or []:
-        fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=up["Key"], UploadId=up["UploadId"])
-
-
 @contextlib.contextmanager
 def run_folder(out: str, storage_options: Mapping[str, Any] | None) -> Iterator[str]:
     """This run's own temporary folder beside ``out`` (a URL), leased while the block runs.
@@ -256,13 +252,13 @@ def run_folder(out: str, storage_options: Mapping[str, Any] | None) -> Iterator[
     so = dict(storage_options or {})
     run_id = uuid.uuid4().hex
     root_url = out.rstrip("/") + TMP_SUFFIX
-    limit = stale_after()
+    limit = _stale_after()
     body = orjson.dumps({"host": socket.gethostname(), "space": _process_space(), "pid": os.getpid(),
                          "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                          "stale_after": limit, "output": out})
     with storage_errors(out, so):
         fs, out_path = fsspec.core.url_to_fs(out, **options_for(out, so))
-        root = fs._strip_protocol(fsspec.core.url_to_fs(root_url, **options_for(out, so))[1])
+    root = out_path.rstrip("/") + TMP_SUFFIX
     lease = f"{root}/{run_id}{LEASE_SUFFIX}"
     stop = threading.Event()
 
@@ -291,15 +287,13 @@ def run_folder(out: str, storage_options: Mapping[str, Any] | None) -> Iterator[
         if not unreachable:
             if renewer.is_alive():
                 renewer.join(30)  # a lease it writes after this run removed it would outlive the run
-            fs.invalidate_cache()
-            for step, path in ((_abort_own, f"{root}/{run_id}"), (_remove, f"{root}/{run_id}"), (_remove, lease)):
-                try:
-                    step(fs, path)
-                except Exception as e:  # noqa: BLE001 - the run's own outcome stands; the next run cleans up
-                    log.warning("%s: could not remove this run's temporaries (%s); the next run will",
-                                root_url, redact(str(e), so))
-            # again what dead runs left: the tasks of a run that failed may have written after this one began
-            _quietly(_clean_dead, fs, out_path, root, run_id, limit)
+            # this run's folder, lease and unfinished uploads go as a dead run's, and again what dead runs left (the
+            # tasks of a run that failed may have written after this one began)
+            try:
+                _clean_dead(fs, out_path, root, run_id, limit, ending=True)
+            except Exception as e:  # noqa: BLE001 - the run's own outcome stands; the next run cleans up
+                log.warning("%s: could not remove this run's temporaries (%s); the next run will",
+                            root_url, redact(str(e), so))
             _quietly(_remove_if_empty, fs, root)
             fs.invalidate_cache()  # what was listed here is gone
 
