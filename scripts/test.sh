@@ -8,6 +8,9 @@ if [ -z "${VIRTUAL_ENV:-}" ]; then
   . .venv/bin/activate
 fi
 python -m pip install --quiet --disable-pip-version-check -e ".[test]"
+# Composer's own trace merger, the reference of tests/test_composer.py. Its dependencies pin an old torch (gigabytes);
+# the test loads only composer/profiler/json_trace_merger.py, which imports nothing but the standard library.
+python -m pip install --quiet --disable-pip-version-check --no-deps "composer==0.32.1" 2>/dev/null
 # Debian packages some tests use, installed when we are root and they are missing; without them those tests skip:
 # chromium and chromedriver (the report's browser tests), docker-compose (validates deploy/docker-compose.yml).
 missing=()

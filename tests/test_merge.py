@@ -187,7 +187,7 @@ def _request(**changes):
 @pytest.mark.parametrize("changes, message", [
     ({"gzip_members": "all"}, "gzip_members='all'; use 'rank' or 'single'"),
     ({"on_error": "ignore"}, "on_error='ignore'; use 'raise' or 'skip'"),
-    ({"align": "ntp"}, "align='ntp'; use 'base' or 'collectives'"),
+    ({"align": "ntp"}, "align='ntp'; use one of 'auto', 'base', 'clock-sync', 'collectives'"),
     ({"split": 0}, "split=0; give the number of output files"),
     ({"format": "zip"}, "format='zip'; use 'json' or 'perfetto-archive'"),
     ({"format": "perfetto-archive"}, "m.json: --format perfetto-archive writes a TAR archive"),

@@ -7,6 +7,7 @@ import gzip
 import json
 import re
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -23,6 +24,7 @@ from tracefuse_dask.model import MergeOptions
 from tracefuse_dask.kineto.events import RankEvents
 from tracefuse_dask.merge.rewrite import rewrite
 
+HERE = Path(__file__).parent
 BASE0 = 1790857026000000000
 QUARTER = 7889238 * 10**9  # Kineto floors its base to this period
 MAX_NS = 2**43 * 1000 - 1
@@ -132,7 +134,7 @@ def test_rewrite_properties(ranks, data, has_base, include_pyfunc):
 # --- Loader fuzz: mutated real traces raise TraceFuseError or load and rewrite cleanly ---
 
 SEEDS = ["real/hta_triton_example/triton_example.json.gz", "real/kineto_docs/after_fix_trace.json",
-         "real/hta_cuda_event_sync/event_sync_trace.json.gz"]
+         "real/hta_cuda_event_sync/event_sync_trace.json.gz", "data/composer/ep0-ba5-rank0.json.gz"]  # array form
 TOKENS = [b'"x"', b"[]", b"{}", b"null", b"-1", b"1e400", b"NaN", b"true", b'""', b"18446744073709551616"]
 FIELD_VALUES = ["x", [], [1], {}, {"a": 1}, None, -1, 1.5, 2**63, "", "GPU 0", "process_name", "thread_name"]
 KINDS = ["flip", "overwrite", "truncate", "insert", "token", "token", "field", "field", "field"]
@@ -141,7 +143,7 @@ VALUE = re.compile(rb':\s*("(?:[^"\\]|\\.)*"|-?\d[\d.eE+-]*|true|false|null)')
 
 @functools.cache
 def seed(name: str) -> bytes:
-    raw = shared(*name.split("/")).read_bytes()
+    raw = (HERE / name if name.startswith("data/") else shared(*name.split("/"))).read_bytes()
     return gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
 
 

@@ -48,7 +48,7 @@ def merge_traces(
     gzip_members: str = "rank",
     on_error: str = "raise",
     repair: bool = False,
-    align: str = "base",
+    align: str = "auto",
     split: int | None = None,
     format: str = "json",
     force: bool = False,
@@ -111,9 +111,13 @@ def merge_traces(
         with which Perfetto v58+ merges them natively, each rank a machine; not with ``split``,
         and ``gzip_members`` does not apply.
     align
-        ``"base"`` aligns ranks exactly by their ``baseTimeNanoseconds``; ``"collectives"``
-        also corrects each rank's clock offset, estimated from the ends of matched NCCL/RCCL
-        collectives (see ``analyze``), and records the offsets in ``metadata.tracefuse``.
+        ``"base"`` aligns ranks exactly by their ``baseTimeNanoseconds``. ``"clock-sync"`` also
+        shifts each rank as Composer's merger does, by the lowest rank's ``clock_sync_timestamp_us``
+        less its own (a stamp each rank took between two barriers), and fails unless every rank has
+        one. ``"auto"`` (the default) is ``"clock-sync"`` when every rank has one, else ``"base"``
+        (with a warning when only some have one). ``"collectives"`` also corrects each rank's clock
+        offset, estimated from the ends of matched NCCL/RCCL collectives (see ``analyze``). The
+        alignment used, and any offsets, go to ``metadata.tracefuse``.
     force
         Replace an existing output.
     skip_if_unchanged

@@ -86,9 +86,11 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--split", type=int, metavar="N",
                    help="write N files, each a complete merged trace of a contiguous range of ranks "
                         "(OUT.ranks-A-B.json.gz), for viewers that cannot open the whole merge")
-    o.add_argument("--align", choices=("base", "collectives"), default="base",
-                   help="align ranks by baseTimeNanoseconds (default), or also correct each rank's clock offset "
-                        "estimated from matched NCCL/RCCL collectives")
+    o.add_argument("--align", choices=("auto", "base", "clock-sync", "collectives"), default="auto",
+                   help="base: align ranks by baseTimeNanoseconds. clock-sync: also shift each rank by Composer's "
+                        "clock_sync_timestamp_us, as its merger does. auto (default): clock-sync when every rank "
+                        "has that stamp, else base. collectives: also correct each rank's clock offset estimated "
+                        "from matched NCCL/RCCL collectives")
     o.add_argument("--rewrite-ids", action="store_true",
                    help="also make External id and correlation unique across ranks (originals kept as <field>_raw)")
     o.add_argument("--keep-empty-processes", action="store_true", help="keep processes that have no events")
@@ -295,6 +297,11 @@ def _analyze(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
         if s["kernels_clipped"]["count"]:
             print(f"note: {s['kernels_clipped']['count']:,} kernels clipped: {s['kernels_clipped']['why']}",
                   file=sys.stderr)
+        if s["begin_end"]["unclosed"]:
+            from .merge.plan import ranges
+
+            print(f"note: {s['begin_end']['unclosed']:,} B events without their E in rank(s) "
+                  f"{ranges(s['begin_end']['unclosed_ranks'])}: {s['begin_end']['why']}", file=sys.stderr)
         for line in s["outliers"]:
             print(f"outlier: {line}", file=sys.stderr)
         if s["collective_trace"]:

@@ -491,6 +491,15 @@ def _reduce(results: list[dict[str, Any]], segments_of: Callable[[list[tuple[int
                    "counts up to that start in the per-kernel durations (kernels, ops and kernel_launchers "
                    "tables); the breakdowns and the idle table use the raw times, as HTA does",
         },
+        "begin_end": {
+            "pairs": sum(rt.begin_end[0] for rt in per_rank),
+            "unclosed": sum(rt.begin_end[1] for rt in per_rank),
+            "unclosed_ranks": [rt.rank for rt in per_rank if rt.begin_end[1]],
+            "unopened": sum(rt.begin_end[2] for rt in per_rank),
+            "why": "B/E duration events (Composer's and other Chrome-trace writers') count as ops once paired on "
+                   "their thread; a B without its E (the trace was cut) is closed at its rank's last timestamp; "
+                   "an E whose B came before the trace began is left out",
+        },
         "outliers": [n for n in stats["note"] if n],
         "collectives": {"calls": len(tables["collectives"]), "matched": len(instances), "problems": len(problems),
                         "problem_examples": problems[:20]},

@@ -42,7 +42,7 @@ from ..kineto.vocabulary import (
     on_device,
 )
 from ..model import MergeOptions
-from ..kineto.events import RankEvents, decode_or_none
+from ..kineto.events import RankEvents, begin_end_pairs, decode_or_none
 from ..kineto.layout import map_tid
 from ..kineto.times import Duration, Micros, to_ns, to_ns_array
 
@@ -93,6 +93,7 @@ class RankTables:
     pg_config: dict[str, str] = field(default_factory=dict)  # pg_name: rank spec (``group_spec``)
     base: int = 0  # the file's ``baseTimeNanoseconds``
     texts: list[str] = field(default_factory=list)  # what the codes of path_segments and path_work stand for
+    begin_end: tuple[int, int, int] = (0, 0, 0)  # B/E pairs, B left open, E that closed nothing (``_durations``)
 
 
 class _Args(Struct, gc=False, rename=_ARG_KEYS):
@@ -369,10 +370,13 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
     -------
     RankTables
     """
-    xs = [e for e in events if e.ph == "X" and e.cat != "python_function"]
+    spans, unclosed, unopened = _durations(events)
+    xs = [e for e in events if e.ph == "X" and e.cat != "python_function"] + spans
     if steps is not None:
         xs = _in_steps(events, xs, steps)
     n = len(xs)
+    span_ids = {id(e) for e in spans}
+    is_span = np.fromiter((id(e) in span_ids for e in xs), bool, n)
     durs = np.fromiter(map(_DUR, xs), object, n)  # as parsed: ops sum them as Python does
     start = to_ns_array(np.fromiter(map(_TS, xs), np.float64, n))
     end = start + to_ns_array(durs.astype(np.float64))
@@ -392,8 +396,8 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
     if keep is not None:
         left_out = n - int(keep.sum())
         xs, args = list(compress(xs, keep)), list(compress(args, keep))
-        durs, start, end, name_code, cat_code, pids, tids, dev, corr, has_corr = (
-            v[keep] for v in (durs, start, end, name_code, cat_code, pids, tids, dev, corr, has_corr))
+        durs, start, end, name_code, cat_code, pids, tids, dev, corr, has_corr, is_span = (
+            v[keep] for v in (durs, start, end, name_code, cat_code, pids, tids, dev, corr, has_corr, is_span))
     host = np.flatnonzero(~dev)
     tree = _call_tree(pids, tids, host, start, end)
     g = _gpu_arrays(events, xs, dev, host, cat_code, cats, name_code, names, args, tids, start, end,
@@ -406,7 +410,7 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
     tables["breakdown_by_step"] = _by_step(g, step_spans, start)
     tables["kernels"], tables["kernel_categories"] = _kernel_tables(g, names)
     launch_pos = np.where(g.launch >= 0, tree.pos[np.maximum(g.launch, 0)], -1)  # each GPU event's launch's position
-    is_op = np.array([is_op_category(c) for c in cats], dtype=bool)[cat_code] & (step_of[name_code] < 0)
+    is_op = (np.array([is_op_category(c) for c in cats], dtype=bool)[cat_code] | is_span) & (step_of[name_code] < 0)
     tables["ops"], tables["kernel_launchers"] = _op_tables(tree, is_op, cats[cat_code] == "cpu_op", name_code, names,
                                                            durs, args, g, launch_pos)
     tables["idle"] = _idle_table(g, start)
@@ -422,7 +426,27 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
         {int(step_of[name_code[i]]): int(i) for i in step_events}, tables["collectives"], base)
     host_name = header.get("host_name")
     return RankTables(rank, path, tables, numbers, [s for s, _, _ in step_spans],
-                      host=host_name if isinstance(host_name, str) else None, pg_config=pgs, base=base, texts=texts)
+                      host=host_name if isinstance(host_name, str) else None, pg_config=pgs, base=base, texts=texts,
+                      begin_end=(len(spans) - unclosed, unclosed, unopened))
+
+
+def _durations(events: list[_Event]) -> tuple[list[_Event], int, int]:
+    """The ``B``/``E`` pairs as ``X`` events (``kineto.events.begin_end_pairs``), ``args`` and ``cat`` from the ``B``;
+    a ``B`` left open ends at the rank's last time. Also how many ``B`` were left open and ``E`` closed nothing."""
+    marks = [(i, e.ph, e.pid, e.tid, e.ts) for i, e in enumerate(events)
+             if (e.ph == "B" or e.ph == "E") and e.cat != "python_function"]
+    if not marks:
+        return [], 0, 0
+    pairs, unclosed, unopened = begin_end_pairs(marks)
+    ends = [(events[b], to_ns(events[e].ts)) for b, e in pairs]
+    if unclosed:
+        last = max(to_ns(e.ts) + to_ns(e.dur) for e in events if e.ph != "M")
+        ends += [(events[b], last) for b in unclosed]
+    spans = []
+    for b, end in ends:
+        ns = end - to_ns(b.ts)
+        spans.append(msgspec.structs.replace(b, ph="X", dur=ns // 1000 if ns % 1000 == 0 else ns / 1000))
+    return spans, len(unclosed), len(unopened)
 
 
 def _device(cat_code: np.ndarray, cats: np.ndarray, pids: np.ndarray, args: list[_Args]) -> np.ndarray:

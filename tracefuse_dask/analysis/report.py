@@ -246,6 +246,10 @@ def _header(page: Page) -> str:
     if clipped.get("count"):
         parts.append(f'<p class="note">{clipped["count"]:,} kernels clipped: '
                      f'{html.escape(str(clipped.get("why", "")))}.</p>')
+    begin_end = s.get("begin_end") or {}
+    if begin_end.get("unclosed"):
+        parts.append(f'<p class="note">{begin_end["unclosed"]:,} B events without their E: '
+                     f'{html.escape(str(begin_end.get("why", "")))}.</p>')
     warnings = [str(w) for w in s.get("warnings") or []]
     if warnings:
         items = "".join(f"<li>{html.escape(w)}</li>" for w in warnings[:MAX_LISTED])

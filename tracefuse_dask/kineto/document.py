@@ -1,5 +1,5 @@
-"""A trace file's bytes as a JSON document: orjson with clear errors, the repair of a truncated file, and
-the GC pause that parsing big files wants."""
+"""A trace file's bytes as a JSON document: orjson with clear errors, the array form read as the object form
+(``array_form``), the repair of a truncated file, and the GC pause that parsing big files wants."""
 from __future__ import annotations
 
 import contextlib
@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from ..errors import TraceFormatError
+from .array_form import as_object, close_array, is_array_text
 
 __all__ = ["check_document", "decode_json", "paused_gc"]
 
@@ -50,24 +51,25 @@ _REPAIR_TAIL = 1 << 22
 _REPAIR_TRIES = 64
 
 
-def _repair(data: bytes, who: str) -> tuple[dict[str, Any], str]:
+def _repair(data: bytes, who: str, array: bool) -> tuple[Any, str]:
     """Close a truncated trace after its last complete event, as Composer's loader does."""
-    start = data.find(b'"traceEvents"')
+    start = data.find(b"[") if array else data.find(b'"traceEvents"')
     if start < 0:
         raise TraceFormatError(f"{who}: truncated before its traceEvents; nothing to recover. Re-export the "
                                "trace or drop this file")
+    close = b"]" if array else b"]}"
     lo = max(start, len(data) - _REPAIR_TAIL)
     cuts = [m.start() + 1 for m in _EVENT_GAP.finditer(data, lo)][::-1][:_REPAIR_TRIES]
     cuts += [data.find(b"[", start) + 1]  # no complete event at all
     for cut in cuts:
         try:
-            doc = orjson.loads(data[:cut] + b"]}")
+            doc = orjson.loads(data[:cut] + close)
         except orjson.JSONDecodeError:
             continue
-        if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
-            n = len(doc["traceEvents"])
-            note = (f"{who}: repaired a truncated trace: the data ends at byte {len(data)}; recovered {n} "
-                    f"complete events up to byte {cut}")
+        events = doc if array else doc.get("traceEvents") if isinstance(doc, dict) else None
+        if isinstance(events, list):
+            note = (f"{who}: repaired a truncated trace: the data ends at byte {len(data)}; recovered "
+                    f"{len(events)} complete events up to byte {cut}")
             return doc, note
     raise TraceFormatError(f"{who}: truncated, and no complete event could be recovered near the cut at byte "
                            f"{len(data)}. Re-export the trace or drop this file")
@@ -75,18 +77,27 @@ def _repair(data: bytes, who: str) -> tuple[dict[str, Any], str]:
 
 def decode_json(data: bytes, path: str, *, rank: int | None = None, cut_gzip: bool = False,
                 repair: bool = False) -> tuple[Any, int, str | None]:
-    """Parse the bytes of the file ``path`` with orjson (see ``parse_json``)."""
+    """Parse the bytes of the file ``path`` with orjson (see ``parse_json``); an array-form trace comes back in
+    the object form (``array_form.as_object``), also when it lacks its closing ``]``."""
     who = f"{path}" + (f" (rank {rank})" if rank is not None else "")
+    doc, note = _decode(data, who, cut_gzip, repair)
+    return (as_object(doc, who) if type(doc) is list else doc), len(data), note
+
+
+def _decode(data: bytes, who: str, cut_gzip: bool, repair: bool) -> tuple[Any, str | None]:
     if not data.strip():
         raise TraceFormatError(f"{who}: the file is empty; the profiler probably died before writing it. "
                                "Re-export the trace or drop this file")
     try:
-        return orjson.loads(data), len(data), None
+        return orjson.loads(data), None
     except orjson.JSONDecodeError as e:
+        array = is_array_text(data)
+        if array:
+            with contextlib.suppress(orjson.JSONDecodeError):
+                return orjson.loads(close_array(data)), None  # the format lets the array lack its "]"
         truncated = cut_gzip or e.pos >= len(data.rstrip()) - 1
         if repair and truncated:
-            doc, note = _repair(data, who)
-            return doc, len(data), note
+            return _repair(data, who, array)
         if data[257:262] == b"ustar":  # the magic of a POSIX TAR header
             raise TraceFormatError(f"{who}: a TAR archive, not a JSON trace (`--format perfetto-archive` writes "
                                    "these: open it in Perfetto v58+); give the per-rank traces instead") from None

@@ -17,7 +17,7 @@ from ..model import MergeOptions
 from .times import MAX_US, to_ns
 from .vocabulary import STEP, host_category, is_collective_call, is_comm_kernel, on_device
 
-__all__ = ["FLOW_PH", "RankEvents", "decode_or_none", "is_device_event", "is_gpu_label"]
+__all__ = ["FLOW_PH", "RankEvents", "begin_end_pairs", "decode_or_none", "is_device_event", "is_gpu_label"]
 
 
 FLOW_PH = frozenset({"s", "t", "f"})
@@ -33,6 +33,29 @@ def is_gpu_label(name: Any, args: Any) -> bool:
     """True for a process M event that names or labels its pid as a GPU (``"GPU 0"``)."""
     label = next(iter(args.values()), "") if type(args) is dict else ""
     return name in ("process_labels", "process_name") and type(label) is str and label.startswith("GPU")
+
+
+def begin_end_pairs(marks: list[tuple[int, str, Any, Any, Any]]) -> tuple[list[tuple[int, int]], list[int], list[int]]:
+    """Chrome's duration events paired as a viewer pairs them: on each thread, in time order (ties in file order),
+    an ``E`` closes the latest ``B`` still open.
+
+    ``marks`` holds ``(index, ph, pid, tid, ts)`` of the ``B`` and ``E`` events in file order. Returns the pairs
+    ``(B, E)``, the ``B`` left open (a trace cut before their end) and the ``E`` that close nothing (their ``B``
+    came before the trace began), as indices.
+    """
+    open_: dict[tuple[Any, Any], list[int]] = {}
+    pairs: list[tuple[int, int]] = []
+    unopened: list[int] = []
+    for i, ph, pid, tid, _ in sorted(marks, key=lambda m: (m[4], m[0])):
+        stack = open_.setdefault((pid, tid), [])
+        if ph == "B":
+            stack.append(i)
+        elif stack:
+            pairs.append((stack.pop(), i))
+        else:
+            unopened.append(i)
+    unclosed = sorted(i for stack in open_.values() for i in stack)
+    return sorted(pairs), unclosed, unopened
 
 
 def _is_comm(ev: dict[str, Any], dev: bool) -> bool:
@@ -239,6 +262,10 @@ class RankEvents:
             for i, ev in enumerate(events):
                 if keep[i] and ev["ph"] != "M" and ev["ph"] not in FLOW_PH:
                     keep[i] = self._passes(i, ev, spans, launches, False)
+            marks = [(i, ev["ph"], ev["pid"], ev.get("tid"), ev["ts"]) for i, ev in enumerate(events)
+                     if ev.get("ph") in ("B", "E") and ev.get("cat") != "python_function"]  # others unread
+            for b, e in begin_end_pairs(marks)[0]:  # a pair stays whole: its B decides
+                keep[e] = keep[b]
         else:
             spans = launches = None
         if not self.link_flows:

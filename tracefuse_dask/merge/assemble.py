@@ -317,11 +317,11 @@ def assemble_outputs(c: Client, plan: MergePlan, notes: MergeNotes, results: lis
     meta = {
         "version": __version__,
         "base_time_ns": base_out,
-        "options": {**request.options.describe(), "align": request.align},
+        "options": {**request.options.describe(), "align": plan.alignment},
         "skipped": [{"rank": sk["rank"], "source": sources[sk["path"]],
                      "reason": sk["reason"].replace(sk["path"], sources[sk["path"]])} for sk in notes.skipped],
     }
-    if request.align == "collectives":
+    if plan.alignment != "base":
         meta["clock_offsets_ns"] = {str(r): v for r, v in sorted(plan.clock_offsets.items())}
     parts = _split_parts(out, results, [plan.tasks[g[-1]].rank for g in plan.split_groups])
     gzip_out = out.endswith(".gz")

@@ -20,6 +20,7 @@ from distributed import Client
 
 from ..cluster import BATCH_BYTES, batches, flat, outcomes
 from ..errors import MergeError, RankError, TraceFileNotFoundError, TraceFormatError
+from ..kineto.array_form import COMPOSER_KEYS
 from ..kineto.document import check_document, paused_gc
 from ..kineto.events import RankEvents
 from ..kineto.layout import is_merged
@@ -44,6 +45,9 @@ __all__ = ["MergeNotes", "MergePlan", "MergeRequest", "SKIPPABLE", "build_option
            "ranges", "settle"]
 
 log = logging.getLogger("tracefuse_dask")
+
+# auto: Composer's clock sync when every rank carries it (``_clock_sync``), else the base times
+ALIGN = ("auto", "base", "clock-sync", "collectives")
 
 # What estimates each rank's clock offset for ``align="collectives"``: ``(client, {rank: path}, storage_options)``
 # to a summary with ``clock_offset_us``, ``clock_offset_spread_us`` and ``clock_note``, as ``analyze`` gives it.
@@ -84,8 +88,8 @@ class MergeRequest:
             raise MergeError(f"gzip_members={self.gzip_members!r}; use 'rank' or 'single'")
         if self.on_error not in ("raise", "skip"):
             raise MergeError(f"on_error={self.on_error!r}; use 'raise' or 'skip'")
-        if self.align not in ("base", "collectives"):
-            raise MergeError(f"align={self.align!r}; use 'base' or 'collectives'")
+        if self.align not in ALIGN:
+            raise MergeError(f"align={self.align!r}; use one of {', '.join(map(repr, ALIGN))}")
         if split is not None and (type(split) is not int or split < 1):
             raise MergeError(f"split={split!r}; give the number of output files, 1 or more")
         if fmt not in ("json", "perfetto-archive"):
@@ -120,6 +124,7 @@ class MergePlan:
     ranks: list[tuple[int, RankHeader]]
     world_size: int | None
     base_out: int
+    alignment: str  # what aligned the ranks: "base", "clock-sync" or "collectives"
     clock_offsets: dict[int, int]
     tasks: list[RankTask]
     split_groups: list[range]  # the tasks of each output file
@@ -237,11 +242,17 @@ def plan_merge(c: Client, request: MergeRequest, files: list[InputFile], unliste
         _fill_earliest(c, headers, so, earliest or MergeOptions(), repair, futures)
     base_out = _plan_bases(headers)
     offsets: dict[int, int] = {}
+    alignment = "base"
     if request.align == "collectives":
         if estimate is None:
             raise MergeError("align='collectives' needs a clock estimate; call tracefuse_dask.merge_traces")
         offsets = _clock_offsets(estimate(c, {r: h.path for r, h in chosen}, so), chosen, notes.warnings)
-        base_out = min([base_out] + [(h.base or 0) - offsets.get(r, 0) for r, h in chosen])
+        alignment = "collectives"
+    elif request.align in ("auto", "clock-sync"):
+        offsets = _clock_sync(chosen, request.align == "clock-sync", notes.warnings)
+        alignment = "clock-sync" if offsets else "base"
+    if offsets:  # a rank without a base keeps absolute times, which a shift of seconds leaves positive
+        base_out = min([base_out] + [h.base - offsets.get(r, 0) for r, h in chosen if h.base is not None])
     window_abs = None
     if options.window_ns is not None:
         t0s = [h.earliest_kept_ns for h in headers if h.earliest_kept_ns is not None]
@@ -254,7 +265,7 @@ def plan_merge(c: Client, request: MergeRequest, files: list[InputFile], unliste
     tasks = [RankTask(r, h.path, (h.base or 0) - offsets.get(r, 0), base_out, options, window_abs, compress, repair,
                       marks.get(r)) for r, h in chosen]
     split_groups = _split_ranges(len(tasks), 1 if request.format == "perfetto-archive" else request.split)
-    return MergePlan(request, files, tmp_dir, chosen, next(iter(sizes), None), base_out, offsets, tasks,
+    return MergePlan(request, files, tmp_dir, chosen, next(iter(sizes), None), base_out, alignment, offsets, tasks,
                      split_groups)
 
 
@@ -392,8 +403,9 @@ def _slim(h: RankHeader) -> tuple[RankHeader, bytes]:
         raise TraceFormatError(f"{h.path}: a header value cannot be written as JSON ({e}); fix the header or "
                                "drop this file") from None
     info = h.header.get("distributedInfo")
-    h.header = {"distributedInfo": {k: info[k] for k in ("rank", "world_size") if k in info}} \
+    slim = {"distributedInfo": {k: info[k] for k in ("rank", "world_size") if k in info}} \
         if isinstance(info, dict) else {}
+    h.header = slim | {k: h.header[k] for k in COMPOSER_KEYS if k in h.header}
     return h, text
 
 
@@ -421,6 +433,36 @@ def _clock_offsets(summary: dict[str, Any], chosen: list[tuple[int, RankHeader]]
     return offsets
 
 
+def _clock_sync(chosen: list[tuple[int, RankHeader]], required: bool, warnings: list[str]) -> dict[int, int]:
+    """Each rank's clock offset in ns (what to subtract) from Composer's clock sync, as its merger shifts: by
+    the lowest rank's ``clock_sync_timestamp_us`` less the rank's own; {} when the ranks do not all carry one
+    (with ``required``, an error); what was done, in ``warnings``."""
+    stamps = {r: h.header.get("clock_sync_timestamp_us") for r, h in chosen}
+    have = {r: v for r, v in stamps.items() if type(v) is int or type(v) is float}
+    what = "--align clock-sync" if required else "clock sync"
+    if len(stamps) == 1 and have:
+        return {}  # one rank: nothing to align it with
+    if len(have) < len(stamps):
+        if not have and not required:
+            return {}
+        lack = f"rank(s) {ranges(sorted(set(stamps) - set(have)))} carry no clock_sync_timestamp_us"
+        if required:
+            raise MergeError(f"--align clock-sync: {lack} (Composer's JSONTraceHandler writes it); merge only "
+                             "Composer traces of one job, or use --align base")
+        warnings.append(f"{what}: {lack} and rank(s) {ranges(sorted(have))} do; aligned every rank by its base "
+                        "time alone, not a mix of the two; drop the ranks without it to align by Composer's "
+                        "clock sync, or pass --align base to choose base times")
+        return {}
+    ref = min(have)
+    offsets = {r: round((v - have[ref]) * 1000) for r, v in have.items()}
+    bounds = [b for _, h in chosen if type(b := h.header.get("clock_sync_error_bound")) in (int, float)]
+    largest = max(offsets.values(), key=abs)
+    warnings.append(f"{what}: aligned {len(offsets)} ranks by Composer's clock_sync_timestamp_us to rank {ref}, "
+                    f"as its merger does: largest shift {-largest / 1000:+,.3f} µs; largest clock_sync_error_bound "
+                    + (f"{max(bounds):,} µs" if bounds else "not given"))
+    return offsets
+
+
 def _assume_bases(chosen: list[tuple[int, RankHeader]]) -> list[str]:
     """Give a repaired rank that lost its base (cut before it) the job's base, and say so."""
     bases = sorted(h.base for _, h in chosen if h.base is not None)
@@ -434,7 +476,8 @@ def _assume_bases(chosen: list[tuple[int, RankHeader]]) -> list[str]:
             else:
                 notes.append(f"rank {r} ({h.path}): baseTimeNanoseconds came after the cut and no other rank has "
                              "one; its times are kept relative, so they will not line up with absolute ones")
-        if h.repair_note and not isinstance((h.header.get("distributedInfo") or {}).get("rank"), int):
+        if h.repair_note and not isinstance((h.header.get("distributedInfo") or {}).get("rank"), int) \
+                and not isinstance(h.header.get("global_rank"), int):
             notes.append(f"rank {r} ({h.path}): distributedInfo came after the cut (or is missing); the rank "
                          "was taken from the file name or list position")
     return notes

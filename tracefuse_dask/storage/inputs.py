@@ -1,5 +1,5 @@
 """The inputs of a job: files, folders, globs and URLs expanded to trace files, and each file's rank (the dict
-key, ``distributedInfo.rank``, or its name)."""
+key, ``distributedInfo.rank``, Composer's ``global_rank``, or its name)."""
 from __future__ import annotations
 
 import dataclasses
@@ -40,9 +40,10 @@ def rank_from_name(path: str, rank_regex: str = DEFAULT_RANK_REGEX) -> int | Non
 
 def resolve_rank(f: InputFile, header: Mapping[str, Any],
                  rank_regex: str = DEFAULT_RANK_REGEX) -> tuple[int, int | None, str | None]:
-    """A file's ``(rank, world_size, note)``: the dict key, else ``distributedInfo.rank``, else its name or place.
+    """A file's ``(rank, world_size, note)``: the dict key, else ``distributedInfo.rank``, else Composer's
+    ``global_rank``, else its name or place.
 
-    ``note`` says when the name and ``distributedInfo`` disagree.
+    ``note`` says when the name and the file's own rank disagree.
 
     Raises
     ------
@@ -51,21 +52,23 @@ def resolve_rank(f: InputFile, header: Mapping[str, Any],
     """
     info = header.get("distributedInfo")
     info = info if isinstance(info, dict) else {}
-    info_rank = info.get("rank")
+    own, source = info.get("rank"), "distributedInfo.rank"
+    if not (type(own) is int and own >= 0):
+        own, source = header.get("global_rank"), "global_rank"
+    own = own if type(own) is int and own >= 0 else None
     if f.hint_source == "key":
         rank = f.rank_hint
-    elif type(info_rank) is int and info_rank >= 0:
-        rank = info_rank
+    elif own is not None:
+        rank = own
     elif f.rank_hint is not None:
         rank = f.rank_hint
     else:
-        raise RankError(f"{f.path}: no rank found: no distributedInfo.rank in the file and no rank in its "
-                        f"name (regex {rank_regex!r}); pass --rank-regex with a (?P<rank>...) group, "
+        raise RankError(f"{f.path}: no rank found: no distributedInfo.rank or global_rank in the file and no rank "
+                        f"in its name (regex {rank_regex!r}); pass --rank-regex with a (?P<rank>...) group, "
                         "or give the files as a {rank: path} dict")
     note = None
-    if f.hint_source == "name" and type(info_rank) is int and info_rank != f.rank_hint:
-        note = (f"{f.path}: the name says rank {f.rank_hint} but distributedInfo.rank is {info_rank}; "
-                f"using {info_rank}")
+    if f.hint_source == "name" and own is not None and own != f.rank_hint:
+        note = f"{f.path}: the name says rank {f.rank_hint} but {source} is {own}; using {own}"
     ws = info.get("world_size")
     return rank, ws if type(ws) is int else None, note
 
