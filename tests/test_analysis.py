@@ -14,7 +14,8 @@ from tracefuse_dask.analysis import rank_stats
 from tracefuse_dask.cli import main
 from tracefuse_dask.errors import OutputExistsError, RankError
 from tracefuse_dask.kineto.vocabulary import kernel_category, kernel_type
-from tracefuse_dask.analysis.rank import LAUNCHER_COLUMNS, _Args, _launchers, analyze_rank, union_length
+from tracefuse_dask.analysis.rank import LAUNCHER_COLUMNS, _launchers, analyze_rank, union_length
+from tracefuse_dask.analysis.trace import Args
 from tracefuse_dask.synth import write_example
 
 import numpy as np
@@ -124,9 +125,9 @@ def test_launchers_group_leaf_ops_by_json_text_and_rank_kernels_as_a_loop_would_
     names = np.array(["aten::mm", "aten::add", "k_a", "k_b", "k_c", "k_d"], dtype=object)
     code_at = np.array([1, 0, 0, 0, 1])  # each position's name code
     order = np.array([10, 11, 12, 13, 14])  # each position's event
-    args = [_Args()] * 10 + [_Args(input_dims=Raw(b"[[8],[8]]")), _Args(input_dims=Raw(b"[[8, 16]]")),
-                             _Args(input_dims=Raw(b"[[8,16]]"), input_types=Raw(b"null")),
-                             _Args(input_dims=Raw(b"[ [8,16] ]")), _Args(input_dims=Raw(b"[[8],[8]]"))]
+    args = [Args()] * 10 + [Args(input_dims=Raw(b"[[8],[8]]")), Args(input_dims=Raw(b"[[8, 16]]")),
+                             Args(input_dims=Raw(b"[[8,16]]"), input_types=Raw(b"null")),
+                             Args(input_dims=Raw(b"[ [8,16] ]")), Args(input_dims=Raw(b"[[8],[8]]"))]
     # per kernel launched: its leaf's position, name code and ns; position 1's kernels come first, then 0's
     leaf = np.array([1, -1, 0, 1, 2, 0, 4, 3, 3])
     kernel = np.array([3, 2, 4, 3, 5, 2, 2, 5, 3])
@@ -208,9 +209,9 @@ def test_analyze_writes_the_report_folder(client, example, tmp_path):
     out = tmp_path / "report"
     a = analyze(str(example), str(out), client=client)
     names = {p.name for p in out.iterdir()}
-    tables = ["breakdown", "breakdown_by_step", "kernels", "kernel_categories", "ops", "kernel_launchers", "idle",
-              "collectives", "rank_stats", "collective_instances", "collective_waits", "collective_summary",
-              "straggler_ranks", "critical_path"]
+    tables = ["breakdown", "breakdown_by_step", "kernels", "kernel_categories", "ops", "kernel_launchers", "op_perf",
+              "idle", "collectives", "rank_stats", "collective_instances", "collective_waits", "collective_summary",
+              "straggler_ranks", "critical_path", "op_perf_by_category", "gpu_speed"]
     empty = ["collective_trace_calls", "collective_trace_summary", "collective_trace_hints"]  # no such logs here
     assert names == {f"{t}.parquet" for t in tables + empty} | {"summary.json", "report.html"}
     assert all(pd.read_parquet(out / f"{t}.parquet").empty for t in empty)
@@ -218,7 +219,7 @@ def test_analyze_writes_the_report_folder(client, example, tmp_path):
         df = pd.read_parquet(out / f"{t}.parquet")
         assert len(df) == len(getattr(a, t)) > 0, t
         if t in ("breakdown", "breakdown_by_step", "kernels", "kernel_categories", "ops", "kernel_launchers", "idle",
-                 "collectives", "collective_waits", "straggler_ranks"):
+                 "collectives", "collective_waits", "straggler_ranks", "op_perf", "op_perf_by_category", "gpu_speed"):
             assert sorted(df["rank"].unique()) == [0, 1, 2, 3], t
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ranks"] == [0, 1, 2, 3] and summary["gpu"] is True
@@ -226,6 +227,12 @@ def test_analyze_writes_the_report_folder(client, example, tmp_path):
     assert set(summary["per_rank"]["2"]) >= {"gpu_span_us", "idle_us", "computation_us", "communication_us",
                                               "memcpy_us", "memset_us", "exposed_comm_us", "comm_comp_overlap_pct"}
     assert summary["per_rank"]["2"]["idle_us"] == a.breakdown.set_index("rank").loc[2, "idle_us"]
+    # the example's GEMMs have shapes and a model; its rank 2 is late for host work, and its GPU is not slow
+    gemm = a.op_perf[(a.op_perf["category"] == "GEMM") & a.op_perf["gflop"].notna()]
+    assert set(gemm["name"]) == {"aten::addmm", "aten::mm"} and (gemm["roofline_pct"] > 0).all()
+    assert summary["devices"]["ranks"] == {"B200": [0, 1, 2, 3]} and summary["roofline"]["categories"]["GEMM"]
+    assert summary["slow_gpu"] == {"rank": None, "text": "no GPU is slower than the others at equal shapes: rank 2 "
+                                                         "is late for what the critical path shows, not for its kernels"}
     assert not list(tmp_path.glob("*tracefuse-tmp*"))
 
 
@@ -235,7 +242,7 @@ def test_a_merged_trace_is_analysed_per_rank_with_the_same_numbers(client, examp
     merge_traces(str(example), str(merged), client=client)
     per_file = analyze(str(example), client=client)
     from_merged = analyze(str(merged), client=client)
-    for name in ("breakdown", "breakdown_by_step", "kernels", "ops", "kernel_launchers", "idle"):
+    for name in ("breakdown", "breakdown_by_step", "kernels", "ops", "kernel_launchers", "op_perf", "idle"):
         pd.testing.assert_frame_equal(getattr(per_file, name), getattr(from_merged, name), check_dtype=False)
     # written into the folder of the ranks it merged (as a new user did), it is passed over, as merge and info
     # pass it over, instead of each rank appearing twice
@@ -375,7 +382,7 @@ def test_an_unknown_phase_or_category_decodes_the_same_values():
     import orjson
     from msgspec.structs import asdict
 
-    from tracefuse_dask.analysis.rank import decode_trace
+    from tracefuse_dask.analysis.trace import decode_trace
 
     known = decode_trace(orjson.dumps({"traceEvents": small_rank()})).traceEvents
     for extra in (x("a", 1, 1, cat="my_category"), {"ph": "Z", "name": "z", "pid": HOST, "tid": TID, "ts": 1}):
@@ -391,7 +398,8 @@ def test_steps_select_the_union_of_their_spans():
     import orjson
     from hypothesis import given, strategies as st
 
-    from tracefuse_dask.analysis.rank import _in_steps, decode_trace
+    from tracefuse_dask.analysis.rank import _in_steps
+    from tracefuse_dask.analysis.trace import decode_trace
 
     @given(st.lists(st.tuples(st.integers(0, 60), st.integers(0, 30)), min_size=1, max_size=6),
            st.lists(st.integers(0, 100), max_size=20), st.lists(st.integers(0, 100), max_size=10),

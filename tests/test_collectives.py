@@ -118,7 +118,7 @@ def test_a_group_known_only_from_pg_config_reports_its_missing_rank():
                                                                    coded=True),
                _combine([_batch(files[:1]), _batch(files[1:2])], coded=True)]
     segments = _joined([res["tables"]["path_segments"] for res in results])
-    a = _reduce(results, lambda wanted: walks_in(segments, wanted), [], None, False)
+    a = _reduce(results, lambda wanted: walks_in(segments, wanted), [], None, False, ())
     assert a.summary["ignored"] == ["x.txt: ignored"] and a.summary["collectives"]["matched"] == 1
     assert a.summary["collectives"]["problem_examples"] == [
         "unmatched allreduce #1 of group 0: no call from rank(s) [2]"]

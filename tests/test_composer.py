@@ -86,6 +86,10 @@ def composer_merger():
     return module
 
 
+def mark(i: int, e: dict) -> tuple:
+    return i, e["ph"], e["pid"], e["tid"], e["ts"], e.get("name"), e.get("cat")
+
+
 def key(rank: int, ev: dict, abs_ns: int) -> tuple:
     return (rank, ev["ph"], ev.get("cat"), ev.get("name"), abs_ns, ns(ev["dur"]) if "dur" in ev else None,
             ev["id"] & 0xFFFFFFFF if "id" in ev else None)
@@ -150,9 +154,9 @@ def test_the_merge_keeps_pairs_flows_and_ranks_and_gzips(job, tmp_path, client):
     n_in = {r: sum(e["ph"] != "M" for e in evs) for r, evs in inputs.items()}
     assert Counter(pid_rank[e["pid"]] for e in merged["traceEvents"] if e["ph"] != "M") == n_in
     for r, evs in inputs.items():
-        marks = [(i, e["ph"], e["pid"], e["tid"], e["ts"]) for i, e in enumerate(evs) if e["ph"] in "BE"]
+        marks = [mark(i, e) for i, e in enumerate(evs) if e["ph"] in "BE"]
         out = [e for e in merged["traceEvents"] if e["ph"] in "BE" and pid_rank[e["pid"]] == r]
-        out_marks = [(i, e["ph"], e["pid"], e["tid"], e["ts"]) for i, e in enumerate(out)]
+        out_marks = [mark(i, e) for i, e in enumerate(out)]
         pairs_in, pairs_out = begin_end_pairs(marks), begin_end_pairs(out_marks)
         assert [len(p) for p in pairs_in] == [len(p) for p in pairs_out] and pairs_in[0]
         named = [(evs[b]["name"], evs[b]["tid"]) for b, _ in pairs_in[0]]
@@ -208,7 +212,7 @@ def test_a_list_of_non_events_keeps_a_clear_error(tmp_path, text, kind):
                  ["analyze", str(path), "-o", str(tmp_path / "report")]):
         run = tracefuse(*argv, ok=False)
         assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
-        assert f"rank0.json" in run.stderr and f"the top level is a JSON list of {kind}, not of trace events" \
+        assert "rank0.json" in run.stderr and f"the top level is a JSON list of {kind}, not of trace events" \
             in run.stderr, run.stderr
     assert not (tmp_path / "m.json").exists() and not (tmp_path / "report").exists()
 
@@ -275,16 +279,16 @@ def test_analyze_pairs_b_and_e_and_counts_a_cut_b(tmp_path):
     run = tracefuse("analyze", str(folder), "-o", str(tmp_path / "report"), "--format", "csv")
     summary = json.loads((tmp_path / "report" / "summary.json").read_text())
     cut = events_of(b"".join(keep).rstrip().rstrip(b",") + b"]")
-    marks = [(i, e["ph"], e["pid"], e["tid"], e["ts"]) for i, e in enumerate(cut) if e["ph"] in "BE"]
-    pairs, unclosed, unopened = begin_end_pairs(marks)
+    pairs, unclosed, unopened = begin_end_pairs([mark(i, e) for i, e in enumerate(cut) if e["ph"] in "BE"])
     whole = events_of(texts()[0])
-    pairs0, unclosed0, unopened0 = begin_end_pairs([(i, e["ph"], e["pid"], e["tid"], e["ts"])
-                                                    for i, e in enumerate(whole) if e["ph"] in "BE"])
-    assert unclosed and not unclosed0
+    pairs0, unclosed0, unopened0 = begin_end_pairs([mark(i, e) for i, e in enumerate(whole) if e["ph"] in "BE"])
+    # a whole cycle's file still has two open spans: Composer's fit and epoch outlive the profiling cycle
+    assert sorted(whole[b]["name"] for b in unclosed0) == ["event/epoch", "event/fit"]
+    assert len(unclosed) > len(unclosed0) and "event/batch" in {cut[b]["name"] for b in unclosed}
     assert summary["begin_end"] | {"why": None} == {
-        "pairs": len(pairs) + len(pairs0), "unclosed": len(unclosed), "unclosed_ranks": [1],
+        "pairs": len(pairs) + len(pairs0), "unclosed": len(unclosed) + len(unclosed0), "unclosed_ranks": [0, 1],
         "unopened": len(unopened) + len(unopened0), "why": None}
-    assert f"{len(unclosed)} B events without their E in rank(s) 1" in run.stderr
+    assert f"{len(unclosed) + len(unclosed0)} B events without their E in rank(s) 0-1" in run.stderr
     import pandas as pd
 
     ops = pd.read_csv(tmp_path / "report" / "ops.csv")
@@ -294,5 +298,74 @@ def test_analyze_pairs_b_and_e_and_counts_a_cut_b(tmp_path):
         spans += [last - ns(evs[b]["ts"]) for b in open_ if evs[b]["name"] == "event/batch"]
         row = ops[(ops["rank"] == rank) & (ops["name"] == "event/batch")].iloc[0]
         assert (row["count"], round(row["cpu_time_us"] * 1000)) == (len(spans), sum(spans))
+    fit = ops[(ops["rank"] == 0) & (ops["name"] == "event/fit")].iloc[0]  # open to the end of the file
+    last0 = max(ns(e["ts"]) + ns(e.get("dur", 0)) for e in whole if e["ph"] != "M")
+    begun = next(ns(e["ts"]) for e in whole if e["name"] == "event/fit" and e["ph"] == "B")
+    assert round(fit["cpu_time_us"] * 1000) == last0 - begun > 400e6
     diff = tracefuse("diff", str(tmp_path / "report"), str(folder), "-o", str(tmp_path / "diff"))
     assert json.loads((tmp_path / "diff" / "diff.json").read_text()), diff.stderr
+
+
+def test_composers_own_merged_trace_beside_the_ranks_is_passed_over(tmp_path):
+    """JSONTraceHandler writes merged_trace.json (Composer's merge) beside the rank files by default: a folder
+    merge and analysis pass over it and say so; named on its own, it is an error that says what it is."""
+    folder = write_job(tmp_path / "traces", texts())
+    composer_merger().merge_traces(str(folder / "merged_trace.json"), *sorted(str(p) for p in folder.glob("ep*.json")))
+    run = tracefuse("merge", str(folder), "-o", str(tmp_path / "m.json"))
+    assert "merged_trace.json: a trace merged by Composer's merge_traces" in run.stderr
+    assert sorted(load_exact(tmp_path / "m.json")["metadata"]["tracefuse"]["ranks"]) == ["0", "1"]
+    run = tracefuse("analyze", str(folder), "-o", str(tmp_path / "report"))
+    assert "merged_trace.json: a trace merged by Composer's merge_traces" in run.stderr
+    for argv in (["merge", str(folder / "merged_trace.json"), "-o", str(tmp_path / "x.json")],
+                 ["analyze", str(folder / "merged_trace.json"), "-o", str(tmp_path / "x")],
+                 ["info", str(folder / "merged_trace.json")]):
+        bad = tracefuse(*argv, ok=False)
+        assert bad.returncode == 1 and "merged_trace.json: this is a trace merged by Composer's merge_traces" \
+            in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+
+
+def test_a_cut_gzip_of_an_array_is_repaired_and_says_so(tmp_path):
+    """A gzip stream that ends early, after a whole event: without --repair an error, with it the complete events
+    and a note (as for the object form), not a silent whole trace."""
+    import zlib
+
+    files = texts()
+    text = files[1][: files[1].index(b"\n", len(files[1]) // 2) + 1]  # up to a whole event and its comma
+    z = zlib.compressobj(9, zlib.DEFLATED, 31)
+    files[1] = z.compress(text) + z.flush(zlib.Z_SYNC_FLUSH)  # no end of stream
+    folder = write_job(tmp_path / "gz", files)
+    run = tracefuse("merge", str(folder), "-o", str(tmp_path / "m.json"), ok=False)
+    assert run.returncode == 1 and "corrupt or truncated gzip" in run.stderr
+    run = tracefuse("merge", str(folder), "-o", str(tmp_path / "m.json"), "--repair")
+    n = len(events_of(text.rstrip().rstrip(b",") + b"]"))
+    assert "repaired a truncated trace: the gzip stream ends early" in run.stderr and f"recovered {n} complete" \
+        in run.stderr
+
+
+def test_the_window_counts_from_the_clock_synced_start(tmp_path):
+    """--window starts at the earliest kept event after the clock-sync shift: a rank shifted earlier keeps its
+    first events."""
+    files = texts()
+    evs = {r: events_of(d) for r, d in files.items()}
+    ahead = meta(evs[1], "clock_sync_timestamp_us") + 10**6  # rank 1's clock 1 s ahead of its stamp's true time
+    files[1] = files[1].replace(str(meta(evs[1], "clock_sync_timestamp_us")).encode(), str(ahead).encode())
+    folder = write_job(tmp_path / "w", files)
+    tracefuse("merge", str(folder), "-o", str(tmp_path / "all.json"))
+    tracefuse("merge", str(folder), "-o", str(tmp_path / "win.json"), "--window", "0:100000")
+    everything, windowed = load_exact(tmp_path / "all.json"), load_exact(tmp_path / "win.json")
+    t0 = min(ns(e["ts"]) for e in everything["traceEvents"] if e["ph"] != "M")
+    first = [e for e in everything["traceEvents"] if e["ph"] != "M" and ns(e["ts"]) == t0]
+    assert first and all(e in windowed["traceEvents"] for e in first)
+
+
+def test_analyze_takes_global_rank_from_an_object_form_trace(tmp_path):
+    """Composer's merger reads a top-level global_rank in the object form too; so do merge and analyze."""
+    folder = tmp_path / "obj"
+    folder.mkdir()
+    for name, rank in (("trace_a.json", 3), ("trace_b.json", 5)):
+        (folder / name).write_text(json.dumps({"global_rank": rank, "traceEvents": [
+            {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 100 + rank, "dur": 5}]}))
+    run = tracefuse("analyze", str(folder), "-o", str(tmp_path / "report"))
+    assert json.loads((tmp_path / "report" / "summary.json").read_text())["ranks"] == [3, 5], run.stderr
+    tracefuse("merge", str(folder), "-o", str(tmp_path / "m.json"))
+    assert sorted(load_exact(tmp_path / "m.json")["metadata"]["tracefuse"]["ranks"]) == ["3", "5"]

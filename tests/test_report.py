@@ -281,3 +281,29 @@ def test_collectives_report_in_chromium(browser, tmp_path):
     _load(browser, tmp_path, render_report(tables, summary), plots=7)
     assert browser.execute_script("return document.querySelectorAll('.js-plotly-plot .heatmaplayer').length") == 1
     assert "rank 2 is the straggler" in browser.execute_script("return document.body.innerText")
+
+
+@pytest.mark.integration
+def test_efficiency_report_of_a_real_trace_in_chromium(browser, tmp_path):
+    """The real H100 trace's report opens with the answers, then shows the roofline (log-log, a trace per category
+    and the device's roofs), the top op groups with their % of roofline and the per-rank spread, offline."""
+    from conftest import shared
+
+    from tracefuse_dask import analyze
+
+    a = analyze(str(shared("real", "tracelens_h100_qwen")), workers=0)
+    page = render_report(a.tables(), a.summary)
+    headings = [h.split("</h2>")[0] for h in page.split("<h2>")[1:]]
+    assert headings[:2] == ["Answers", "Outliers"] and "Efficiency: op performance and roofline" in headings
+    answers = page[page.index("<h2>Answers</h2>"):page.index("<h2>Outliers</h2>")]
+    assert "Step time: median" in answers and "GEMM 28% of op kernel time at 62% of roofline" in answers
+    roofline = next(f for f in figures(page) if "Roofline" in f["layout"]["title"]["text"])
+    assert roofline["layout"]["xaxis"]["type"] == roofline["layout"]["yaxis"]["type"] == "log"
+    names = {t["name"] for t in roofline["data"]}
+    assert {"GEMM", "SDPA_fwd", "elementwise", "roof bf16"} <= names
+    _load(browser, tmp_path, page, plots=len(figures(page)))
+    text = browser.execute_script("return document.body.innerText")
+    assert "Top op groups by kernel time" in text and "aten::_scaled_dot_product_flash_attention" in text
+    assert "Per-rank efficiency: time-weighted % of roofline by category" in text
+    points = browser.execute_script("return document.querySelectorAll('.js-plotly-plot .scatterlayer .point').length")
+    assert points >= int(a.op_perf["flops_per_byte"].notna().sum())

@@ -130,6 +130,9 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--keep-unlaunched-gpu", action="store_true",
                    help="keep device work whose launch is not in the trace (queued before the profiler started), "
                         "which HTA, and by default this analysis, leave out when a rank has 2+ ProfilerStep#N")
+    a.add_argument("--gpu-spec", metavar="FILE.json",
+                   help="devices to add to or override the device table of op_perf's roofline, a JSON file shaped "
+                        "as tracefuse_dask/perf/devices.json")
     a.add_argument("-f", "--force", action="store_true", help="replace an existing report folder")
     a.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary on stderr")
     a.add_argument("-v", "--verbose", action="store_true", help="log what happens on stderr")
@@ -279,13 +282,15 @@ def _merge(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
 
 
 def _analyze(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
+    from .analysis.critical_path import path_line
     from .api import analyze
 
     result = analyze(args.inputs, args.output, storage_options=so, ranks=args.ranks, steps=args.steps,
                      rank_regex=args.rank_regex, format=args.format, force=args.force, workers=args.workers,
                      scheduler=args.scheduler, scheduler_file=args.scheduler_file, timeout=args.timeout,
                      show_progress=not args.quiet and sys.stderr.isatty(),
-                     keep_unlaunched_gpu=args.keep_unlaunched_gpu, critical_path_trace=args.critical_path_trace)
+                     keep_unlaunched_gpu=args.keep_unlaunched_gpu, critical_path_trace=args.critical_path_trace,
+                     gpu_spec=args.gpu_spec)
     if not args.quiet:
         s = result.summary
         print(f"analysed {len(s['ranks'])} ranks, {len(s['steps'])} steps in {s['seconds']:.2f} s", file=sys.stderr)
@@ -297,6 +302,8 @@ def _analyze(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
         if s["kernels_clipped"]["count"]:
             print(f"note: {s['kernels_clipped']['count']:,} kernels clipped: {s['kernels_clipped']['why']}",
                   file=sys.stderr)
+        if s["devices"]["note"]:
+            print(f"note: {s['devices']['note']}", file=sys.stderr)
         if s["begin_end"]["unclosed"]:
             from .merge.plan import ranges
 
@@ -312,12 +319,16 @@ def _analyze(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
             print(f"collectives: {s['collectives']['matched']} matched, {s['collectives']['problems']} unmatched or "
                   f"inconsistent; {s['straggler']['evidence']}", file=sys.stderr)
         if s["critical_path"]:
-            print(_critical_path_line(s["critical_path"]), file=sys.stderr)
+            print(path_line(s["critical_path"]), file=sys.stderr)
         if s["straggler"].get("cause"):
             cause = s["straggler"]["cause"]
             mean = sum(p["duration_us"] for p in s["critical_path"]) / len(s["critical_path"])
             print(f"why: {cause['verdict']}; with the median rank's work a step would take "
                   f"{cause['what_if_step_us'] / 1e3:,.1f} ms instead of {mean / 1e3:,.1f} ms", file=sys.stderr)
+        if s["slow_gpu"]:
+            print(f"gpu: {s['slow_gpu']['text']}", file=sys.stderr)
+        if s["roofline"]:
+            print(f"roofline: {s['roofline']['text']}", file=sys.stderr)
         for path in s["ignored"]:
             print(f"ignored {path}", file=sys.stderr)
         for w in s["warnings"]:
@@ -328,16 +339,6 @@ def _analyze(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
             print(f"wrote {cpt['output']}: the merged trace with the critical path marked ({cpt['slices']:,} slices "
                   f"on the 'critical path' track, {cpt['arrows']:,} arrows)", file=sys.stderr)
     return 0
-
-
-def _critical_path_line(steps: list[dict[str, Any]]) -> str:
-    """One line on the slowest step's critical path: its length, and what takes most of it."""
-    slow = max(steps, key=lambda p: p["duration_us"])
-    step = "the whole trace" if slow["step"] < 0 else f"ProfilerStep#{slow['step']}"
-    top = ", ".join(f"`{t['name']}` on rank {t['rank']} ({t['kind']}) {t['share']:.0%}" for t in slow["top"][:3])
-    kinds = ", ".join(f"{k} {v / slow['path_us']:.0%}" for k, v in list(slow["by_kind"].items())[:3])
-    return (f"critical path of the slowest step ({step}, {slow['duration_us'] / 1e3:,.1f} ms, across ranks "
-            f"{', '.join(slow['by_rank'])}): {kinds}; most of it: {top}")
 
 
 def _diff(args: argparse.Namespace, so: dict[str, Any] | None) -> int:

@@ -233,6 +233,7 @@ class RankHeader:
     header: dict[str, Any]
     is_trace: bool = True
     is_merged: bool = False
+    merged_by: str = "tracefuse"  # who merged it, when ``is_merged``: "tracefuse" or "Composer"
     full_read: bool = False
     bytes_in: int = 0
     earliest_ns: int | None = None  # absolute, over all events (only when asked)

@@ -31,16 +31,32 @@ _GEMM = "nvjet_tst_128x256_64x4_2x1_v_bz_coopA_TNN"
 _EW = "void at::native::vectorized_elementwise_kernel<4, at::native::{}, std::array<char*, {}ul> >(int, at::native::{})"
 _LN = ("void at::native::(anonymous namespace)::{}<float, float>(float const*, float const*, float const*, "
        "float const*, float const*, float*, float*, float*)")
-# module, forward frame, op, inner op, kernel, Input Dims, backward node, backward op, backward kernel
+
+
+def _shapes(*args: tuple[Any, str, str]) -> dict[str, list[Any]]:
+    """``Input Dims``, ``Input type`` and ``Concrete Inputs`` as ``record_shapes`` writes them, one (dims, type,
+    concrete) per argument."""
+    return {"Input Dims": [a[0] for a in args], "Input type": [a[1] for a in args],
+            "Concrete Inputs": [a[2] for a in args]}
+
+
+_X, _W, _B = ([8, 4096], "float", ""), ([4096, 4096], "float", ""), ([4096], "float", "")
+# module, forward frame, op, inner op, kernel, the ops' shapes, backward node, backward op, backward kernel, its shapes
 _LAYERS = [
     ("Linear", "torch/nn/modules/linear.py(125): forward", "aten::linear", "aten::addmm", _GEMM,
-     [[8, 4096], [4096, 4096], [4096]], "AddmmBackward0", "aten::mm", _GEMM),
+     (_shapes(_X, _W, _B), _shapes(_B, _X, _W, ([], "Scalar", "1"), ([], "Scalar", "1"))),
+     "AddmmBackward0", "aten::mm", _GEMM, _shapes(_X, _W)),
     ("LayerNorm", "torch/nn/modules/normalization.py(217): forward", "aten::layer_norm",
-     "aten::native_layer_norm", _LN.format("vectorized_layer_norm_kernel"), [[8, 4096], [], [4096], [4096], [], []],
-     "NativeLayerNormBackward0", "aten::native_layer_norm_backward", _LN.format("layer_norm_grad_input_kernel")),
+     "aten::native_layer_norm", _LN.format("vectorized_layer_norm_kernel"),
+     (_shapes(_X, ([], "ScalarList", "[4096]"), _B, _B, ([], "Scalar", "1e-05"), ([], "Scalar", "True")),
+      _shapes(_X, ([], "ScalarList", "[4096]"), _B, _B, ([], "Scalar", "1e-05"))),
+     "NativeLayerNormBackward0", "aten::native_layer_norm_backward", _LN.format("layer_norm_grad_input_kernel"),
+     _shapes(_X, _X, ([], "ScalarList", "[4096]"), ([8, 1], "float", ""), ([8, 1], "float", ""), _B, _B,
+             ([], "ScalarList", "[True, True, True]"))),
     ("GELU", "torch/nn/modules/activation.py(734): forward", "aten::gelu", None,
-     _EW.format("GeluCUDAKernelImpl", 2, "GeluCUDAKernelImpl"), [[8, 4096], []], "GeluBackward0",
-     "aten::gelu_backward", _EW.format("GeluBackwardCUDAKernelImpl", 3, "GeluBackwardCUDAKernelImpl")),
+     _EW.format("GeluCUDAKernelImpl", 2, "GeluCUDAKernelImpl"), (_shapes(_X, ([], "", "none")), None),
+     "GeluBackward0", "aten::gelu_backward", _EW.format("GeluBackwardCUDAKernelImpl", 3, "GeluBackwardCUDAKernelImpl"),
+     _shapes(_X, _X, ([], "", "none"))),
 ]
 _CHAIN = ("torch/nn/modules/module.py(1762): _wrapped_call_impl", "torch/nn/modules/module.py(1773): _call_impl")
 _LEAVES = ["torch/nn/modules/module.py(1940): __getattr__", "torch/_jit_internal.py(1196): is_scripting",
@@ -226,13 +242,13 @@ class _Rank(_Timeline):
         op_t, op_end = b + 500, a + fslot - 1_500
         self.seq += 1
         self.flow_id += 1
-        fargs = {"Input Dims": layer[5], "Input type": ["float"] * len(layer[5]), "Sequence number": self.seq,
-                 "Fwd thread id": 0}
+        outer, inner = layer[5]
+        fargs = {**outer, "Sequence number": self.seq, "Fwd thread id": 0}
         self.py(f"<built-in method {layer[2][6:]} of type object at 0x7f3c2a8e1f40>", b, a + fslot - 1_000, p)
         e = self.op("cpu_op", layer[2], op_t, op_end, tid, fargs)
         self.flow("s", self.flow_id, "fwdbwd", self.pid, tid, op_t)
         if layer[3]:
-            e = self.op("cpu_op", layer[3], op_t + 2_000, op_end - 1_000, tid, fargs)
+            e = self.op("cpu_op", layer[3], op_t + 2_000, op_end - 1_000, tid, {**fargs, **inner})
         lt = op_end - 10_000 - rng.randint(0, 3_000)
         self.launch("cudaLaunchKernel", e, lt, lt + 6_000 + rng.randint(0, 2_000), tid, "kernel", layer[4],
                     int(fslot * (0.2 + 0.25 * rng.random())))
@@ -250,7 +266,7 @@ class _Rank(_Timeline):
                     self.tid2, bargs)
             self.flow("f", fid, "fwdbwd", self.pid, self.tid2, a + 500)
             self.op("cpu_op", layer[6], a + 2_000, a + bslot - 3_000, self.tid2, bargs)
-            e = self.op("cpu_op", layer[7], a + 4_000, a + bslot - 5_000, self.tid2, bargs)
+            e = self.op("cpu_op", layer[7], a + 4_000, a + bslot - 5_000, self.tid2, {**bargs, **layer[9]})
             lt = a + bslot - 15_000 - rng.randint(0, 4_000)
             self.launch("cudaLaunchKernel", e, lt, lt + 7_000, self.tid2, "kernel", layer[8],
                         int(bslot * (0.25 + 0.2 * rng.random())))

@@ -18,7 +18,7 @@ from distributed import progress
 from pandas.api.types import union_categoricals
 
 from .._version import __version__
-from ..errors import MergeError, OutputExistsError, RankError
+from ..errors import MergeError, OutputExistsError, RankError, TraceFormatError
 from ..storage.files import (options_for, read_bytes, read_start, retry_unreachable,
                              storage_errors)
 from ..cluster import batches, connect
@@ -28,8 +28,13 @@ from .collective_trace import looks_like_collective_trace, parse_collective_trac
 from .collectives import clock_offsets, group_members, instance_metrics, match_collectives, op_summary, straggler
 from .critical_path import stitch, straggler_cause, walks_in
 from .diff import Diff
-from .rank import PIECES, TABLES, RankTables, analyze_events, analyze_rank, decode_trace, rows_for
+from .efficiency import gpu_speed, link_use, node_of
+from .op_perf import by_category, roofline_summary
+from .rank import PIECES, TABLES, RankTables, analyze_events, analyze_rank, rows_for
+from .trace import decode_trace
+from ..kineto.array_form import COMPOSER_MERGED, MERGED_BY_COMPOSER
 from ..kineto.document import check_document, decode_json, paused_gc
+from ..perf.devices import Device, load_devices
 from ..kineto.layout import is_merged, split_merged
 from ..storage.inputs import TRACE_NAME, expand_inputs, rank_from_name, resolve_rank
 from ..storage.output import open_write
@@ -39,7 +44,8 @@ __all__ = ["Analysis", "analyze", "check_new", "is_report", "rank_stats", "read_
 
 log = logging.getLogger(__name__)
 _REDUCED = ("rank_stats", "collective_instances", "collective_waits", "collective_summary", "straggler_ranks",
-            "critical_path", "collective_trace_calls", "collective_trace_summary", "collective_trace_hints")
+            "critical_path", "collective_trace_calls", "collective_trace_summary", "collective_trace_hints",
+            "op_perf_by_category", "gpu_speed")
 _CT_RANK = r"[-_.](?P<rank>\d+)(?:\.(?:csv|log|txt))?$"  # collective_trace names its logs <file>-<rank>
 # what a folder or glob lists for analysis: traces, and collective_trace logs and CSV exports
 _MERGED_HEAD = b'"metadata":{"tracefuse":'
@@ -61,6 +67,7 @@ class Analysis:
     kernel_categories: pd.DataFrame
     ops: pd.DataFrame
     kernel_launchers: pd.DataFrame
+    op_perf: pd.DataFrame
     idle: pd.DataFrame
     collectives: pd.DataFrame
     rank_stats: pd.DataFrame
@@ -72,6 +79,8 @@ class Analysis:
     collective_trace_calls: pd.DataFrame
     collective_trace_summary: pd.DataFrame
     collective_trace_hints: pd.DataFrame
+    op_perf_by_category: pd.DataFrame
+    gpu_speed: pd.DataFrame
     summary: dict[str, Any] = field(default_factory=dict)
 
     def tables(self) -> dict[str, pd.DataFrame]:
@@ -80,7 +89,8 @@ class Analysis:
 
 
 def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps: tuple[int, int] | None,
-                  subset: Any, rank_regex: str, keep_unlaunched_gpu: bool) -> dict[str, Any]:
+                  subset: Any, rank_regex: str, keep_unlaunched_gpu: bool,
+                  devices: tuple[Device, ...]) -> dict[str, Any]:
     """Task: parse one file and analyse each rank it holds (one, or all of a merged trace).
 
     A collective_trace log or CSV export (recognised by its content) gives its calls instead.
@@ -94,10 +104,11 @@ def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps
         # A merged trace is split per rank on the orjson path; ours say so in their first bytes.
         trace = None if data.find(_MERGED_HEAD, 0, 256) >= 0 else decode_trace(data)
         if trace is not None and not is_merged(trace.metadata):
-            header = {"distributedInfo": trace.distributedInfo, "host_name": trace.host_name}
+            header = {"distributedInfo": trace.distributedInfo, "host_name": trace.host_name,
+                      "global_rank": trace.global_rank, "deviceProperties": trace.deviceProperties}
             rank, world_size, note = resolve_rank(f, header, rank_regex)
             ranks = [analyze_events(trace.traceEvents, rank, f.path, steps, base=_base(trace.baseTimeNanoseconds),
-                                    header=header, keep_unlaunched_gpu=keep_unlaunched_gpu)
+                                    header=header, keep_unlaunched_gpu=keep_unlaunched_gpu, devices=devices)
                      ] if subset is None or rank in subset else []
             return {"ranks": ranks, "world_size": world_size, "notes": [note] if note else []}
         del trace
@@ -106,6 +117,11 @@ def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps
         if f.listed and isinstance(doc, dict) and "traceEvents" not in doc:
             return {"ignored": f"{f.path}: a JSON file without traceEvents, not a trace"}
         check_document(doc, f.path)
+        if COMPOSER_MERGED in doc:
+            if f.listed:
+                return {"ignored": f"{f.path}: {MERGED_BY_COMPOSER}"}
+            raise TraceFormatError(f"{f.path}: this is {MERGED_BY_COMPOSER}, not a per-rank trace; analyse the "
+                                   "per-rank files instead")
         meta = doc.get("metadata")
         notes: list[str] = []
         base = _base(doc.get("baseTimeNanoseconds"))
@@ -125,7 +141,7 @@ def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps
             headers = {rank: {k: v for k, v in doc.items() if k != "traceEvents"}}
         del doc
         ranks = [analyze_rank(events, rank, f.path, steps, base=base, header=headers.get(rank),
-                              keep_unlaunched_gpu=keep_unlaunched_gpu)
+                              keep_unlaunched_gpu=keep_unlaunched_gpu, devices=devices)
                  for rank, events in sorted(parts.items()) if subset is None or rank in subset]
         return {"ranks": ranks, "world_size": world_size, "notes": notes}
 
@@ -133,9 +149,10 @@ def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps
 @retry_unreachable
 def _analyze_files(files: list[InputFile], storage_options: Mapping[str, Any] | None,
                    steps: tuple[int, int] | None, subset: Any, rank_regex: str,
-                   keep_unlaunched_gpu: bool) -> dict[str, Any]:
+                   keep_unlaunched_gpu: bool, devices: tuple[Device, ...]) -> dict[str, Any]:
     """Task: ``_analyze_file`` of consecutive files; small ones share a task (``cluster.batches``)."""
-    return _batch([_analyze_file(f, storage_options, steps, subset, rank_regex, keep_unlaunched_gpu) for f in files])
+    return _batch([_analyze_file(f, storage_options, steps, subset, rank_regex, keep_unlaunched_gpu, devices)
+                   for f in files])
 
 
 def _batch(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -309,6 +326,7 @@ def analyze(
     timeout: float = 10.0,
     show_progress: bool = False,
     keep_unlaunched_gpu: bool = False,
+    gpu_spec: str | None = None,
 ) -> Analysis:
     """Analyse per-rank traces, one Dask task per file, and reduce the small per-rank tables.
 
@@ -339,6 +357,9 @@ def analyze(
         Keep the device work whose launch is not in the trace, which HTA leaves out when a rank has two or
         more ``ProfilerStep#N`` (work queued before the profiler started; see ``analysis.rank._launched_only``).
         By default it is left out, as HTA does, and ``summary["gpu_events_left_out"]`` counts it.
+    gpu_spec
+        A JSON file of devices (as ``tracefuse_dask/perf/devices.json``) that add to or override the package's
+        device table, for ``op_perf``'s roofline.
 
     Returns
     -------
@@ -358,6 +379,7 @@ def analyze(
     except ValueError as e:
         raise MergeError(str(e)) from None
     so = dict(storage_options or {})
+    devices = load_devices(gpu_spec)
     if out_dir is not None:
         check_new(out_dir, so, force)
     files, skipped_names = expand_inputs(urlpath, storage_options=storage_options, rank_regex=rank_regex,
@@ -366,7 +388,7 @@ def analyze(
                  timeout=timeout, inputs=files) as c:
         futures = c.map(_analyze_files, [files[b.start:b.stop] for b in batches([f.trace_bytes for f in files])],
                         storage_options=so, steps=step_range, subset=subset, rank_regex=rank_regex,
-                        keep_unlaunched_gpu=keep_unlaunched_gpu, pure=False)
+                        keep_unlaunched_gpu=keep_unlaunched_gpu, devices=devices, pure=False)
         if show_progress:
             with contextlib.redirect_stdout(sys.stderr):
                 progress(futures, scheduler=c.scheduler.address)
@@ -382,7 +404,8 @@ def analyze(
                 return _joined(c.gather([c.submit(_segments_in, r, wanted, pure=False) for r in reduced]))
 
             with paused_gc():
-                analysis = _reduce(results, segments_of, skipped_names, step_range, keep_unlaunched_gpu, subset)
+                analysis = _reduce(results, segments_of, skipped_names, step_range, keep_unlaunched_gpu, devices,
+                                   subset)
         else:
             results = c.gather(futures)
     if not joined:  # the reduce needs no cluster
@@ -390,7 +413,7 @@ def analyze(
             results = [_combine(results)]
             segments = results[0]["tables"].pop("path_segments")
             analysis = _reduce(results, lambda wanted: walks_in(segments, wanted), skipped_names, step_range,
-                               keep_unlaunched_gpu, subset)
+                               keep_unlaunched_gpu, devices, subset)
     analysis.summary["seconds"] = round(time.perf_counter() - started, 3)
     if out_dir is not None:
         write_report(analysis, out_dir, so, format=format)
@@ -412,7 +435,7 @@ def _segments_in(result: dict[str, Any], wanted: list[tuple[int, int]]) -> pd.Da
 # cycles, and a full collection over the client's objects cost 50-70 ms of an 8-rank analysis.
 def _reduce(results: list[dict[str, Any]], segments_of: Callable[[list[tuple[int, int]]], pd.DataFrame],
             skipped_names: list[str], steps: tuple[int, int] | None, keep_unlaunched_gpu: bool,
-            subset: Any = None) -> Analysis:
+            devices: tuple[Device, ...], subset: Any = None) -> Analysis:
     """The cross-rank reduce of the tasks' joined results (``_combine``, without the critical path's segments,
     which ``segments_of`` gives for the walks asked for); it takes their tables out of them."""
     warnings: list[str] = []
@@ -456,6 +479,11 @@ def _reduce(results: list[dict[str, Any]], segments_of: Callable[[list[tuple[int
     clocks = clock_offsets(matched, {rt.rank: rt.host for rt in per_rank})
     offsets = {int(r): us * 1e3 for r, us in clocks["clock_offset_us"].items()}
     instances, waits = instance_metrics(matched, offsets)
+    by_name: dict[str, Device] = {}
+    for d in devices:  # a --gpu-spec device comes first and wins over the package's of the same name
+        by_name.setdefault(d.name, d)
+    instances = link_use(instances, matched, {rt.rank: node_of(rt.rank, rt.host, rt.device[2]) for rt in per_rank},
+                         {rt.rank: by_name.get(rt.device[0]) for rt in per_rank})
     stragglers, verdict = straggler(instances, waits, matched)
     gpu = bool("kernel_count" in tables["breakdown"] and (tables["breakdown"]["kernel_count"] > 0).any())
     pieces = {name: _texts(_in_rank_order([res["tables"].pop(name) for res in results]))
@@ -463,6 +491,7 @@ def _reduce(results: list[dict[str, Any]], segments_of: Callable[[list[tuple[int
     texts = {rt.rank: rt.texts for rt in per_rank}
     path, path_steps, path_origin = stitch(pieces["path_anchors"], segments_of, tables["collectives"], matched,
                                            offsets, texts)
+    speed, slow_gpu = gpu_speed(tables["op_perf"])
     verdict["cause"] = straggler_cause(verdict["rank"], instances, matched, pieces["path_work"], path, path_steps,
                                        gpu, texts)
     ct = _one_source_per_rank(pd.concat(ct_calls, ignore_index=True), warnings) if ct_calls \
@@ -497,9 +526,13 @@ def _reduce(results: list[dict[str, Any]], segments_of: Callable[[list[tuple[int
             "unclosed_ranks": [rt.rank for rt in per_rank if rt.begin_end[1]],
             "unopened": sum(rt.begin_end[2] for rt in per_rank),
             "why": "B/E duration events (Composer's and other Chrome-trace writers') count as ops once paired on "
-                   "their thread; a B without its E (the trace was cut) is closed at its rank's last timestamp; "
-                   "an E whose B came before the trace began is left out",
+                   "their thread, as Perfetto pairs them; a B whose E is not in the trace (it was cut, or the span "
+                   "outlives it, as Composer's event/fit and event/epoch outlive a profiling cycle) ends at its "
+                   "rank's last timestamp; an E whose B came before the trace began is left out",
         },
+        "devices": _devices(per_rank),
+        "slow_gpu": _slow_gpu_verdict(slow_gpu, verdict),
+        "roofline": roofline_summary(op_perf_categories := by_category(tables["op_perf"])),
         "outliers": [n for n in stats["note"] if n],
         "collectives": {"calls": len(tables["collectives"]), "matched": len(instances), "problems": len(problems),
                         "problem_examples": problems[:20]},
@@ -516,7 +549,41 @@ def _reduce(results: list[dict[str, Any]], segments_of: Callable[[list[tuple[int
     return Analysis(**tables, rank_stats=stats, collective_instances=instances, collective_waits=waits,
                     collective_summary=op_summary(instances), straggler_ranks=stragglers, critical_path=path,
                     collective_trace_calls=ct, collective_trace_summary=ct_summary,
-                    collective_trace_hints=ct_hints, summary=summary)
+                    collective_trace_hints=ct_hints, op_perf_by_category=op_perf_categories, gpu_speed=speed,
+                    summary=summary)
+
+
+def _slow_gpu_verdict(slow: dict[str, Any] | None, straggler: dict[str, Any]) -> dict[str, Any] | None:
+    """The slow GPU (``efficiency.gpu_speed``), told apart from the straggler: a straggler whose GPU is not slow
+    is late for what the critical path shows (host work, launches, waits), not for its kernels."""
+    late = straggler.get("rank")
+    if slow is None:
+        return None if late is None else {"rank": None, "text": f"no GPU is slower than the others at equal shapes: "
+                                          f"rank {late} is late for what the critical path shows, not for its kernels"}
+    if late == slow["rank"]:
+        slow["text"] += "; it is also the straggler, and its GPU is why"
+    elif late is not None:
+        slow["text"] += f"; the straggler, rank {late}, is late for what the critical path shows, not for its kernels"
+    return slow
+
+
+def _devices(per_rank: list[RankTables]) -> dict[str, Any]:
+    """Which device each rank ran on, as the device table names it (``op_perf``'s roofline), and which it lacks."""
+    by_name: dict[str, list[int]] = {}
+    unknown: dict[str, list[int]] = {}
+    for rt in per_rank:
+        name, called, _ = rt.device
+        if name is not None:
+            by_name.setdefault(name, []).append(rt.rank)
+        elif called or rt.numbers.get("kernel_count"):
+            unknown.setdefault(called or "(no deviceProperties)", []).append(rt.rank)
+    return {
+        "ranks": by_name,
+        "unknown": unknown,
+        "note": ("op_perf has no roofline for the ranks of " + ", ".join(map(repr, unknown)) + ": add the device to a "
+                 "JSON file shaped as tracefuse_dask/perf/devices.json and pass it with --gpu-spec FILE.json"
+                 ) if unknown else None,
+    }
 
 
 def _in_rank_order(parts: list[pd.DataFrame]) -> pd.DataFrame:

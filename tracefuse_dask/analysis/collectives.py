@@ -322,15 +322,17 @@ def instance_metrics(matched: pd.DataFrame, offsets_ns: Mapping[int, float]) -> 
 
 
 def op_summary(instances: pd.DataFrame) -> pd.DataFrame:
-    """Per op and message size: count, comm latency (total, mean, max), mean skew, mean bus bandwidth."""
-    cols = ["op", "bytes", "count", "latency_total_us", "latency_mean_us", "latency_max_us", "skew_mean_us",
-            "busbw_mean_gbps"]
+    """Per op, message size and scope (intra- or inter-node, ``efficiency.link_use``): count, comm latency (total,
+    mean, max), mean skew, mean bus bandwidth and its mean % of the links' peak."""
+    cols = ["op", "bytes", "scope", "count", "latency_total_us", "latency_mean_us", "latency_max_us", "skew_mean_us",
+            "busbw_mean_gbps", "link_pct_mean"]
     if instances.empty:
         return pd.DataFrame(columns=cols)
-    g = instances.groupby(["op", "bytes"], dropna=False)
+    g = instances.groupby(["op", "bytes", "scope"], dropna=False)
     out = g.agg(count=("instance", "count"), latency_total_us=("comm_latency_us", "sum"),
                 latency_mean_us=("comm_latency_us", "mean"), latency_max_us=("comm_latency_us", "max"),
-                skew_mean_us=("skew_us", "mean"), busbw_mean_gbps=("busbw_gbps", "mean")).reset_index()
+                skew_mean_us=("skew_us", "mean"), busbw_mean_gbps=("busbw_gbps", "mean"),
+                link_pct_mean=("link_pct", "mean")).reset_index()
     return out.sort_values(["latency_total_us", "op"], ascending=[False, True], ignore_index=True)[cols]
 
 

@@ -52,6 +52,7 @@ __all__ = [
     "SEGMENT_COLUMNS",
     "WORK_COLUMNS",
     "WORK_KINDS",
+    "path_line",
     "rank_pieces",
     "stitch",
     "straggler_cause",
@@ -878,3 +879,13 @@ def trace_marks(path: pd.DataFrame, origin_ns: int, bases_ns: Mapping[int, int],
             {"ph": "M", "name": "process_name", "pid": CRITICAL_PATH_PID, "args": {"name": "critical path"}},
             {"ph": "M", "name": "process_sort_index", "pid": CRITICAL_PATH_PID, "args": {"sort_index": -1}}]
     return {r: Marks(flows[r], track[r]) for r in sorted(track)}
+
+
+def path_line(steps: list[dict[str, Any]]) -> str:
+    """One line on the slowest step's critical path: its length, and what takes most of it."""
+    slow = max(steps, key=lambda p: p["duration_us"])
+    step = "the whole trace" if slow["step"] < 0 else f"ProfilerStep#{slow['step']}"
+    top = ", ".join(f"`{t['name']}` on rank {t['rank']} ({t['kind']}) {t['share']:.0%}" for t in slow["top"][:3])
+    kinds = ", ".join(f"{k} {v / slow['path_us']:.0%}" for k, v in list(slow["by_kind"].items())[:3])
+    return (f"critical path of the slowest step ({step}, {slow['duration_us'] / 1e3:,.1f} ms, across ranks "
+            f"{', '.join(slow['by_rank'])}): {kinds}; most of it: {top}")

@@ -5,13 +5,14 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..errors import RankError
+from ..errors import RankError, TraceFormatError
 from ..storage.files import parse_json, retry_unreachable
 from ..cluster import batches, connect
 from ..model import DEFAULT_RANK_REGEX, InputFile
 from ..kineto.document import check_document, paused_gc
 from ..kineto.events import is_device_event
 from ..kineto.layout import is_merged, split_merged
+from ..kineto.array_form import COMPOSER_MERGED, MERGED_BY_COMPOSER
 from ..kineto.times import to_ns
 from ..storage.inputs import expand_inputs, resolve_rank
 
@@ -24,6 +25,11 @@ def _describe(f: InputFile, storage_options: Mapping[str, Any] | None) -> tuple[
     """The file's uncompressed size and a row per rank it holds: its own, or each rank of a trace that
     tracefuse merged; None for a listed file that is not a per-rank trace."""
     doc, nbytes, _ = parse_json(f.path, storage_options)
+    if isinstance(doc, dict) and COMPOSER_MERGED in doc:
+        if f.listed:
+            return None
+        raise TraceFormatError(f"{f.path}: this is {MERGED_BY_COMPOSER}, not a per-rank trace; describe the per-rank "
+                               "files instead")
     merged = isinstance(doc, dict) and is_merged(doc.get("metadata"))
     if f.listed and isinstance(doc, dict) and ("traceEvents" not in doc or merged):
         return None  # not a trace, or a merged trace in a folder of per-rank ones

@@ -4,7 +4,7 @@ One rank's events go in; small tables come out. The numbers follow
 HolisticTraceAnalysis's definitions where it has them (temporal breakdown,
 kernel breakdown, idle time breakdown), so that the two agree.
 
-A trace's text decodes straight into msgspec structs (``decode_trace``) whose
+A trace's text decodes straight into msgspec structs (``trace.decode_trace``) whose
 types check what ``RankEvents`` checks and whose ``args`` hold only the keys
 read here. Columns come out in C-level passes, rules run once per distinct
 name, cat or pid, and subtree totals are prefix sums over the call tree's order.
@@ -13,25 +13,23 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import attrgetter
 from typing import Any
 
-import msgspec
 import numpy as np
 import orjson
 import pandas as pd
-from msgspec import UNSET, Raw, Struct, UnsetType
 
 from .collectives import group_spec, rank_collectives
 from .critical_path import rank_pieces
+from .op_perf import op_perf_table, owners
+from .trace import NO_ARGS, Args, Event, durations, events_decoder, json_text
 from ..kineto.vocabulary import (
     KERNEL_WAIT_NS,
     STEP,
-    KnownCategory,
-    KnownPhase,
     device_kind,
     host_category,
     is_collective_call,
@@ -42,19 +40,17 @@ from ..kineto.vocabulary import (
     on_device,
 )
 from ..model import MergeOptions
-from ..kineto.events import RankEvents, begin_end_pairs, decode_or_none
+from ..kineto.events import RankEvents
 from ..kineto.layout import map_tid
-from ..kineto.times import Duration, Micros, to_ns, to_ns_array
+from ..kineto.times import to_ns, to_ns_array
+from ..perf import has_model
+from ..perf.devices import Device, detect
 
-__all__ = ["RankTables", "Trace", "analyze_events", "analyze_rank", "decode_trace", "union_length"]
+__all__ = ["RankTables", "analyze_events", "analyze_rank", "union_length"]
 
 _FLOW_OR_M = frozenset({"s", "t", "f", "M"})
-_ARG_KEYS = {"collective": "Collective name", "pg_name": "Process Group Name",
-             "pg_desc": "Process Group Description", "group_ranks": "Process Group Ranks", "group_size": "Group size",
-             "in_nelems": "In msg nelems", "out_nelems": "Out msg nelems", "seq": "Seq", "comms_id": "Comms Id",
-             "input_dims": "Input Dims", "input_types": "Input type"}
-TABLES = ("breakdown", "breakdown_by_step", "kernels", "kernel_categories", "ops", "kernel_launchers", "idle",
-          "collectives")
+TABLES = ("breakdown", "breakdown_by_step", "kernels", "kernel_categories", "ops", "kernel_launchers", "op_perf",
+          "idle", "collectives")
 PIECES = ("path_anchors", "path_segments", "path_work")
 """The tables a rank's task gives only for the cross-rank critical path (``critical_path.rank_pieces``)."""
 
@@ -93,103 +89,16 @@ class RankTables:
     pg_config: dict[str, str] = field(default_factory=dict)  # pg_name: rank spec (``group_spec``)
     base: int = 0  # the file's ``baseTimeNanoseconds``
     texts: list[str] = field(default_factory=list)  # what the codes of path_segments and path_work stand for
-    begin_end: tuple[int, int, int] = (0, 0, 0)  # B/E pairs, B left open, E that closed nothing (``_durations``)
+    begin_end: tuple[int, int, int] = (0, 0, 0)  # B/E pairs, B left open, E that closed nothing (``durations``)
+    # the device table's name for the rank's GPU (None: unknown), the trace's, and how many GPUs the node has
+    device: tuple[str | None, str, int] = (None, "", 0)
 
 
-class _Args(Struct, gc=False, rename=_ARG_KEYS):
-    """The ``args`` keys the analysis reads; the decoder skips the others unread.
-
-    ``Input Dims`` and ``Input type`` stay JSON text: few of them are read.
-    """
-
-    correlation: Any = None
-    stream: Any = None
-    collective: Any = None
-    pg_name: Any = None
-    pg_desc: Any = None
-    group_ranks: Any = None
-    group_size: Any = None
-    dtype: Any = None
-    in_nelems: Any = None
-    out_nelems: Any = None
-    seq: Any = None
-    comms_id: Any = None
-    input_dims: Raw = Raw()  # empty when absent
-    input_types: Raw = Raw()
-
-
-_NO_ARGS = _Args()
-
-
-class _Event(Struct, kw_only=True, gc=False):
-    """One event, typed as ``RankEvents`` checks it (which skips ``python_function`` events, and lets ``M`` lack ts)."""
-
-    ph: str
-    cat: str = ""
-    name: str = ""
-    pid: int | str
-    tid: int | str | None = None
-    ts: Micros
-    dur: Duration = 0
-    id: int | str | UnsetType = UNSET
-    args: _Args | list | str | int | float | bool | None = None
-
-
-class Trace(Struct, gc=False):
-    """A trace file as ``decode_trace`` gives it: its events and the top-level keys the analysis reads."""
-
-    traceEvents: list[_Event]
-    distributedInfo: Any = None
-    host_name: Any = None
-    baseTimeNanoseconds: Any = None
-    metadata: Any = None
-
-
-class _KinetoEvent(_Event):
-    """An event whose ph and cat decode as shared string objects (see ``fastpath``); others decode as ``_Event``."""
-
-    ph: KnownPhase  # type: ignore[assignment]
-    cat: KnownCategory = ""  # type: ignore[assignment]
-
-
-class _KinetoTrace(Trace):
-    traceEvents: list[_KinetoEvent]  # type: ignore[assignment]
-
-
-_trace_decoders = (msgspec.json.Decoder(_KinetoTrace), msgspec.json.Decoder(Trace))
-_events_decoder = msgspec.json.Decoder(list[_Event])
 _CORRELATION_TYPES = frozenset({int, str})
 _CAT, _NAME, _PID, _TID, _TS, _DUR, _ARGS, _CORRELATION = map(attrgetter, ("cat", "name", "pid", "tid", "ts", "dur",
                                                                           "args", "correlation"))
-_DIMS, _TYPES = attrgetter("input_dims"), attrgetter("input_types")
+_DIMS, _TYPES, _CONCRETE = attrgetter("input_dims"), attrgetter("input_types"), attrgetter("concrete_inputs")
 LAUNCHER_COLUMNS = ["name", "input_dims", "input_types", "count", "gpu_time_us", "kernel_count", "top_kernels"]
-
-
-def decode_trace(data: bytes) -> Trace | None:
-    """A trace's text as structs, or None when it needs the general path (``orjson`` and ``RankEvents``).
-
-    None for whatever the types reject: bad JSON, a bad event (the general path
-    then says what is wrong), and a few things the general path accepts (an odd
-    ``python_function`` event, which it skips unread, or an ``M`` event without ``ts``).
-    One difference the other way: an int id wider than 64 bits, which orjson reads
-    as a float that ``RankEvents`` rejects, is taken as it is.
-
-    Parameters
-    ----------
-    data
-        The whole file, uncompressed.
-
-    Returns
-    -------
-    Trace or None
-    """
-    return decode_or_none(data, *_trace_decoders)
-
-
-def _json_text(raw: bytes) -> str:
-    """A raw ``args`` value as compact JSON text ("" when absent or null)."""
-    value = orjson.loads(raw) if raw else None
-    return "" if value is None else orjson.dumps(value).decode()
 
 
 @dataclass
@@ -207,7 +116,7 @@ class _Gpu:
     launch: np.ndarray  # index of the launching host event, or -1
     dur: np.ndarray  # per-event duration (ns), clipped at the next start on its stream (``_clipped``)
     clipped: int  # how many durations were clipped
-    args: list[_Args]  # per event, for the collective matching (``Collective name``)
+    args: list[Args]  # per event, for the collective matching (``Collective name``)
     index: np.ndarray  # each event's index among the X events
 
 
@@ -315,7 +224,8 @@ def _top(counter: Counter[str]) -> str:
 
 
 def analyze_rank(events: list[Any], rank: int, path: str, steps: tuple[int, int] | None = None, *, base: int = 0,
-                 header: Mapping[str, Any] | None = None, keep_unlaunched_gpu: bool = False) -> RankTables:
+                 header: Mapping[str, Any] | None = None, keep_unlaunched_gpu: bool = False,
+                 devices: tuple[Device, ...] = ()) -> RankTables:
     """Analyse one rank's events (``traceEvents``, as parsed).
 
     The events are validated as ``merge`` validates them, then analysed as
@@ -335,9 +245,11 @@ def analyze_rank(events: list[Any], rank: int, path: str, steps: tuple[int, int]
     base
         The file's ``baseTimeNanoseconds``: collective times are absolute.
     header
-        The file's other top-level keys (``distributedInfo.pg_config``, ``host_name``).
+        The file's other top-level keys (``distributedInfo.pg_config``, ``host_name``, ``deviceProperties``).
     keep_unlaunched_gpu
         Keep the device work that HTA leaves out (``_launched_only``).
+    devices
+        The device table (``perf.devices.load_devices``) for ``op_perf``'s roofline; empty: no roofline.
 
     Returns
     -------
@@ -350,27 +262,27 @@ def analyze_rank(events: list[Any], rank: int, path: str, steps: tuple[int, int]
     """
     sel = RankEvents(events, 0, MergeOptions(), f"{path} (rank {rank})", link_flows=False)
     used = [ev for ev, keep in zip(events, sel.keep) if keep and ev.get("ts") is not None]
-    return analyze_events(_events_decoder.decode(orjson.dumps(used)), rank, path, steps, base=base, header=header,
-                          keep_unlaunched_gpu=keep_unlaunched_gpu)
+    return analyze_events(events_decoder.decode(orjson.dumps(used)), rank, path, steps, base=base, header=header,
+                          keep_unlaunched_gpu=keep_unlaunched_gpu, devices=devices)
 
 
-def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int, int] | None = None, *,
+def analyze_events(events: list[Event], rank: int, path: str, steps: tuple[int, int] | None = None, *,
                    base: int = 0, header: Mapping[str, Any] | None = None,
-                   keep_unlaunched_gpu: bool = False) -> RankTables:
+                   keep_unlaunched_gpu: bool = False, devices: tuple[Device, ...] = ()) -> RankTables:
     """Analyse one rank's events as ``decode_trace`` gives them: already validated, with ``args`` as structs.
 
     Parameters
     ----------
     events
         ``Trace.traceEvents``; ``python_function`` events are skipped.
-    rank, path, steps, base, header, keep_unlaunched_gpu
+    rank, path, steps, base, header, keep_unlaunched_gpu, devices
         As for ``analyze_rank``.
 
     Returns
     -------
     RankTables
     """
-    spans, unclosed, unopened = _durations(events)
+    spans, unclosed, unopened = durations(events)
     xs = [e for e in events if e.ph == "X" and e.cat != "python_function"] + spans
     if steps is not None:
         xs = _in_steps(events, xs, steps)
@@ -382,7 +294,7 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
     end = start + to_ns_array(durs.astype(np.float64))
     name_code, names = _factorized(list(map(_NAME, xs)))
     cat_code, cats = _factorized(list(map(_CAT, xs)))
-    args = [a if type(a) is _Args else _NO_ARGS for a in map(_ARGS, xs)]
+    args = [a if type(a) is Args else NO_ARGS for a in map(_ARGS, xs)]
     pids = np.fromiter(map(_PID, xs), object, n)
     tids = np.fromiter(map(_TID, xs), object, n)
     dev = _device(cat_code, cats, pids, args)
@@ -411,10 +323,19 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
     tables["kernels"], tables["kernel_categories"] = _kernel_tables(g, names)
     launch_pos = np.where(g.launch >= 0, tree.pos[np.maximum(g.launch, 0)], -1)  # each GPU event's launch's position
     is_op = (np.array([is_op_category(c) for c in cats], dtype=bool)[cat_code] | is_span) & (step_of[name_code] < 0)
-    tables["ops"], tables["kernel_launchers"] = _op_tables(tree, is_op, cats[cat_code] == "cpu_op", name_code, names,
-                                                           durs, args, g, launch_pos)
-    tables["idle"] = _idle_table(g, start)
+    # the ops that launch (2021's traces call them Operator)
+    is_cpu_op = np.array([str(c).lower() in ("cpu_op", "operator") for c in cats], dtype=bool)[cat_code]
+    tables["ops"], tables["kernel_launchers"], leaf_at = _op_tables(tree, is_op, is_cpu_op, name_code, names, durs,
+                                                                    args, g, launch_pos)
     header = header or {}
+    props = header.get("deviceProperties")
+    device, called = detect(props, devices)
+    launched = launch_pos >= 0
+    modelled = np.array([has_model(nm) for nm in names], dtype=bool)[name_code] & is_cpu_op
+    tables["op_perf"] = op_perf_table(owners(leaf_at, tree.parent, modelled[tree.order]), g.start[launched],
+                                      g.end[launched], g.name[launched].tolist(),
+                                      _op_keys(tree.order, name_code, names, args), device)
+    tables["idle"] = _idle_table(g, start)
     info = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
     pgs = {str(pg["pg_name"]): spec for pg in info.get("pg_config") or []
            if isinstance(pg, dict) and "pg_name" in pg and (spec := group_spec(pg.get("ranks")))}
@@ -427,29 +348,11 @@ def analyze_events(events: list[_Event], rank: int, path: str, steps: tuple[int,
     host_name = header.get("host_name")
     return RankTables(rank, path, tables, numbers, [s for s, _, _ in step_spans],
                       host=host_name if isinstance(host_name, str) else None, pg_config=pgs, base=base, texts=texts,
-                      begin_end=(len(spans) - unclosed, unclosed, unopened))
+                      begin_end=(len(spans) - unclosed, unclosed, unopened),
+                      device=(device.name if device else None, called, len(props) if isinstance(props, list) else 0))
 
 
-def _durations(events: list[_Event]) -> tuple[list[_Event], int, int]:
-    """The ``B``/``E`` pairs as ``X`` events (``kineto.events.begin_end_pairs``), ``args`` and ``cat`` from the ``B``;
-    a ``B`` left open ends at the rank's last time. Also how many ``B`` were left open and ``E`` closed nothing."""
-    marks = [(i, e.ph, e.pid, e.tid, e.ts) for i, e in enumerate(events)
-             if (e.ph == "B" or e.ph == "E") and e.cat != "python_function"]
-    if not marks:
-        return [], 0, 0
-    pairs, unclosed, unopened = begin_end_pairs(marks)
-    ends = [(events[b], to_ns(events[e].ts)) for b, e in pairs]
-    if unclosed:
-        last = max(to_ns(e.ts) + to_ns(e.dur) for e in events if e.ph != "M")
-        ends += [(events[b], last) for b in unclosed]
-    spans = []
-    for b, end in ends:
-        ns = end - to_ns(b.ts)
-        spans.append(msgspec.structs.replace(b, ph="X", dur=ns // 1000 if ns % 1000 == 0 else ns / 1000))
-    return spans, len(unclosed), len(unopened)
-
-
-def _device(cat_code: np.ndarray, cats: np.ndarray, pids: np.ndarray, args: list[_Args]) -> np.ndarray:
+def _device(cat_code: np.ndarray, cats: np.ndarray, pids: np.ndarray, args: list[Args]) -> np.ndarray:
     """Which X events are on a device's timeline (``_on_gpu``), decided once per distinct ``cat`` and pid, and by
     each event's ``args.stream`` for a category the vocabulary does not know."""
     pid_code, distinct = pd.factorize(pids)
@@ -461,7 +364,7 @@ def _device(cat_code: np.ndarray, cats: np.ndarray, pids: np.ndarray, args: list
     return dev.astype(bool)
 
 
-def _in_steps(events: list[_Event], xs: list[_Event], steps: tuple[int, int]) -> list[_Event]:
+def _in_steps(events: list[Event], xs: list[Event], steps: tuple[int, int]) -> list[Event]:
     """The events of ``xs`` in the steps: a host event by its start, GPU work by its launch's (``RankEvents``)."""
     lo, hi = steps
     spans: list[tuple[int, int]] = []
@@ -473,7 +376,7 @@ def _in_steps(events: list[_Event], xs: list[_Event], steps: tuple[int, int]) ->
         if e.ph == "X" and (m := STEP.match(e.name)) and lo <= int(m.group(1)) <= hi:
             s = to_ns(e.ts)
             spans.append((s, s + to_ns(e.dur)))
-        c = e.args.correlation if type(e.args) is _Args else None
+        c = e.args.correlation if type(e.args) is Args else None
         if type(c) is int or type(c) is str:
             launches.setdefault(c, to_ns(e.ts))
     union: list[list[int]] = []  # the steps' spans as disjoint [start, end), by start
@@ -486,7 +389,7 @@ def _in_steps(events: list[_Event], xs: list[_Event], steps: tuple[int, int]) ->
     out = []
     for e in xs:
         t = to_ns(e.ts)
-        c = e.args.correlation if type(e.args) is _Args and _is_gpu(e, device) else None
+        c = e.args.correlation if type(e.args) is Args and _is_gpu(e, device) else None
         if type(c) is int or type(c) is str:
             t = launches.get(c, t)
         k = bisect_right(starts, t) - 1
@@ -533,14 +436,14 @@ def _on_gpu(cat: Any, pid: Any, device: dict[Any, bool | None]) -> bool | None:
     return device[cat]
 
 
-def _is_gpu(e: _Event, device: dict[Any, bool | None]) -> bool:
+def _is_gpu(e: Event, device: dict[Any, bool | None]) -> bool:
     """``_on_gpu`` of one event, its ``args.stream`` included."""
     dev = _on_gpu(e.cat, e.pid, device)
-    return on_device(e.cat, e.args if type(e.args) is _Args else None) if dev is None else dev
+    return on_device(e.cat, e.args if type(e.args) is Args else None) if dev is None else dev
 
 
-def _gpu_arrays(events: list[_Event], xs: list[_Event], dev: np.ndarray, host: np.ndarray, cat_code: np.ndarray,
-                cats: np.ndarray, name_code: np.ndarray, names: np.ndarray, args: list[_Args], tids: np.ndarray,
+def _gpu_arrays(events: list[Event], xs: list[Event], dev: np.ndarray, host: np.ndarray, cat_code: np.ndarray,
+                cats: np.ndarray, name_code: np.ndarray, names: np.ndarray, args: list[Args], tids: np.ndarray,
                 start: np.ndarray, end: np.ndarray, corr: np.ndarray) -> _Gpu:
     """The GPU events (a stream, not -1: ``args.stream``, else the tid) and the host events that launched them."""
     kinds = np.array([device_kind(c) for c in cats], dtype=object)[cat_code]
@@ -603,7 +506,7 @@ def _clipped(start: np.ndarray, end: np.ndarray, stream_code: np.ndarray,
     return dur, int(over.sum())
 
 
-def _launches(events: list[_Event], xs: list[_Event], host: np.ndarray, gpu: np.ndarray,
+def _launches(events: list[Event], xs: list[Event], host: np.ndarray, gpu: np.ndarray,
               corr: np.ndarray) -> np.ndarray:
     """Per GPU event, the host event that launched it (-1: none): by ``args.correlation`` (``corr``, None where it
     is not an int or a string), the first host event's that has it, else by the ac2g flow."""
@@ -618,7 +521,7 @@ def _launches(events: list[_Event], xs: list[_Event], host: np.ndarray, gpu: np.
     return out
 
 
-def _flow_launches(events: list[_Event], xs: list[_Event], host: list[int], gpu: list[int]) -> dict[int, int]:
+def _flow_launches(events: list[Event], xs: list[Event], host: list[int], gpu: list[int]) -> dict[int, int]:
     """Link GPU events to launches through ac2g flows: the start binds to the launch, the end to the kernel.
 
     A graph launch's flow has one start and an end on each of its kernels: every one of them links to it.
@@ -676,9 +579,10 @@ def _kernel_tables(g: _Gpu, names: np.ndarray) -> tuple[pd.DataFrame, pd.DataFra
 
 
 def _op_tables(tree: _Tree, is_op: np.ndarray, is_cpu_op: np.ndarray, name_code: np.ndarray, names: np.ndarray,
-               durs: np.ndarray, args: list[_Args], g: _Gpu,
-               launch_pos: np.ndarray) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """TreePerf-like tables: GPU time per op name over its subtree, and the leaf ops that launch kernels.
+               durs: np.ndarray, args: list[Args], g: _Gpu,
+               launch_pos: np.ndarray) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray]:
+    """TreePerf-like tables: GPU time per op name over its subtree, and the leaf ops that launch kernels; also
+    each launched GPU event's leaf op (its position, -1 for none).
     ``launch_pos``: each GPU event's launch's position in the tree, -1 for none."""
     order, parent = tree.order, tree.parent
     m = len(order)
@@ -738,11 +642,32 @@ def _op_tables(tree: _Tree, is_op: np.ndarray, is_cpu_op: np.ndarray, name_code:
     launchers = _launchers(leaf[at], g.code[launched], kernel_ns, order, code_at, names, args)
     launchers = launchers.sort_values(["gpu_time_us", "name", "input_dims"], ascending=[False, True, True],
                                       ignore_index=True)
-    return ops, launchers
+    return ops, launchers, leaf[at]
+
+
+def _op_keys(order: np.ndarray, name_code: np.ndarray, names: np.ndarray,
+             args: list[Args]) -> Callable[[np.ndarray], list[tuple[str, str, str, str]]]:
+    """Tree positions' op names and args as compact JSON text (``op_perf``'s groups), each distinct text converted
+    once."""
+    seen: dict[tuple[int, bytes, bytes, bytes], tuple[str, str, str, str]] = {}
+
+    def keys_of(positions: np.ndarray) -> list[tuple[str, str, str, str]]:
+        at = order[positions].tolist()
+        raws = zip(name_code[at].tolist(), [bytes(args[i].input_dims) for i in at],
+                   [bytes(args[i].input_types) for i in at], [bytes(args[i].concrete_inputs) for i in at])
+        out = []
+        for raw in raws:
+            key = seen.get(raw)
+            if key is None:
+                key = seen[raw] = (str(names[raw[0]]), *map(json_text, raw[1:]))
+            out.append(key)
+        return out
+
+    return keys_of
 
 
 def _launchers(leaf: np.ndarray, kernel: np.ndarray, kernel_ns: np.ndarray, order: np.ndarray,
-               code_at: np.ndarray, names: np.ndarray, args: list[_Args]) -> pd.DataFrame:
+               code_at: np.ndarray, names: np.ndarray, args: list[Args]) -> pd.DataFrame:
     """The leaf ops that launched kernels, grouped by name, input shapes and input types (TraceLens's kernel
     launchers): per kernel launched, its leaf op's position (-1: none), name code and time (ns).
 
@@ -761,7 +686,7 @@ def _launchers(leaf: np.ndarray, kernel: np.ndarray, kernel_ns: np.ndarray, orde
     # grouped by the args' text as in the file first (few distinct), then by their text as JSON (a null is absent)
     raw_code, raws = _factorized(list(zip(code_at[leaves[seen]].tolist(), map(bytes, map(_DIMS, leaf_args)),
                                           map(bytes, map(_TYPES, leaf_args)))))
-    key_code, keys = _factorized([(names[c], _json_text(d), _json_text(t)) for c, d, t in raws])
+    key_code, keys = _factorized([(names[c], json_text(d), json_text(t)) for c, d, t in raws])
     group = key_code[raw_code][at_leaf]  # each kernel's
     n = len(keys)
     gpu_ns = np.zeros(n, dtype=np.int64)

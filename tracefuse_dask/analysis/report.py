@@ -25,6 +25,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
+from .critical_path import path_line
 from .diff import ITEM_COLUMNS, Diff
 
 __all__ = ["SECTIONS", "Page", "render_diff", "render_report"]
@@ -49,7 +50,9 @@ _BREAKDOWN = (("computation_us", "computation", "#4c78a8"), ("non_compute_us", "
 _COMM = (("communication_us", "communication", "#72b7b2"), ("exposed_comm_us", "exposed communication", "#e45756"))
 _PLOTTED = {"gpu_span_us", *(c for c, _, _ in _BREAKDOWN + _COMM)}
 _CATEGORY_COLORS = {"GEMM": "#4c78a8", "attention": "#b279a2", "elementwise": "#f58518", "reduce": "#54a24b",
-                    "communication": "#72b7b2", "memory": "#eeca3b", "other": "#bab0ac"}
+                    "communication": "#72b7b2", "memory": "#eeca3b", "other": "#bab0ac", "SDPA_fwd": "#b279a2",
+                    "SDPA_bwd": "#9d755d", "CONV_fwd": "#e45756", "CONV_bwd": "#ff9da6", "NORM_fwd": "#72b7b2",
+                    "NORM_bwd": "#17becf", "softmax_fwd": "#eeca3b", "softmax_bwd": "#bcbd22", "triton": "#8c564b"}
 _PATH_COLORS = {"cpu_op": "#4c78a8", "kernel": "#54a24b", "memcpy": "#eeca3b", "launch gap": "#f58518",
                 "sync wait": "#b279a2", "collective transfer": "#72b7b2", "idle": "#bab0ac"}
 _PLOT_CONFIG = {"responsive": True, "displaylogo": False}
@@ -63,7 +66,7 @@ _CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 1.5em auto; max-width: 1200px; padding: 0 1em; color: #222; }
 h1 { font-size: 1.6em; margin-bottom: .2em; } h2 { margin-top: 1.8em; border-bottom: 1px solid #ddd; }
 .meta { color: #555; } .note { background: #fff4e5; border-left: 4px solid #f58518; padding: .5em .8em; }
-.warnings li { color: #8a4b00; } .outliers li { font-weight: 600; }
+.warnings li { color: #8a4b00; } .outliers li { font-weight: 600; } .answers li { margin: .2em 0; }
 table.tf { border-collapse: collapse; font-size: 12.5px; margin: .5em 0 1em; }
 table.tf th, table.tf td { border-bottom: 1px solid #e4e4e4; padding: 3px 8px; text-align: right;
   vertical-align: top; white-space: nowrap; }
@@ -258,6 +261,96 @@ def _header(page: Page) -> str:
     return "\n".join(parts)
 
 
+def _answers(page: Page) -> str:
+    """The answers before any table: the step time, the verdicts the CLI prints (straggler, its cause and what-if,
+    the critical path, the slow GPU) and the time-weighted % of roofline by category."""
+    s = page.summary
+    steps = s.get("critical_path") or []
+    lines = []
+    if steps:
+        times = sorted(p["duration_us"] for p in steps)
+        lines.append(f"Step time: median {times[len(times) // 2] / 1e3:,.1f} ms over {len(times):,} step(s) "
+                     f"(slowest {times[-1] / 1e3:,.1f} ms).")
+    straggler = s.get("straggler") or {}
+    if straggler.get("evidence"):
+        lines.append(str(straggler["evidence"]))
+    cause = straggler.get("cause")
+    if cause:
+        lines.append(f"Why: {cause['verdict']}; with the median rank's work a step would take "
+                     f"{float(cause['what_if_step_us']) / 1e3:,.1f} ms.")
+    if steps:
+        lines.append(path_line(steps))
+    if s.get("slow_gpu"):
+        lines.append(f"GPU: {s['slow_gpu']['text']}.")
+    if s.get("roofline"):
+        lines.append(f"Roofline: {s['roofline']['text']}.")
+    if (s.get("devices") or {}).get("note"):
+        lines.append(f"Note: {s['devices']['note']}.")
+    if not lines:
+        return ""
+    return "<h2>Answers</h2><ul class=\"answers\">" + "".join(f"<li>{html.escape(x)}</li>" for x in lines) + "</ul>"
+
+
+def _efficiency(page: Page) -> str:
+    """How good the op time is: the roofline plot, the top op groups with their % of roofline, the per-rank
+    spread by category and how each rank's GPU compares at equal shapes."""
+    perf = page.table("op_perf")
+    if perf.empty or "roofline_pct" not in perf:
+        return ""
+    parts = ["<h2>Efficiency: op performance and roofline</h2>",
+             '<p class="caption">Per op group (name, input dims, input types, concrete inputs): FLOPs and bytes per '
+             "call from its shapes (TraceLens's models), the kernel time its calls launched, and the achieved "
+             "TFLOP/s against the device's roofline at the op's arithmetic intensity.</p>"]
+    modelled = perf[perf["flops_per_byte"].notna() & (perf["tflops_s"] > 0)]
+    if not modelled.empty:
+        parts.append(page.figure(_roofline(modelled, page.summary)))
+    top = (perf.groupby(["name", "category", "input_dims", "input_types", "concrete_inputs"], dropna=False, sort=False)
+           .agg(ranks=("rank", "nunique"), calls=("calls", "sum"), kernel_us=("kernel_us", "sum"),
+                gflop=("gflop", "first"), data_mib=("data_mib", "first"), tflops_s=("tflops_s", "median"),
+                tb_s=("tb_s", "median"), roofline_pct=("roofline_pct", "median"), bound=("bound", "first"))
+           .reset_index().nlargest(MAX_ROWS, "kernel_us"))
+    parts.append("<h3>Top op groups by kernel time, all ranks (median TFLOP/s and % of roofline over ranks)</h3>"
+                 + _html_table(top, "kernel_us", what="op groups"))
+    spread = page.table("op_perf_by_category")
+    if not spread.empty:
+        wide = spread.pivot_table(index="rank", columns="category", values="roofline_pct").reset_index()
+        wide.columns = [str(c) if c == "rank" else f"{c} roofline_pct" for c in wide.columns]
+        parts.append("<h3>Per-rank efficiency: time-weighted % of roofline by category</h3>"
+                     + _html_table(wide, "rank", ascending=True, what="ranks"))
+    speed = page.table("gpu_speed")
+    if not speed.empty:
+        parts.append("<h3>Kernel time per call against the median rank at equal shapes</h3>"
+                     + _html_table(speed, "factor", what="rows"))
+    return "".join(parts)
+
+
+def _roofline(perf: pd.DataFrame, summary: dict[str, Any]) -> go.Figure:
+    """Achieved TFLOP/s against arithmetic intensity, log-log, a trace per category, with the roofs of the ranks'
+    devices (their memory slope, and the flat peak of each precision the ops ran at)."""
+    fig = go.Figure()
+    for cat, part in perf.groupby("category", sort=True):
+        fig.add_trace(go.Scatter(
+            x=part["flops_per_byte"], y=part["tflops_s"], mode="markers", name=_label(cat),
+            marker={"size": 7, "color": _CATEGORY_COLORS.get(str(cat))},
+            hovertext=[f"rank {r}: {_label(n, None)} {_label(d, None)}, {p:,.0f}% of roofline"
+                       for r, n, d, p in zip(part["rank"], part["name"], part["input_dims"],
+                                             part["roofline_pct"].fillna(0))],
+            hovertemplate="%{hovertext}<br>%{x:,.2f} FLOP/byte, %{y:,.2f} TFLOP/s<extra></extra>"))
+    lo = max(float(perf["flops_per_byte"].min()) / 2, 1e-3)
+    hi = float(perf["flops_per_byte"].max()) * 2
+    roofs = perf.dropna(subset=["peak_tflops"]).groupby(["peak_tb_s", "peak_tflops", "precision"], sort=True).size()
+    for (bw, peak, precision), _ in roofs.items():
+        knee = peak / bw
+        xs = [lo, min(max(knee, lo), hi), hi]
+        fig.add_trace(go.Scatter(x=xs, y=[min(x * bw, peak) for x in xs], mode="lines", name=f"roof {precision}",
+                                 line={"dash": "dot", "width": 1}, hoverinfo="name"))
+    devices = ", ".join(_label(d) for d in (summary.get("devices") or {}).get("ranks", {})) or "unknown device"
+    fig.update_layout(_layout(f"Roofline ({devices}): achieved TFLOP/s against FLOP per byte", 460),
+                      xaxis_type="log", yaxis_type="log", xaxis_title_text="arithmetic intensity (FLOP/byte)",
+                      yaxis_title_text="TFLOP/s")
+    return fig
+
+
 def _outliers(page: Page) -> str:
     stats = page.table("rank_stats")
     if stats.empty:
@@ -450,8 +543,8 @@ def _collective_trace(page: Page) -> str:
     return "".join(parts)
 
 
-SECTIONS: list[Callable[[Page], str]] = [_header, _outliers, _collectives, _critical_path, _collective_trace,
-                                         _breakdown, _kernels, _ops, _idle, _steps]
+SECTIONS: list[Callable[[Page], str]] = [_header, _answers, _outliers, _collectives, _critical_path,
+                                         _collective_trace, _efficiency, _breakdown, _kernels, _ops, _idle, _steps]
 """The page, in order: each function returns its section's HTML, or "" to leave it out."""
 
 

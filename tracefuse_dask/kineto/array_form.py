@@ -1,7 +1,9 @@
 """The Chrome trace's array form (a bare JSON list of events), as MosaicML Composer's ``JSONTraceHandler`` and the
 legacy autograd profiler write it, read as the object form that the rest of the package reads.
 
-The Chrome format lets the array lack its closing ``]``, so that a writer that died still leaves a trace.
+The Chrome format lets the array lack its closing ``]``, so that a writer that died still leaves a trace. An array
+with the ``global_rank`` of several ranks is Composer's merge of them (``COMPOSER_MERGED``), which a merge or an
+analysis passes over in a folder, as it passes over its own merged outputs.
 Composer keeps the rank and its clock sync in ``M`` events, which become the top-level keys Composer's own
 merger reads from an object-form trace (``global_rank``, ``clock_sync_timestamp_us``) plus
 ``clock_sync_error_bound``. Composer writes its own events in absolute wall-clock µs and appends the rank's torch
@@ -15,9 +17,13 @@ from typing import Any
 
 from ..errors import TraceFormatError
 
-__all__ = ["COMPOSER_KEYS", "KINETO_QUARTER_NS", "as_object", "close_array", "is_array_text"]
+__all__ = ["COMPOSER_KEYS", "COMPOSER_MERGED", "KINETO_QUARTER_NS", "MERGED_BY_COMPOSER", "as_object", "close_array",
+           "is_array_text"]
 
 COMPOSER_KEYS = ("global_rank", "clock_sync_timestamp_us", "clock_sync_error_bound")
+COMPOSER_MERGED = "composer_merged_ranks"  # the key ``as_object`` sets on a trace Composer's merge_traces wrote
+MERGED_BY_COMPOSER = ("a trace merged by Composer's merge_traces (its JSONTraceHandler writes merged_trace.json "
+                      "beside the rank files)")
 KINETO_QUARTER_NS = 7_889_238 * 10**9  # Kineto's base is the wall clock floored to this (output_json.h)
 _ABSOLUTE_US = 1e14  # µs: at or above, an absolute Unix time (after 1973); below, relative to a base
 _QUARTERS_LIMIT = 2**62 // KINETO_QUARTER_NS  # a base beyond is no time (2116)
@@ -49,11 +55,16 @@ def as_object(events: list[Any], who: str) -> dict[str, Any]:
         raise TraceFormatError(f"{who}: the top level is a JSON list of {type(events[0]).__name__}s, not of trace "
                                "events; is this a Kineto/Chrome trace?")
     doc: dict[str, Any] = {}
+    ranks = set()
     for ev in events:
         if type(ev) is dict and ev.get("ph") == "M" and ev.get("name") in COMPOSER_KEYS:
             args = ev.get("args")
             if type(args) is dict and "value" in args:
                 doc.setdefault(ev["name"], args["value"])
+                if ev["name"] == "global_rank" and type(args["value"]) is int:
+                    ranks.add(args["value"])
+    if len(ranks) > 1:  # every rank's metadata in one file: Composer's merge of the ranks
+        return {COMPOSER_MERGED: sorted(ranks), "traceEvents": events}
     base = _kineto_base(events)
     if base is not None:
         shift = base // 1000

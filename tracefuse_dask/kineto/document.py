@@ -94,7 +94,9 @@ def _decode(data: bytes, who: str, cut_gzip: bool, repair: bool) -> tuple[Any, s
         array = is_array_text(data)
         if array:
             with contextlib.suppress(orjson.JSONDecodeError):
-                return orjson.loads(close_array(data)), None  # the format lets the array lack its "]"
+                doc = orjson.loads(close_array(data))  # the format lets the array lack its "]"
+                return doc, (f"{who}: repaired a truncated trace: the gzip stream ends early, at byte {len(data)} of "
+                             f"its text; recovered {len(doc)} complete events" if cut_gzip else None)
         truncated = cut_gzip or e.pos >= len(data.rstrip()) - 1
         if repair and truncated:
             return _repair(data, who, array)

@@ -35,26 +35,32 @@ def is_gpu_label(name: Any, args: Any) -> bool:
     return name in ("process_labels", "process_name") and type(label) is str and label.startswith("GPU")
 
 
-def begin_end_pairs(marks: list[tuple[int, str, Any, Any, Any]]) -> tuple[list[tuple[int, int]], list[int], list[int]]:
-    """Chrome's duration events paired as a viewer pairs them: on each thread, in time order (ties in file order),
-    an ``E`` closes the latest ``B`` still open.
+def begin_end_pairs(marks: list[tuple[int, str, Any, Any, Any, Any, Any]]
+                    ) -> tuple[list[tuple[int, int]], list[int], list[int]]:
+    """Chrome's duration events paired as Perfetto pairs them (``SliceTracker::End``): on each thread, in time order
+    (ties in file order), an ``E`` closes the latest ``B`` still open whose name and category match its own, where
+    it has them; an ``E`` that matches none closes nothing.
 
-    ``marks`` holds ``(index, ph, pid, tid, ts)`` of the ``B`` and ``E`` events in file order. Returns the pairs
-    ``(B, E)``, the ``B`` left open (a trace cut before their end) and the ``E`` that close nothing (their ``B``
-    came before the trace began), as indices.
+    ``marks`` holds ``(index, ph, pid, tid, ts, name, cat)`` of the ``B`` and ``E`` events in file order. Returns
+    the pairs ``(B, E)``, the ``B`` left open (their ``E`` comes after the trace: it was cut, or the span outlives
+    it) and the ``E`` that close nothing (their ``B`` came before the trace began), as indices.
     """
-    open_: dict[tuple[Any, Any], list[int]] = {}
+    open_: dict[tuple[Any, Any], list[tuple[int, Any, Any]]] = {}
     pairs: list[tuple[int, int]] = []
     unopened: list[int] = []
-    for i, ph, pid, tid, _ in sorted(marks, key=lambda m: (m[4], m[0])):
+    for i, ph, pid, tid, _, name, cat in sorted(marks, key=lambda m: (m[4], m[0])):
         stack = open_.setdefault((pid, tid), [])
         if ph == "B":
-            stack.append(i)
-        elif stack:
-            pairs.append((stack.pop(), i))
+            stack.append((i, name, cat))
+            continue
+        for k in range(len(stack) - 1, -1, -1):
+            _, b_name, b_cat = stack[k]
+            if (not cat or b_cat == cat) and (not name or not b_name or b_name == name):
+                pairs.append((stack.pop(k)[0], i))
+                break
         else:
             unopened.append(i)
-    unclosed = sorted(i for stack in open_.values() for i in stack)
+    unclosed = sorted(b for stack in open_.values() for b, _, _ in stack)
     return sorted(pairs), unclosed, unopened
 
 
@@ -262,7 +268,8 @@ class RankEvents:
             for i, ev in enumerate(events):
                 if keep[i] and ev["ph"] != "M" and ev["ph"] not in FLOW_PH:
                     keep[i] = self._passes(i, ev, spans, launches, False)
-            marks = [(i, ev["ph"], ev["pid"], ev.get("tid"), ev["ts"]) for i, ev in enumerate(events)
+            marks = [(i, ev["ph"], ev["pid"], ev.get("tid"), ev["ts"], ev.get("name"), ev.get("cat"))
+                     for i, ev in enumerate(events)
                      if ev.get("ph") in ("B", "E") and ev.get("cat") != "python_function"]  # others unread
             for b, e in begin_end_pairs(marks)[0]:  # a pair stays whole: its B decides
                 keep[e] = keep[b]

@@ -20,7 +20,7 @@ from distributed import Client
 
 from ..cluster import BATCH_BYTES, batches, flat, outcomes
 from ..errors import MergeError, RankError, TraceFileNotFoundError, TraceFormatError
-from ..kineto.array_form import COMPOSER_KEYS
+from ..kineto.array_form import COMPOSER_KEYS, COMPOSER_MERGED, MERGED_BY_COMPOSER
 from ..kineto.document import check_document, paused_gc
 from ..kineto.events import RankEvents
 from ..kineto.layout import is_merged
@@ -255,7 +255,7 @@ def plan_merge(c: Client, request: MergeRequest, files: list[InputFile], unliste
         base_out = min([base_out] + [h.base - offsets.get(r, 0) for r, h in chosen if h.base is not None])
     window_abs = None
     if options.window_ns is not None:
-        t0s = [h.earliest_kept_ns for h in headers if h.earliest_kept_ns is not None]
+        t0s = [h.earliest_kept_ns - offsets.get(r, 0) for r, h in chosen if h.earliest_kept_ns is not None]
         if not t0s:
             raise MergeError("no event passes the filters, so --window has no start; loosen the filters")
         start = min(t0s)
@@ -288,6 +288,8 @@ def _read_whole_rank(f: InputFile, storage_options: Mapping[str, Any] | None,
     if f.listed and isinstance(doc, dict) and "traceEvents" not in doc:
         return RankHeader(f.path, None, None, None, {}, is_trace=False)
     check_document(doc, f.path)
+    if COMPOSER_MERGED in doc:
+        return RankHeader(f.path, None, None, None, {}, is_merged=True, merged_by="Composer", full_read=True)
     header = {k: v for k, v in doc.items() if k != "traceEvents"}
     merged = is_merged(header.get("metadata"))
     base = header.get("baseTimeNanoseconds")
@@ -319,11 +321,12 @@ def _resolve_ranks(
     ignored: list[str] = []
     for f, h in zip(files, headers):
         if h.is_merged:
+            what = MERGED_BY_COMPOSER if h.merged_by == "Composer" else "a merged trace written by tracefuse"
             if f.listed:
-                ignored.append(f"{f.path}: a merged trace written by tracefuse")
+                ignored.append(f"{f.path}: {what}")
                 continue
-            raise TraceFormatError(f"{f.path}: this is a merged trace written by tracefuse, not a per-rank "
-                                   "trace; pass the original per-rank files instead")
+            raise TraceFormatError(f"{f.path}: this is {what}, not a per-rank trace; pass the original per-rank "
+                                   "files instead")
         if not h.is_trace:
             ignored.append(f"{f.path}: a JSON file without traceEvents, not a trace")
             continue
@@ -441,7 +444,7 @@ def _clock_sync(chosen: list[tuple[int, RankHeader]], required: bool, warnings: 
     have = {r: v for r, v in stamps.items() if type(v) is int or type(v) is float}
     what = "--align clock-sync" if required else "clock sync"
     if len(stamps) == 1 and have:
-        return {}  # one rank: nothing to align it with
+        return dict.fromkeys(have, 0) if required else {}  # one rank: nothing to align it with
     if len(have) < len(stamps):
         if not have and not required:
             return {}

@@ -1,0 +1,204 @@
+"""The op performance models (tracefuse_dask.perf) against values computed by hand, family by family, including
+broadcasting and backward passes; and the device table: every device has a cited source and sane peaks, and the
+devices of the shared real traces are told apart."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tracefuse_dask.perf import category, work
+from tracefuse_dask.perf.devices import detect, load_devices
+
+BF16, F32 = "c10::BFloat16", "float"
+
+
+def w(name: str, dims: list, types: list, concrete: list | None = None):
+    return work(name, json.dumps(dims), json.dumps(types), json.dumps(concrete or [""] * len(dims)))
+
+
+def test_gemms():
+    mm = w("aten::mm", [[8944, 1024], [1024, 2816]], [BF16, BF16])
+    assert (mm.flops, mm.precision, mm.unit) == (2 * 8944 * 2816 * 1024, "bf16", "matrix")
+    assert mm.bytes == (8944 * 1024 + 1024 * 2816 + 8944 * 2816) * 2
+    addmm = w("aten::addmm", [[1024], [8944, 1024], [1024, 1024], [], []], [BF16] * 3 + ["Scalar"] * 2)
+    assert addmm.flops == 2 * 8944 * 1024 * 1024 + 8944 * 1024
+    assert addmm.bytes == (8944 * 1024 + 1024 * 1024 + 8944 * 1024 + 1024) * 2  # the bias as one row
+    bmm = w("aten::bmm", [[4, 32, 16], [4, 16, 8]], [F32, F32])
+    assert (bmm.flops, bmm.bytes) == (4 * 2 * 32 * 8 * 16, 4 * (32 * 16 + 16 * 8 + 32 * 8) * 4)
+    baddbmm = w("aten::baddbmm", [[4, 32, 8], [4, 32, 16], [4, 16, 8]], [F32] * 3)
+    assert baddbmm.flops == 4 * (2 * 32 * 8 * 16 + 32 * 8)
+    fp8 = w("aten::_scaled_mm", [[64, 128], [128, 32], [], []], ["c10::Float8_e4m3fn"] * 2 + [F32, F32])
+    assert (fp8.bytes, fp8.precision) == (64 * 128 + 128 * 32 + 64 * 32 * 2, "fp8")  # fp8 in, 2-byte out
+    assert category("aten::mm") == "GEMM" and w("aten::mm", [[8, 4]], [BF16]) is None  # a shape it does not take
+
+
+def test_attention_forward_and_backward():
+    q = [16, 16, 559, 64]
+    fwd = w("aten::_scaled_dot_product_flash_attention", [q, q, q, [], [], [], []], [BF16] * 3 + ["Scalar"] * 4,
+            ["", "", "", "0.", "True", "False", "0.125"])
+    full = 2 * 16 * 16 * (2 * 559 * 559 * 64)
+    assert (fwd.flops, fwd.bytes) == (full / 2, 4 * 16 * 16 * 559 * 64 * 2)  # causal halves it
+    assert category("aten::_scaled_dot_product_flash_attention") == "SDPA_fwd"
+    # GQA backward, not causal: 8 query heads on 2 KV heads
+    qh, kv = [2, 8, 128, 64], [2, 2, 128, 64]
+    concrete = [""] * 11 + ["False"]
+    bwd = w("aten::_scaled_dot_product_flash_attention_backward", [qh, qh, kv, kv, qh, [2, 8, 128]],
+            [BF16] * 5 + [F32], concrete)
+    gemm = 2 * 8 * 2 * 128 * 128 * 64
+    assert bwd.flops == 5 * gemm + 2 * (2 * 128 * 64 * 3)  # recompute, dV, dP, dQ, dK; the GQA reductions
+    assert bwd.bytes == 2 * 2 * (128 * 8 * 64 * 3 + 128 * 2 * 64 * 4)  # Q, dO, dQ; K, V, dK, dV
+    assert category("aten::_scaled_dot_product_flash_attention_backward") == "SDPA_bwd"
+    flash = w("FlashAttnFunc", [[2, 128, 8, 64]] * 3, [BF16] * 3, ["", "", "", "0.0", "0.125", "False"])
+    assert flash.flops == 2 * 2 * 8 * 2 * 128 * 128 * 64  # (batch, length, heads, dim)
+
+
+def test_elementwise_broadcasting_and_types():
+    mul = w("aten::mul", [[16, 559, 1024], [16, 559, 1]], [F32, F32])
+    n = 16 * 559 * 1024
+    assert (mul.flops, mul.bytes, mul.unit) == (n, n * 4 + 16 * 559 * 4 + n * 4, "vector")
+    rope = w("aten::mul", [[16, 16, 559, 64], [1, 1, 559, 64]], [BF16, BF16])
+    assert rope.flops == 16 * 16 * 559 * 64 and rope.bytes == (16 * 16 * 559 * 64 * 2 + 559 * 64) * 2
+    scalar = w("aten::add", [[16, 559, 1], [], []], [F32, "double", "Scalar"], ["", "", "1"])
+    assert scalar.bytes == 8944 * 4 + 8 + 8944 * 4  # a 0-d operand: one element, the output at the tensor's size
+    mixed = w("aten::mul", [[4, 4], [4, 4]], [BF16, F32])
+    assert mixed.bytes == 16 * 2 + 16 * 4 + 16 * 4  # both tensors: the output at the larger size
+    copy = w("aten::copy_", [[16, 559, 1024], [16, 559, 1024], []], [F32, BF16, "Scalar"], ["", "", "False"])
+    assert (copy.flops, copy.bytes) == (n, n * 4 + n * 2)
+    assert w("aten::mul", [[3, 4], [5, 4]], [F32, F32]) is None  # shapes that do not broadcast
+
+
+def test_reductions_read_dim_and_keepdim():
+    mean = w("aten::mean", [[16, 559, 1024], [], [], []], [F32, "ScalarList", "Scalar", ""], ["", "[-1]", "True", ""])
+    assert (mean.flops, mean.bytes) == (16 * 559 * 1024, (16 * 559 * 1024 + 16 * 559) * 4)
+    total = w("aten::sum", [[8, 4], [], []], [F32, "ScalarList", "Scalar"], ["", "[0, 1]", "False"])
+    assert total.bytes == (32 + 1) * 4
+    no_dim = w("aten::sum", [[8, 4], []], [F32, ""], ["", ""])
+    assert no_dim.bytes == (32 + 1) * 4
+    cumsum = w("aten::cumsum", [[8, 4], [], []], [F32, "Scalar", ""], ["", "1", ""])
+    assert cumsum.bytes == 64 * 4
+
+
+def test_norms_and_softmax():
+    ln = w("aten::native_layer_norm", [[8, 128, 512], [], [512], [512], []], [BF16, "ScalarList", BF16, BF16, "Scalar"],
+           ["", "[512]", "", "", "1e-05"])
+    n, c = 8 * 128 * 512, 512
+    assert ln.flops == 6 * c + 3 * n + 2 * n and ln.bytes == 2 * n * 2 + 6 * c * 2
+    assert category("aten::native_layer_norm") == "NORM_fwd"
+    lnb = w("aten::native_layer_norm_backward", [[8, 128, 512], [8, 128, 512], [], [8, 128, 1], [8, 128, 1], [512],
+                                                 [512], []],
+            [BF16, BF16, "ScalarList", F32, F32, BF16, BF16, "ScalarList"], ["", "", "[512]", "", "", "", "",
+                                                                            "[True, True, True]"])
+    per = n / c
+    assert lnb.flops == c * (4 * per + 5 * per)
+    assert lnb.bytes == n * 2 + n * 2 * 2 + c * 2 + c * 2 + c * 2 * 2
+    assert category("aten::native_layer_norm_backward") == "NORM_bwd"
+    rms = w("aten::_fused_rms_norm", [[8, 128, 512], [], [512], []], [BF16, "ScalarList", BF16, "Scalar"],
+            ["", "[512]", "", ""])
+    assert rms.flops == n / c * (2 * c + 2) + 2 * n and rms.bytes == 2 * n * 2 + c * 2
+    bn = w("aten::native_batch_norm", [[4, 64, 8, 8], [64], [64], [64], [64], [], [], []],
+           [F32] * 5 + ["Scalar"] * 3, ["", "", "", "", "", "True", "0.1", "1e-05"])
+    n = 4 * 64 * 64
+    assert bn.flops == 64 * 6 + 3 * n + 2 * n and bn.bytes == 2 * n * 4 + 6 * 64 * 4
+    sm = w("aten::_softmax", [[4, 1024], [], []], [BF16, "Scalar", "Scalar"], ["", "-1", "False"])
+    assert (sm.flops, sm.bytes) == (3 * 4096, 2 * 4096 * 2)
+
+
+def test_convolutions_forward_and_backward():
+    x, wt = [8, 3, 32, 32], [16, 3, 3, 3]
+    fwd = w("aten::convolution", [x, wt, [16], [], [], [], [], [], []], [F32] * 3 + ["ScalarList"] * 3 + ["Scalar",
+                                                                                                   "ScalarList",
+                                                                                                   "Scalar"],
+            ["", "", "", "[1, 1]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1"])
+    out = 8 * 16 * 32 * 32  # padding 1 keeps 32x32
+    assert fwd.flops == out * 2 * 27 + out
+    assert fwd.bytes == (8 * 3 * 32 * 32 + 16 * 27 + 16 + out) * 4
+    strided = w("aten::convolution", [x, wt, [], [], [], [], [], [], []], [F32] * 2 + [""] * 7,
+                ["", "", "", "[2]", "[0]", "[1]", "False", "[0]", "1"])
+    assert strided.flops == 8 * 16 * 15 * 15 * 2 * 27  # (32 - 3) / 2 + 1 = 15, no bias
+    bwd = w("aten::convolution_backward", [[8, 16, 32, 32], x, wt, [], [], [], [], [], [], [], []],
+            [F32] * 3 + [""] * 8, ["", "", "", "[16]", "[1, 1]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1",
+                                   "[True, True, False]"])
+    assert bwd.flops == 8 * 3 * 32 * 32 * 2 * (16 * 9) + 16 * 3 * 3 * 3 * 2 * (8 * 32 * 32)
+    assert category("aten::convolution_backward") == "CONV_bwd"
+
+
+def test_categories_without_a_model():
+    assert category("aten::cat") == "other"
+    assert category("triton_poi_fused_add_0") == "triton"
+    assert category("aten::fill_", "void at::native::vectorized_elementwise_kernel<4, ...>") == "elementwise"
+    assert category("aten::_efficient_attention_backward") == "SDPA_bwd"
+
+
+def test_every_device_has_a_source_and_the_real_traces_devices_are_told_apart():
+    devices = load_devices()
+    for d in devices:
+        assert d.source.startswith(("NVIDIA", "AMD")) and "https://" in d.source, d.name
+        assert d.memory_tb_s > 0 and (d.matrix or d.vector), d.name
+        assert all(0 < v < 20000 for v in (*d.matrix.values(), *d.vector.values())), d.name
+    names = {d.name.split("-")[0] for d in devices}
+    assert {"V100", "A100", "H100", "H200", "B200", "GB200", "MI250X", "MI300X", "MI325X", "MI355X", "L4",
+            "L40S"} <= names
+    seen = {("NVIDIA A100-PG509-200", 39.4, 108): "A100-SXM4-40GB", ("NVIDIA A100-SXM4-80GB", 79.2, 108):
+            "A100-SXM4-80GB", ("NVIDIA H100 80GB HBM3", 79.2, 132): "H100-SXM5", ("NVIDIA H100", 95.1, 132):
+            "H100-NVL", ("AMD Instinct MI300X VF", 191.5, 304): "MI300X", ("", 192.0, 304): "MI300X",
+            ("NVIDIA B200", 178.4, 148): "B200", ("AMD Radeon Graphics", 64.0, 104): "MI250-GCD",
+            ("Tesla V100-DGXS-32GB", 31.7, 80): "V100-SXM2", ("ARTEMIS", 0.0, None): None}
+    for (name, gib, sms), want in seen.items():
+        got, called = detect([{"name": name, "totalGlobalMem": int(gib * 2**30), "numSms": sms}], devices)
+        assert (got.name if got else None, called) == (want, name)
+    h100 = next(d for d in devices if d.name == "H100-SXM5")
+    assert h100.peak_tflops("matrix", "fp32") == 494.5  # an fp32 GEMM may run on the TF32 tensor cores
+    assert h100.peak_tflops("vector", "bf16") == h100.peak_tflops("vector", "fp32") == 67  # no 16-bit vector figure
+    mi300 = next(d for d in devices if d.name == "MI300X")
+    assert mi300.peak_tflops("matrix", "fp32") == 163.4 and mi300.peak_tflops("matrix", "fp64") == 163.4
+
+
+def test_a_gpu_spec_file_adds_and_overrides_devices(tmp_path):
+    spec = tmp_path / "gpus.json"
+    spec.write_text(json.dumps({"devices": [{"name": "H100-mine", "match": [{"name": "H100"}], "matrix": {"bf16": 900},
+                                             "vector": {"fp32": 60}, "memory_tb_s": 3.0, "source": "measured"}]}))
+    d, _ = detect([{"name": "NVIDIA H100 80GB HBM3"}], load_devices(str(spec)))
+    assert (d.name, d.peak_tflops("matrix", "bf16"), d.memory_tb_s) == ("H100-mine", 900, 3.0)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"devices": [{"name": "x"}]}')
+    from tracefuse_dask.errors import TraceFuseError
+
+    with pytest.raises(TraceFuseError, match="bad.json: not a device table"):
+        load_devices(str(bad))
+
+
+def test_argument_positions_of_the_ops_that_read_them():
+    """The positions each op's signature gives: group_norm's weight after num_groups, FlashAttention backward's
+    causal after the softmax scale, a norm reduction's dim after p, sum's dtype overload, max's int dim, and the
+    vendor batch norms."""
+    x = [8, 32, 4, 4]
+    affine = w("aten::group_norm", [x, [], [32], [32], [], []], [F32, "Scalar", F32, F32, "Scalar", "Scalar"],
+               ["", "4", "", "", "1e-05", "True"])
+    plain = w("aten::group_norm", [x, [], [], [], [], []], [F32, "Scalar", "", "", "Scalar", "Scalar"],
+              ["", "4", "", "", "1e-05", "True"])
+    assert affine.bytes - plain.bytes == 2 * 32 * 4  # weight and bias
+    q = [2, 128, 8, 64]
+    args = [q, q, q, q, q, [2, 8, 128], q, q, q, [], [], [], []]
+    causal, full = (w("flash_attn::_flash_attn_backward", args, [BF16] * 9 + ["Scalar"] * 4,
+                      [""] * 9 + ["0.0", "0.125", c, "-1"]) for c in ("True", "False"))
+    assert full.flops == 2 * causal.flops
+    norm = w("aten::norm", [[4, 8, 16], [], [], []], [F32, "Scalar", "ScalarList", "Scalar"], ["", "2", "[1]", "False"])
+    assert norm.bytes == (4 * 8 * 16 + 4 * 16) * 4
+    assert w("aten::sum", [[4, 8], []], [F32, "Scalar"], ["", "6"]).bytes == (32 + 1) * 4  # 6 is a dtype
+    assert w("aten::max", [[4, 8], [], []], [F32, "Scalar", "Scalar"], ["", "1", "False"]).bytes == (32 + 4) * 4
+    bn = w("aten::cudnn_batch_norm_backward", [[4, 64, 8, 8], [4, 64, 8, 8], [64], [64], [64], [64], [64], []],
+           [F32] * 7 + ["Scalar"], [""] * 7 + ["1e-05"])
+    assert category("aten::cudnn_batch_norm_backward") == "NORM_bwd" and bn.flops == 64 * (3 + 4 * 256)  # inference
+
+
+def test_triton_kernels_from_what_the_trace_records():
+    """Element counts from the concrete inputs, FLOPs from the fused ops in the name, bytes at the sizes of the
+    types as a trace spells them (``float``, not TraceLens's ``c10::Float``)."""
+    t = w("triton_poi_fused_add_mul_0", [[4, 8], [4, 8], []], [F32, F32, "Scalar"], ["", "", "32"])
+    assert (t.flops, t.bytes, t.precision) == (64, 32 * 4 * 3, "fp32")
+    red = w("triton_red_fused_mean_pow_1", [[16, 1], [16, 64], [], []], [BF16, BF16, "Scalar", "Scalar"],
+            ["", "", "16", "64"])
+    assert red.flops == 16 * 64 * 3 and red.bytes == (16 + 16 * 64) * 2
+    copy = w("triton_poi_fused__to_copy_0", [[16], [16], []], [BF16, F32, "Scalar"], ["", "", "16"])
+    assert copy.flops == 0 and copy.bytes == 16 * 2 + 16 * 4 + 16 * 2

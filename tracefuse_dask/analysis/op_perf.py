@@ -1,0 +1,172 @@
+"""How good each op's time is: the ``op_perf`` table of a rank, one row per op group (name, input dims, input
+types, concrete inputs), with the kernel time its calls launched, the FLOPs and bytes of a call
+(``tracefuse_dask.perf``) and where that puts it against the device's roofline.
+
+The ops are those TraceLens's unified perf report takes (``collect_unified_perf_events``): for each kernel, the
+outermost op above it that a model covers (``aten::_scaled_dot_product_flash_attention``, not the
+``aten::_flash_attention_forward`` inside it), else the leaf op that launched it (those of ``kernel_launchers``).
+A call's kernel time is the busy time (the union) of its kernels, as TraceLens measures it. Collective calls
+(``record_param_comms``, ``nccl:*``) are left out, as TraceLens leaves them out by default.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..kineto.vocabulary import is_collective_call
+from ..perf import category, work
+from ..perf.devices import Device
+
+__all__ = ["OP_PERF_COLUMNS", "by_category", "op_perf_table", "owners", "roofline_summary"]
+
+OP_PERF_COLUMNS = ["name", "category", "input_dims", "input_types", "concrete_inputs", "calls", "kernel_us", "gflop",
+                   "data_mib", "flops_per_byte", "tflops_s", "tb_s", "precision", "peak_tflops", "peak_tb_s",
+                   "roofline_pct", "bound"]
+
+
+def owners(leaf: np.ndarray, parent: list[int], modelled: np.ndarray) -> np.ndarray:
+    """Per kernel, the tree position of the op it counts for: the outermost ancestor of its leaf op (itself
+    included) that is ``modelled``, else the leaf (-1 stays -1)."""
+    memo: dict[int, int] = {}
+    out = leaf.copy()
+    for k, p in enumerate(leaf.tolist()):
+        if p < 0:
+            continue
+        owner = memo.get(p)
+        if owner is None:
+            owner, q = p, p
+            while q >= 0:
+                if modelled[q]:
+                    owner = q
+                q = parent[q]
+            memo[p] = owner
+        out[k] = owner
+    return out
+
+
+def _busy_ns(leaf: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per leaf op call: its position, the union of its kernels' [start, end) in ns, and its first kernel.
+
+    Sorted by call and start, a kernel adds what it runs past the latest end of the call's earlier kernels: a
+    running maximum per call, one pass over all kernels (each call's ends are lifted by its number times the
+    span, so that one maximum never carries into the next call)."""
+    order = np.lexsort((start, leaf))
+    p, s, e = leaf[order], start[order], end[order]
+    new = np.r_[True, p[1:] != p[:-1]]
+    call = np.cumsum(new) - 1
+    lo = int(s.min())
+    span = int(e.max()) - lo + 1
+    if span * (int(call[-1]) + 1) < 2**62:
+        lift = call * span
+        latest = np.maximum.accumulate(e - lo + lift) - lift + lo
+        before = np.where(new, s, np.r_[lo, latest[:-1]])
+        added = np.maximum(e - np.maximum(s, before), 0)
+    else:  # too long a span for that many calls in int64: one call at a time
+        added = np.concatenate([_added(s[a:b], e[a:b]) for a, b in zip(*_bounds(new))])
+    firsts = np.flatnonzero(new)
+    return p[firsts], np.add.reduceat(added, firsts), order[firsts]
+
+
+def _bounds(new: np.ndarray) -> tuple[list[int], list[int]]:
+    firsts = np.flatnonzero(new).tolist()
+    return firsts, firsts[1:] + [len(new)]
+
+
+def _added(s: np.ndarray, e: np.ndarray) -> np.ndarray:
+    latest = np.maximum.accumulate(e)
+    before = np.r_[s[0], latest[:-1]]
+    return np.maximum(e - np.maximum(s, before), 0)
+
+
+def op_perf_table(leaf: np.ndarray, start: np.ndarray, end: np.ndarray, kernel_names: list[str],
+                  keys_of: Callable[[np.ndarray], list[tuple[str, str, str, str]]],
+                  device: Device | None) -> pd.DataFrame:
+    """The rank's op groups.
+
+    Parameters
+    ----------
+    leaf
+        Per launched kernel (memcpy, memset), the tree position of the op it counts for (-1: none).
+    start, end
+        The kernels' times (ns).
+    kernel_names
+        The kernels' names.
+    keys_of
+        Tree positions' (name, input dims, input types, concrete inputs), the args as compact JSON text.
+    device
+        The rank's device, for the roofline; None leaves those columns empty.
+    """
+    has = leaf >= 0
+    if not has.any():
+        return pd.DataFrame([], columns=OP_PERF_COLUMNS)
+    calls, busy, first = _busy_ns(leaf[has], start[has], end[has])
+    names = np.asarray(kernel_names, dtype=object)[has]
+    keys = keys_of(calls)
+    code, distinct = pd.factorize(pd.Series(keys, dtype=object))
+    n = len(distinct)
+    counts = np.bincount(code, minlength=n)
+    total = np.bincount(code, weights=busy, minlength=n)
+    firsts = np.unique(code, return_index=True)[1]  # each group's first call, in position order
+    rows = [(*distinct[g], int(counts[g]), int(round(total[g])), names[first[k]])
+            for g, k in zip(range(n), firsts) if not is_collective_call(distinct[g][0])]  # the links measure those
+    table = pd.DataFrame([_row(*r, device) for r in rows], columns=OP_PERF_COLUMNS)
+    return table.sort_values(["kernel_us", "name"], ascending=[False, True], kind="stable", ignore_index=True)
+
+
+def _row(name: str, dims: str, types: str, concrete: str, n: int, busy_ns: int, first_kernel: str,
+         device: Device | None) -> list[Any]:
+    nan = float("nan")
+    w = work(name, dims, types, concrete)
+    row: list[Any] = [name, category(name, first_kernel), dims, types, concrete, n, busy_ns / 1e3]
+    if w is None:
+        return row + [nan] * 5 + [None, nan, nan, nan, None]
+    total_ns = busy_ns or nan
+    fpb = w.flops / w.bytes if w.bytes else nan
+    tflops = w.flops * n / total_ns / 1e3
+    tb_s = w.bytes * n / total_ns / 1e3 if w.bytes is not None else nan
+    peak = device.peak_tflops(w.unit, w.precision) if device is not None else None
+    bw = device.memory_tb_s if device is not None else nan
+    pct, bound = nan, None
+    if peak and w.bytes and w.flops > 0:  # a pure copy has no roofline (TraceLens's rule: GFLOPs > 0)
+        roof = min(peak, fpb * bw)
+        pct = 100.0 * tflops / roof
+        bound = "compute" if fpb * bw >= peak else "memory"
+    return row + [w.flops / 1e9, w.bytes / 2**20 if w.bytes is not None else nan, fpb, tflops, tb_s, w.precision,
+                  peak if peak else nan, bw, pct, bound]
+
+
+def by_category(op_perf: pd.DataFrame) -> pd.DataFrame:
+    """Per rank and category: the kernel time, its share of the rank's op kernel time, how much of it has a model
+    and a roofline, and the time-weighted % of roofline over that part."""
+    columns = ["rank", "category", "kernel_us", "time_pct", "roofline_us", "roofline_pct"]
+    if op_perf.empty:
+        return pd.DataFrame([], columns=columns)
+    t = op_perf.assign(roofed=op_perf["kernel_us"].where(op_perf["roofline_pct"].notna(), 0.0),
+                       weighted=(op_perf["kernel_us"] * op_perf["roofline_pct"]).fillna(0.0))
+    g = t.groupby(["rank", "category"], sort=True)[["kernel_us", "roofed", "weighted"]].sum().reset_index()
+    total = g.groupby("rank")["kernel_us"].transform("sum")
+    g["time_pct"] = 100.0 * g["kernel_us"] / total.where(total > 0)
+    g["roofline_pct"] = g["weighted"] / g["roofed"].where(g["roofed"] > 0)
+    g = g.rename(columns={"roofed": "roofline_us"})
+    return g.sort_values(["rank", "kernel_us", "category"], ascending=[True, False, True], ignore_index=True)[columns]
+
+
+def roofline_summary(categories: pd.DataFrame) -> dict[str, Any] | None:
+    """Over all ranks, per category: the kernel time, its share and the time-weighted % of roofline; and a line
+    that says it (None without a roofline anywhere)."""
+    if categories.empty or not (categories["roofline_us"] > 0).any():
+        return None
+    t = categories.assign(weighted=(categories["roofline_pct"] * categories["roofline_us"]).fillna(0.0))
+    g = t.groupby("category")[["kernel_us", "roofline_us", "weighted"]].sum()
+    g = g.sort_values("kernel_us", ascending=False)
+    total = float(g["kernel_us"].sum())
+    rows = {str(c): {"kernel_us": round(float(r["kernel_us"]), 3),
+                     "time_pct": round(100.0 * float(r["kernel_us"]) / total, 2) if total else None,
+                     "roofline_pct": round(float(r["weighted"] / r["roofline_us"]), 2) if r["roofline_us"] > 0
+                     else None} for c, r in g.iterrows()}
+    parts = [f"{c} {v['time_pct']:.0f}% of op kernel time at {v['roofline_pct']:.0f}% of roofline"
+             for c, v in rows.items() if v["roofline_pct"] is not None and v["time_pct"] is not None][:4]
+    return {"categories": rows, "text": "; ".join(parts)}

@@ -1,0 +1,91 @@
+"""The devices' peaks (``devices.json``: data, with the vendors' sources) and which device a trace ran on.
+
+A ``--gpu-spec FILE.json`` of the same form adds devices or overrides them: its devices are tried first.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import re
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from ..errors import MergeError
+
+__all__ = ["Device", "detect", "load_devices"]
+
+_NARROW = frozenset({"fp16", "bf16", "fp8", "fp4"})
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device's peaks: TFLOP/s per unit (``matrix``, ``vector``) and precision, TB/s of memory, GB/s of links."""
+
+    name: str
+    matrix: dict[str, float]
+    vector: dict[str, float]
+    memory_tb_s: float
+    link_gb_s: float | None
+    source: str
+    match: tuple[dict[str, Any], ...]
+
+    def peak_tflops(self, unit: str, precision: str | None) -> float | None:
+        """The peak of ``unit`` at ``precision``. An fp32 matrix op on a device whose matrix units take TF32 and not
+        fp32 (NVIDIA's) may run on them (PyTorch's allow_tf32, cuDNN's default for convolutions): its roof is the
+        TF32 peak, the highest it can reach. Another matrix op at a precision the matrix units lack runs on the
+        vector units; a vector op at a precision narrower than fp32 that the table does not list (the datasheets
+        give few) gets the fp32 rate, which packed narrower types at least reach."""
+        if precision is None:
+            return None
+        if unit == "matrix" and precision in self.matrix:
+            return self.matrix[precision]
+        if unit == "matrix" and precision == "fp32" and "tf32" in self.matrix:
+            return self.matrix["tf32"]
+        return self.vector.get(precision) or (self.vector.get("fp32") if precision in _NARROW else None)
+
+    def fits(self, props: dict[str, Any]) -> bool:
+        name = props.get("name") if isinstance(props.get("name"), str) else ""
+        gib = props.get("totalGlobalMem") / 2**30 if isinstance(props.get("totalGlobalMem"), (int, float)) else None
+        for m in self.match:
+            if "name" in m and not re.search(m["name"], name, re.IGNORECASE):
+                continue
+            if "memory_gib" in m and (gib is None or not m["memory_gib"][0] <= gib <= m["memory_gib"][1]):
+                continue
+            if "sms" in m and props.get("numSms") != m["sms"]:
+                continue
+            return True
+        return False
+
+
+def _devices(doc: Any, where: str) -> list[Device]:
+    try:
+        return [Device(d["name"], dict(d.get("matrix") or {}), dict(d.get("vector") or {}), float(d["memory_tb_s"]),
+                       d.get("link_gb_s"), d.get("source", where),
+                       tuple(d.get("match") or [{"name": re.escape(d["name"])}])) for d in doc["devices"]]
+    except (KeyError, TypeError, ValueError) as e:
+        raise MergeError(f"{where}: not a device table ({type(e).__name__}: {e}); give "
+                         '{"devices": [{"name": ..., "match": [{"name": REGEX}], "matrix": {"bf16": TFLOPS}, '
+                         '"vector": {"fp32": TFLOPS}, "memory_tb_s": TB_S}]} as the package\'s perf/devices.json does'
+                         ) from None
+
+
+@functools.lru_cache(maxsize=8)
+def load_devices(gpu_spec: str | None = None) -> tuple[Device, ...]:
+    """The package's devices, after those of the JSON file ``gpu_spec`` (which win)."""
+    own = _devices(json.loads(resources.files(__package__).joinpath("devices.json").read_text()), "devices.json")
+    if gpu_spec is None:
+        return tuple(own)
+    try:
+        with open(gpu_spec, encoding="utf-8") as f:
+            extra = json.load(f)
+    except (OSError, ValueError) as e:
+        raise MergeError(f"--gpu-spec {gpu_spec}: cannot read it as JSON ({e})") from None
+    return tuple(_devices(extra, gpu_spec) + own)
+
+
+def detect(properties: Any, devices: tuple[Device, ...]) -> tuple[Device | None, str]:
+    """The device of a trace's ``deviceProperties`` (its first GPU), and what it is called in the trace."""
+    props = properties[0] if isinstance(properties, list) and properties and isinstance(properties[0], dict) else {}
+    called = props.get("name") if isinstance(props.get("name"), str) else ""
+    return next((d for d in devices if d.fits(props)), None), called
