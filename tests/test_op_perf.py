@@ -114,15 +114,13 @@ def test_op_perf_is_written_for_every_trace_and_modelled_where_shapes_were_recor
 
 def test_an_op_without_flops_has_no_roofline():
     """A pure copy (a Triton cast) moves bytes and computes nothing: no roofline, not a division by zero."""
-    from tracefuse_dask.analysis.op_perf import _row
+    from tracefuse_dask.analysis.op_perf import OP_PERF_COLUMNS, _row
     from tracefuse_dask.perf.devices import load_devices
 
     h100 = next(d for d in load_devices() if d.name == "H100-SXM5")
-    row = dict(zip(["name", "category", "input_dims", "input_types", "concrete_inputs", "calls", "kernel_us", "gflop",
-                    "data_mib", "flops_per_byte", "tflops_s", "tb_s", "precision", "peak_tflops", "peak_tb_s",
-                    "roofline_pct", "bound"],
+    row = dict(zip(OP_PERF_COLUMNS,
                    _row("triton_poi_fused__to_copy_0", "[[16],[16],[]]", '["c10::BFloat16","float","Scalar"]',
-                        '["","","16"]', 2, 3000, "triton_poi_fused__to_copy_0", h100)))
+                        '["","","16"]', "", 2, 3000, "triton_poi_fused__to_copy_0", h100)))
     assert row["gflop"] == 0 and row["data_mib"] > 0 and math.isnan(row["roofline_pct"]) and row["bound"] is None
 
 

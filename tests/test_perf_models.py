@@ -202,3 +202,23 @@ def test_triton_kernels_from_what_the_trace_records():
     assert red.flops == 16 * 64 * 3 and red.bytes == (16 + 16 * 64) * 2
     copy = w("triton_poi_fused__to_copy_0", [[16], [16], []], [BF16, F32, "Scalar"], ["", "", "16"])
     assert copy.flops == 0 and copy.bytes == 16 * 2 + 16 * 4 + 16 * 2
+
+
+def test_vllm_attention_reads_its_batch_from_vllms_annotation():
+    """The shapes of vllm::unified_attention_with_output say nothing of the batch; vLLM's annotation around the
+    step does (the real B200 trace's: one prefill of 888 tokens whose squares sum to 788544)."""
+    import orjson
+
+    from tracefuse_dask.perf import needs_context
+
+    args = ([[888, 8, 64], [888, 1, 64], [888, 1, 64], [888, 8, 64], [], [], []], [BF16] * 4 + [""] * 3, [""] * 7)
+    texts = [orjson.dumps(a).decode() for a in args]
+    prefill = work("vllm::unified_attention_with_output", *texts, "execute_context_1(888_788544)_generation_0(0)")
+    assert (prefill.flops, prefill.bytes, prefill.unit) == (8 * 2 * 788544 * 128, 888 * (512 + 64 + 64 + 512) * 2,
+                                                             "matrix")
+    mixed = work("vllm::unified_attention_with_output", *texts, "execute_context_1(888_788544)_generation_3(3)")
+    assert mixed.flops == 8 * 2 * (788544 + 3) * 128
+    assert work("vllm::unified_attention_with_output", *texts, "execute_context_0(0_0)_generation_4(4)") is None
+    assert work("vllm::unified_attention_with_output", *texts) is None  # no annotation: no model
+    assert needs_context("vllm::unified_attention_with_output") and category("vllm::unified_attention_with_output") \
+        == "SDPA_fwd"

@@ -22,8 +22,8 @@ from ..perf.devices import Device
 
 __all__ = ["OP_PERF_COLUMNS", "by_category", "op_perf_table", "owners", "roofline_summary"]
 
-OP_PERF_COLUMNS = ["name", "category", "input_dims", "input_types", "concrete_inputs", "calls", "kernel_us", "gflop",
-                   "data_mib", "flops_per_byte", "tflops_s", "tb_s", "precision", "peak_tflops", "peak_tb_s",
+OP_PERF_COLUMNS = ["name", "category", "input_dims", "input_types", "concrete_inputs", "context", "calls", "kernel_us",
+                   "gflop", "data_mib", "flops_per_byte", "tflops_s", "tb_s", "precision", "peak_tflops", "peak_tb_s",
                    "roofline_pct", "bound"]
 
 
@@ -82,7 +82,7 @@ def _added(s: np.ndarray, e: np.ndarray) -> np.ndarray:
 
 
 def op_perf_table(leaf: np.ndarray, start: np.ndarray, end: np.ndarray, kernel_names: list[str],
-                  keys_of: Callable[[np.ndarray], list[tuple[str, str, str, str]]],
+                  keys_of: Callable[[np.ndarray], list[tuple[str, str, str, str, str]]],
                   device: Device | None) -> pd.DataFrame:
     """The rank's op groups.
 
@@ -95,7 +95,8 @@ def op_perf_table(leaf: np.ndarray, start: np.ndarray, end: np.ndarray, kernel_n
     kernel_names
         The kernels' names.
     keys_of
-        Tree positions' (name, input dims, input types, concrete inputs), the args as compact JSON text.
+        Tree positions' (name, input dims, input types, concrete inputs, context): the args as compact JSON text,
+        and the annotation around the op that its model reads (``perf.needs_context``), else "".
     device
         The rank's device, for the roofline; None leaves those columns empty.
     """
@@ -116,11 +117,11 @@ def op_perf_table(leaf: np.ndarray, start: np.ndarray, end: np.ndarray, kernel_n
     return table.sort_values(["kernel_us", "name"], ascending=[False, True], kind="stable", ignore_index=True)
 
 
-def _row(name: str, dims: str, types: str, concrete: str, n: int, busy_ns: int, first_kernel: str,
+def _row(name: str, dims: str, types: str, concrete: str, context: str, n: int, busy_ns: int, first_kernel: str,
          device: Device | None) -> list[Any]:
     nan = float("nan")
-    w = work(name, dims, types, concrete)
-    row: list[Any] = [name, category(name, first_kernel), dims, types, concrete, n, busy_ns / 1e3]
+    w = work(name, dims, types, concrete, context)
+    row: list[Any] = [name, category(name, first_kernel), dims, types, concrete, context, n, busy_ns / 1e3]
     if w is None:
         return row + [nan] * 5 + [None, nan, nan, nan, None]
     total_ns = busy_ns or nan

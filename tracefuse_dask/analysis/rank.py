@@ -43,7 +43,8 @@ from ..model import MergeOptions
 from ..kineto.events import RankEvents
 from ..kineto.layout import map_tid
 from ..kineto.times import to_ns, to_ns_array
-from ..perf import has_model
+from ..perf import has_model, needs_context
+from ..perf.vllm import CONTEXT as VLLM_CONTEXT
 from ..perf.devices import Device, detect
 
 __all__ = ["RankTables", "analyze_events", "analyze_rank", "union_length"]
@@ -334,7 +335,7 @@ def analyze_events(events: list[Event], rank: int, path: str, steps: tuple[int, 
     modelled = np.array([has_model(nm) for nm in names], dtype=bool)[name_code] & is_cpu_op
     tables["op_perf"] = op_perf_table(owners(leaf_at, tree.parent, modelled[tree.order]), g.start[launched],
                                       g.end[launched], g.name[launched].tolist(),
-                                      _op_keys(tree.order, name_code, names, args), device)
+                                      _op_keys(tree.order, tree.parent, name_code, names, args), device)
     tables["idle"] = _idle_table(g, start)
     info = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
     pgs = {str(pg["pg_name"]): spec for pg in info.get("pg_config") or []
@@ -645,21 +646,34 @@ def _op_tables(tree: _Tree, is_op: np.ndarray, is_cpu_op: np.ndarray, name_code:
     return ops, launchers, leaf[at]
 
 
-def _op_keys(order: np.ndarray, name_code: np.ndarray, names: np.ndarray,
-             args: list[Args]) -> Callable[[np.ndarray], list[tuple[str, str, str, str]]]:
-    """Tree positions' op names and args as compact JSON text (``op_perf``'s groups), each distinct text converted
-    once."""
-    seen: dict[tuple[int, bytes, bytes, bytes], tuple[str, str, str, str]] = {}
+def _op_keys(order: np.ndarray, parent: list[int], name_code: np.ndarray, names: np.ndarray,
+             args: list[Args]) -> Callable[[np.ndarray], list[tuple[str, str, str, str, str]]]:
+    """Tree positions' op names, args as compact JSON text and context (``op_perf``'s groups), each distinct text
+    converted once. The context is, for an op whose model reads it (``perf.needs_context``), the name of the
+    nearest enclosing event that the model's pattern matches (vLLM's batch annotation), else ""."""
+    seen: dict[tuple[int, bytes, bytes, bytes, str], tuple[str, str, str, str, str]] = {}
+    contextual = {c for c, nm in enumerate(names) if needs_context(str(nm))}
 
-    def keys_of(positions: np.ndarray) -> list[tuple[str, str, str, str]]:
+    def context(p: int) -> str:
+        q = parent[p]
+        while q >= 0:
+            nm = str(names[name_code[order[q]]])
+            if VLLM_CONTEXT.match(nm):
+                return nm
+            q = parent[q]
+        return ""
+
+    def keys_of(positions: np.ndarray) -> list[tuple[str, str, str, str, str]]:
         at = order[positions].tolist()
-        raws = zip(name_code[at].tolist(), [bytes(args[i].input_dims) for i in at],
-                   [bytes(args[i].input_types) for i in at], [bytes(args[i].concrete_inputs) for i in at])
+        codes = name_code[at].tolist()
+        contexts = [context(p) if c in contextual else "" for p, c in zip(positions.tolist(), codes)]
+        raws = zip(codes, [bytes(args[i].input_dims) for i in at], [bytes(args[i].input_types) for i in at],
+                   [bytes(args[i].concrete_inputs) for i in at], contexts)
         out = []
         for raw in raws:
             key = seen.get(raw)
             if key is None:
-                key = seen[raw] = (str(names[raw[0]]), *map(json_text, raw[1:]))
+                key = seen[raw] = (str(names[raw[0]]), *map(json_text, raw[1:4]), raw[4])
             out.append(key)
         return out
 

@@ -304,7 +304,8 @@ def _efficiency(page: Page) -> str:
     modelled = perf[perf["flops_per_byte"].notna() & (perf["tflops_s"] > 0)]
     if not modelled.empty:
         parts.append(page.figure(_roofline(modelled, page.summary)))
-    top = (perf.groupby(["name", "category", "input_dims", "input_types", "concrete_inputs"], dropna=False, sort=False)
+    key = [c for c in ("name", "category", "input_dims", "input_types", "concrete_inputs", "context") if c in perf]
+    top = (perf.groupby(key, dropna=False, sort=False)
            .agg(ranks=("rank", "nunique"), calls=("calls", "sum"), kernel_us=("kernel_us", "sum"),
                 gflop=("gflop", "first"), data_mib=("data_mib", "first"), tflops_s=("tflops_s", "median"),
                 tb_s=("tb_s", "median"), roofline_pct=("roofline_pct", "median"), bound=("bound", "first"))

@@ -3,8 +3,8 @@
 (``devices``) for a roofline.
 
 One module per family (``gemm``, ``attention``, ``conv``, ``norm``, ``softmax``, ``elementwise``, ``reduce``),
-each a ``MODELS`` dict from op name to model, and Inductor's Triton kernels by name pattern (``triton``); ``work``
-looks an op up. An op without a model still gets a
+each a ``MODELS`` dict from op name to model, Inductor's Triton kernels by name pattern (``triton``) and vLLM's
+attention with its batch annotation (``vllm``); ``work`` looks an op up. An op without a model still gets a
 category (``category``), as TraceLens gives one.
 """
 from __future__ import annotations
@@ -15,12 +15,12 @@ from collections.abc import Callable
 
 import orjson
 
-from . import attention, conv, elementwise, gemm, norm, reduce, softmax, triton
+from . import attention, conv, elementwise, gemm, norm, reduce, softmax, triton, vllm
 from .op import Op, Work
 
-__all__ = ["Op", "Work", "category", "has_model", "work"]
+__all__ = ["Op", "Work", "category", "has_model", "needs_context", "work"]
 
-_FAMILIES = ((gemm.MODELS, "GEMM", "GEMM"), (attention.MODELS, "SDPA_fwd", "SDPA_bwd"),
+_FAMILIES = ((gemm.MODELS, "GEMM", "GEMM"), (attention.MODELS, "SDPA_fwd", "SDPA_bwd"), (vllm.MODELS, "SDPA_fwd", ""),
              (conv.MODELS, "CONV_fwd", "CONV_bwd"), (norm.MODELS, "NORM_fwd", "NORM_bwd"),
              (softmax.MODELS, "softmax_fwd", "softmax_bwd"), (elementwise.MODELS, "elementwise", "elementwise"),
              (reduce.MODELS, "reduce", "reduce"))
@@ -65,15 +65,21 @@ def has_model(name: str) -> bool:
     return _model(name) is not None
 
 
+def needs_context(name: str) -> bool:
+    """True for the ops whose model reads an annotation around them (``Op.context``): vLLM's attention."""
+    return name in vllm.MODELS
+
+
 @functools.lru_cache(maxsize=1 << 14)
-def work(name: str, dims: str, types: str, concrete: str) -> Work | None:
-    """The work of one call of the op ``name`` whose args are the given compact JSON texts (``""`` when absent),
-    or None when no model covers it or its args do not fit the model (a shape it does not take)."""
+def work(name: str, dims: str, types: str, concrete: str, context: str = "") -> Work | None:
+    """The work of one call of the op ``name`` whose args are the given compact JSON texts (``""`` when absent)
+    and whose context (``needs_context``) is ``context``, or None when no model covers it or its args do not fit
+    the model (a shape it does not take)."""
     entry = _model(name)
     if entry is None:
         return None
     try:
-        op = Op(name, *(orjson.loads(t) if t else [] for t in (dims, types, concrete)))
+        op = Op(name, *(orjson.loads(t) if t else [] for t in (dims, types, concrete)), context=context)
         return entry[1](op)
     except (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError, orjson.JSONDecodeError):
         return None

@@ -5,8 +5,7 @@ Forward FLOPs ``4·B·H_q·N_q·N_kv·d`` (QKᵀ and PV; the softmax is left out
 read and O written, at 2 bytes each as TraceLens counts them. Backward (flash: QKᵀ recomputed) adds the four
 gradient GEMMs and the GQA reductions; bytes Q, K, V, dO read and dQ, dK, dV written, at the element size of Q.
 TraceLens gives PyTorch's SDPA backward ops a category and no model; here they get the backward model. Not
-modelled: FlashAttention's varlen ops and vLLM's ``unified_attention_with_output`` (TraceLens models the latter
-from token counts its vLLM integration adds as an annotation, which a trace does not carry).
+modelled: FlashAttention's varlen ops. vLLM's attention is in ``vllm``.
 """
 from __future__ import annotations
 

@@ -22,12 +22,14 @@ _PRECISION = {"float": "fp32", "double": "fp64", "c10::half": "fp16", "c10::bflo
 
 @dataclass(frozen=True)
 class Op:
-    """One op call's ``Input Dims``, ``Input type`` and ``Concrete Inputs``, as parsed from the trace."""
+    """One op call's ``Input Dims``, ``Input type`` and ``Concrete Inputs``, as parsed from the trace, and the
+    context some models need (``vllm``)."""
 
     name: str
     dims: list[Any]
     types: list[Any]
     concrete: list[Any]
+    context: str = ""  # an annotation around the op that its model reads (vLLM's batch), else ""
 
     def type(self, i: int) -> str | None:
         t = self.types[i] if i < len(self.types) else None
