@@ -222,3 +222,10 @@ def test_vllm_attention_reads_its_batch_from_vllms_annotation():
     assert work("vllm::unified_attention_with_output", *texts) is None  # no annotation: no model
     assert needs_context("vllm::unified_attention_with_output") and category("vllm::unified_attention_with_output") \
         == "SDPA_fwd"
+
+
+def test_a_vendor_gemm_with_linears_arguments():
+    """vLLM's ROCm GEMM, as the real vLLM MI300X trace records it: (x, weight, bias) as F.linear takes them."""
+    g = w("vllm::rocm_unquantized_gemm", [[32, 2880], [5120, 2880], [5120]], [BF16] * 3)
+    assert (g.flops, g.bytes) == (2 * 32 * 5120 * 2880 + 32 * 5120, (32 * 2880 + 2880 * 5120 + 32 * 5120 + 5120) * 2)
+    assert category("vllm::rocm_unquantized_gemm") == "GEMM"

@@ -44,6 +44,13 @@ def baddbmm(op: Op) -> Work:
     return _gemm(b, m, n, k, True, op.type(1))
 
 
+def linear_gemm(op: Op) -> Work:
+    """A GEMM that takes ``F.linear``'s arguments, ``(x[M, K], weight[N, K], bias[N])``: vLLM's ROCm
+    ``rocm_unquantized_gemm`` (TraceLens's extension ``vllm_rocm_unquantized_gemm``)."""
+    (m, k), (n, _) = shape(op.dims[0]), shape(op.dims[1])
+    return _gemm(1, m, n, k, len(op.dims) > 2 and bool(op.dims[2]), op.type(0))
+
+
 def scaled_mm(op: Op) -> Work:
     (m, k), (_, n) = shape(op.dims[0]), shape(op.dims[1])
     size = bpe(op.type(0))
@@ -58,4 +65,5 @@ MODELS: dict[str, Callable[[Op], Work]] = {
     "aten::_scaled_mm": scaled_mm,
     "trtllm::cublas_scaled_mm": scaled_mm,
     "bitsandbytes::int8_linear_matmul": scaled_mm,
+    "vllm::rocm_unquantized_gemm": linear_gemm,
 }
