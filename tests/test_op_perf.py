@@ -8,6 +8,7 @@ import csv
 import json
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -91,6 +92,11 @@ def test_no_op_above_its_roofline(real_set, analysed):
     durations are whole µs (a 6.4 µs kernel is recorded as 6). The DRAM roof does not bound them; their figures
     are kept as measured, not capped."""
     table = analysed(real_set).op_perf
+    roofed = table.dropna(subset=["roofline_pct"])
+    f = {c: roofed[c].to_numpy(dtype=float) for c in ("peak_tflops", "flops_per_byte", "peak_tb_s", "roof_tflops",
+                                                       "roofline_pct", "tflops_s")}
+    assert np.allclose(f["roof_tflops"], np.minimum(f["peak_tflops"], f["flops_per_byte"] * f["peak_tb_s"]), rtol=1e-12)
+    assert np.allclose(f["roofline_pct"], 100 * f["tflops_s"] / f["roof_tflops"], rtol=1e-12)
     above = table[table["roofline_pct"] > 100]
     if real_set == "kineto_2021_resnet50":
         cached = (above["bound"] == "memory") & (above["category"] == "elementwise") & (above["data_mib"] <= 25) \
@@ -129,7 +135,6 @@ def test_an_op_without_flops_has_no_roofline():
        st.booleans())
 def test_busy_time_is_the_union_of_each_calls_kernels(kernels, huge):
     """The vectorised union per call equals a plain one, also on the path for spans too long for int64 lifting."""
-    import numpy as np
 
     from tracefuse_dask.analysis import op_perf
 

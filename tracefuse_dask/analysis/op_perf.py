@@ -24,7 +24,7 @@ __all__ = ["OP_PERF_COLUMNS", "by_category", "op_perf_table", "owners", "rooflin
 
 OP_PERF_COLUMNS = ["name", "category", "input_dims", "input_types", "concrete_inputs", "context", "calls", "kernel_us",
                    "gflop", "data_mib", "flops_per_byte", "tflops_s", "tb_s", "precision", "peak_tflops", "peak_tb_s",
-                   "roofline_pct", "bound"]
+                   "roof_tflops", "roofline_pct", "bound"]
 
 
 def owners(leaf: np.ndarray, parent: list[int], modelled: np.ndarray) -> np.ndarray:
@@ -123,20 +123,20 @@ def _row(name: str, dims: str, types: str, concrete: str, context: str, n: int, 
     w = work(name, dims, types, concrete, context)
     row: list[Any] = [name, category(name, first_kernel), dims, types, concrete, context, n, busy_ns / 1e3]
     if w is None:
-        return row + [nan] * 5 + [None, nan, nan, nan, None]
+        return row + [nan] * 5 + [None, nan, nan, nan, nan, None]
     total_ns = busy_ns or nan
     fpb = w.flops / w.bytes if w.bytes else nan
     tflops = w.flops * n / total_ns / 1e3
     tb_s = w.bytes * n / total_ns / 1e3 if w.bytes is not None else nan
     peak = device.peak_tflops(w.unit, w.precision) if device is not None else None
     bw = device.memory_tb_s if device is not None else nan
-    pct, bound = nan, None
+    roof, pct, bound = nan, nan, None
     if peak and w.bytes and w.flops > 0:  # a pure copy has no roofline (TraceLens's rule: GFLOPs > 0)
-        roof = min(peak, fpb * bw)
+        roof = min(peak, fpb * bw)  # the roof at the op's intensity
         pct = 100.0 * tflops / roof
         bound = "compute" if fpb * bw >= peak else "memory"
     return row + [w.flops / 1e9, w.bytes / 2**20 if w.bytes is not None else nan, fpb, tflops, tb_s, w.precision,
-                  peak if peak else nan, bw, pct, bound]
+                  peak if peak else nan, bw, roof, pct, bound]
 
 
 def by_category(op_perf: pd.DataFrame) -> pd.DataFrame:
