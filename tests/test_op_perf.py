@@ -18,8 +18,8 @@ from tracefuse_dask import analyze
 
 pytestmark = pytest.mark.integration
 
-REFERENCES = shared_params([pytest.param("h100_qwen", "tracelens_h100_qwen", id="h100_qwen"),
-                            pytest.param("mi300_qwen", "tracelens_mi300_qwen", id="mi300_qwen")])
+REFERENCES = shared_params([pytest.param(("h100_qwen", "tracelens_h100_qwen"), id="h100_qwen"),
+                            pytest.param(("mi300_qwen", "tracelens_mi300_qwen"), id="mi300_qwen")])
 
 
 def _lists(value):
@@ -58,11 +58,12 @@ def analysed(client, tmp_path_factory):
     return run
 
 
-@pytest.mark.parametrize("reference, real_set", REFERENCES)
-def test_op_perf_agrees_with_tracelens_within_1_percent(reference, real_set, analysed):
+@pytest.mark.parametrize("pair", REFERENCES)
+def test_op_perf_agrees_with_tracelens_within_1_percent(pair, analysed):
     """Every row TraceLens models: the same group (name, input dims, input types, concrete inputs), the same calls,
     and gflop, data_mib and kernel_us within 1%. aten::mean's data_mib differs by design (see
     tracefuse_dask/perf/reduce.py: TraceLens counts one output element; we read dim and keepdim), within 1% here."""
+    reference, real_set = pair
     want = tracelens_rows(reference)
     got = {}
     for r in analysed(real_set).op_perf.to_dict("records"):
