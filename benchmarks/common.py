@@ -434,6 +434,32 @@ def empty(folder: str) -> None:
         shutil.rmtree(entry.path) if entry.is_dir() else os.remove(entry.path)
 
 
+def against_baseline(script: str, root: str, baseline: str, repeat: int,
+                     args: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Run ``script --child ARGS`` ``repeat`` times at the commit ``baseline`` (a temporary ``git worktree`` under
+    ``root``) and at this checkout, alternating, each run a process of its own with ``PYTHONPATH`` on its checkout;
+    each run's last line of output, as JSON, by side (``"baseline <commit>"``, then ``"this checkout"``)."""
+    repo = os.path.dirname(HERE)
+    base_dir = os.path.join(root, "baseline")
+    subprocess.run(["git", "-C", repo, "worktree", "add", "--detach", base_dir, baseline], check=True,
+                   capture_output=True)
+    try:
+        sides = {f"baseline {baseline}": base_dir, "this checkout": repo}
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
+        for _ in range(repeat):
+            for name, checkout in sides.items():
+                done = subprocess.run([sys.executable, os.path.abspath(script), "--child", *args],
+                                      env={**os.environ, "PYTHONPATH": checkout}, capture_output=True, text=True,
+                                      check=False)
+                if done.returncode:
+                    raise RuntimeError(f"{checkout}: {done.stderr[-2000:]}")
+                runs[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+        return runs
+    finally:
+        subprocess.run(["git", "-C", repo, "worktree", "remove", "--force", base_dir], check=False,
+                       capture_output=True)
+
+
 def cleanup(root: str, keep: bool) -> None:
     """Keep the datasets and outputs (and say where) or remove them."""
     if keep:

@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 
-from common import cleanup, environment, make_root, paired, parser, write_report
+from common import against_baseline, cleanup, environment, make_root, paired, parser, write_report
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLUMNS = ["checkout", "ranks", "MB", "analyze s", "speed vs baseline", "peak RSS MiB", "Δ peak RSS MiB",
            "client peak RSS MiB", "found"]
 
@@ -52,15 +50,6 @@ def _child(folder: str) -> None:
                       "client": mem.self_peak, "found": found}))
 
 
-def _run(checkout: str, folder: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": checkout}
-    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", folder], env=env,
-                          capture_output=True, text=True, check=False)
-    if done.returncode:
-        raise RuntimeError(f"{checkout}: {done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
     if sys.argv[1:2] == ["--child"]:
         return _child(sys.argv[2])
@@ -76,18 +65,11 @@ def main() -> None:
     root = make_root("tracefuse-cp-", args.tmp_dir)
     lines = [environment(), "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     print("\n".join(lines), flush=True)
-    base_dir = os.path.join(root, "baseline")
     try:
-        subprocess.run(["git", "-C", HERE, "worktree", "add", "--detach", base_dir, args.baseline], check=True,
-                       capture_output=True)
         folder = os.path.join(root, "job")
         paths = write_example(folder, ranks=args.ranks, rank_bytes=args.rank_kb * 1000, straggler=args.straggler)
         mb = sum(os.path.getsize(p) for p in paths) / 1e6
-        sides = {f"baseline {args.baseline}": base_dir, "this checkout": HERE}
-        runs: dict[str, list[dict]] = {name: [] for name in sides}
-        for _ in range(args.repeat):
-            for name, checkout in sides.items():
-                runs[name].append(_run(checkout, folder))
+        runs = against_baseline(__file__, root, args.baseline, args.repeat, [folder])
         times = {name: [r["seconds"] for r in got] for name, got in runs.items()}
         base_times = times[f"baseline {args.baseline}"]
         for name, got in runs.items():
@@ -99,8 +81,6 @@ def main() -> None:
             lines.append(line)
             print(line, flush=True)
     finally:
-        subprocess.run(["git", "-C", HERE, "worktree", "remove", "--force", base_dir], check=False,
-                       capture_output=True)
         cleanup(root, args.keep)
     write_report(args.out, lines)
 

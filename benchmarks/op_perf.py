@@ -16,14 +16,12 @@ Takes about 4 minutes on 2 cores with the defaults.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
 
-from common import check_real_shapes, cleanup, environment, make_real, make_root, paired, parser, write_report
+from common import (against_baseline, check_real_shapes, cleanup, environment, make_real, make_root, paired, parser,
+                    write_report)
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLUMNS = ["shape", "checkout", "ranks", "MB", "task s (best round)", "speed vs baseline", "op groups (modelled)"]
 
 
@@ -59,15 +57,6 @@ def _child(paths: list[str]) -> None:
     print(json.dumps({"seconds": seconds, "groups": groups, "modelled": modelled}))
 
 
-def _run(checkout: str, paths: list[str]) -> dict:
-    env = {**os.environ, "PYTHONPATH": checkout}
-    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", *paths], env=env,
-                          capture_output=True, text=True, check=False)
-    if done.returncode:
-        raise RuntimeError(f"{checkout}: {done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
     if sys.argv[1:2] == ["--child"]:
         return _child(sys.argv[2:])
@@ -83,17 +72,10 @@ def main() -> None:
     root = make_root("tracefuse-opperf-", args.tmp_dir)
     lines = [environment(), "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     print("\n".join(lines), flush=True)
-    base_dir = os.path.join(root, "baseline")
     try:
-        subprocess.run(["git", "-C", HERE, "worktree", "add", "--detach", base_dir, args.baseline], check=True,
-                       capture_output=True)
-        sides = {f"baseline {args.baseline}": base_dir, "this checkout": HERE}
         for shape in shapes:
             _, paths, size = make_real(shape, root, args.ranks, args.rank_mb)
-            runs: dict[str, list[dict]] = {name: [] for name in sides}
-            for _ in range(args.repeat):
-                for name, checkout in sides.items():
-                    runs[name].append(_run(checkout, paths))
+            runs = against_baseline(__file__, root, args.baseline, args.repeat, paths)
             base_times = [r["seconds"] for r in runs[f"baseline {args.baseline}"]]
             for name, got in runs.items():
                 best = min(got, key=lambda r: r["seconds"])
@@ -103,8 +85,6 @@ def main() -> None:
                 lines.append(line)
                 print(line, flush=True)
     finally:
-        subprocess.run(["git", "-C", HERE, "worktree", "remove", "--force", base_dir], check=False,
-                       capture_output=True)
         cleanup(root, args.keep)
     write_report(args.out, lines)
 

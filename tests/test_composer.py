@@ -37,7 +37,7 @@ def tracefuse(*argv: str, cwd: Path | None = None, ok: bool = True) -> subproces
 
 def texts() -> dict[int, bytes]:
     """The two ranks' files as Composer wrote them."""
-    return {r: gzip.decompress((DATA / f"ep0-ba5-rank{r}.json.gz").read_bytes()) for r in (0, 1)}
+    return {r: gzip.decompress((DATA / f"composer_rank{r}_ep0-ba5.json.gz").read_bytes()) for r in (0, 1)}
 
 
 def write_job(folder: Path, files: dict[int, bytes]) -> Path:
@@ -238,6 +238,8 @@ def test_ranks_with_and_without_clock_sync(tmp_path):
     tracefuse("merge", str(full), "-o", str(tmp_path / "full-base.json"), "--align", "base")
     tracefuse("merge", str(full), "-o", str(tmp_path / "full-sync.json"), "--align", "clock-sync")
     plain, synced = load_exact(tmp_path / "full-base.json"), load_exact(tmp_path / "full-sync.json")
+    tracefuse("merge", str(full / "ep0-ba5-rank1.json"), "-o", str(tmp_path / "one.json"), "--align", "clock-sync")
+    assert load_exact(tmp_path / "one.json")["metadata"]["tracefuse"]["options"]["align"] == "clock-sync"
     shift = (syncs[0] - syncs[1]) * 1000
     assert shift and plain["baseTimeNanoseconds"] == synced["baseTimeNanoseconds"]
     for a, b in zip(plain["traceEvents"], synced["traceEvents"]):

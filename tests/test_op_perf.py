@@ -155,3 +155,31 @@ def test_busy_time_is_the_union_of_each_calls_kernels(kernels, huge):
                 reach = e
         assert b == union and leaf[f] == c and start[f] == spans[0][0]
     assert sorted(calls.tolist()) == sorted(set(leaf.tolist()))
+
+
+def test_gpu_spec_gives_an_unknown_device_its_roofline_through_the_cli(tmp_path):
+    """The MTIA trace's device (ARTEMIS) is not in the table: analyze says how to add it; --gpu-spec adds it and
+    its ops get a roofline; a spec that is not there is a one-line error before any output."""
+    import os
+    import subprocess
+    import sys
+
+    trace = str(shared("real", "hta_mtia_inference"))
+
+    def cli(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "tracefuse_dask", "analyze", trace, *argv], capture_output=True,
+                              text=True, timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+
+    plain = cli("-o", str(tmp_path / "plain"))
+    assert plain.returncode == 0 and "op_perf has no roofline for the ranks of 'ARTEMIS'" in plain.stderr
+    spec = tmp_path / "gpus.json"
+    spec.write_text(json.dumps({"devices": [{"name": "MTIA-lab", "match": [{"name": "^ARTEMIS$"}],
+                                             "matrix": {"bf16": 100, "fp16": 100}, "vector": {"fp32": 10},
+                                             "memory_tb_s": 0.8, "source": "our measurement"}]}))
+    run = cli("-o", str(tmp_path / "spec"), "--gpu-spec", str(spec), "--format", "csv")
+    assert run.returncode == 0 and "has no roofline" not in run.stderr, run.stderr
+    summary = json.loads((tmp_path / "spec" / "summary.json").read_text())
+    assert summary["devices"] == {"ranks": {"MTIA-lab": [0]}, "unknown": {}, "note": None}
+    missing = cli("-o", str(tmp_path / "missing"), "--gpu-spec", str(tmp_path / "nope.json"))
+    assert missing.returncode == 1 and "--gpu-spec" in missing.stderr and "nope.json" in missing.stderr
+    assert "Traceback" not in missing.stderr and not (tmp_path / "missing").exists()

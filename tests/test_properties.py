@@ -134,7 +134,8 @@ def test_rewrite_properties(ranks, data, has_base, include_pyfunc):
 # --- Loader fuzz: mutated real traces raise TraceFuseError or load and rewrite cleanly ---
 
 SEEDS = ["real/hta_triton_example/triton_example.json.gz", "real/kineto_docs/after_fix_trace.json",
-         "real/hta_cuda_event_sync/event_sync_trace.json.gz", "data/composer/ep0-ba5-rank0.json.gz"]  # array form
+         "real/hta_cuda_event_sync/event_sync_trace.json.gz",
+         "data/composer/composer_rank0_ep0-ba5.json.gz"]  # a Composer trace: the array form
 TOKENS = [b'"x"', b"[]", b"{}", b"null", b"-1", b"1e400", b"NaN", b"true", b'""', b"18446744073709551616"]
 FIELD_VALUES = ["x", [], [1], {}, {"a": 1}, None, -1, 1.5, 2**63, "", "GPU 0", "process_name", "thread_name"]
 KINDS = ["flip", "overwrite", "truncate", "insert", "token", "token", "field", "field", "field"]

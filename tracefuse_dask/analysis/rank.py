@@ -34,6 +34,7 @@ from ..kineto.vocabulary import (
     host_category,
     is_collective_call,
     is_correlation_flow,
+    is_cpu_op_category,
     is_op_category,
     kernel_category,
     kernel_type,
@@ -324,8 +325,7 @@ def analyze_events(events: list[Event], rank: int, path: str, steps: tuple[int, 
     tables["kernels"], tables["kernel_categories"] = _kernel_tables(g, names)
     launch_pos = np.where(g.launch >= 0, tree.pos[np.maximum(g.launch, 0)], -1)  # each GPU event's launch's position
     is_op = (np.array([is_op_category(c) for c in cats], dtype=bool)[cat_code] | is_span) & (step_of[name_code] < 0)
-    # the ops that launch (2021's traces call them Operator)
-    is_cpu_op = np.array([str(c).lower() in ("cpu_op", "operator") for c in cats], dtype=bool)[cat_code]
+    is_cpu_op = np.array([is_cpu_op_category(c) for c in cats], dtype=bool)[cat_code]
     tables["ops"], tables["kernel_launchers"], leaf_at = _op_tables(tree, is_op, is_cpu_op, name_code, names, durs,
                                                                     args, g, launch_pos)
     header = header or {}

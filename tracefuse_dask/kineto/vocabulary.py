@@ -29,6 +29,7 @@ __all__ = [
     "is_collective_call",
     "is_comm_kernel",
     "is_correlation_flow",
+    "is_cpu_op_category",
     "is_graph_launch",
     "is_op_category",
     "kernel_category",
@@ -64,6 +65,7 @@ _HOST = frozenset({"cpu_op", "user_annotation", "python_function", "cuda_runtime
                    "privateuse1_driver", "collective_comm", "trace", "ac2g", "fwdbwd", "async",
                    "async_cpu_to_gpu"})
 _OP = frozenset({"cpu_op", "user_annotation", "operator"})
+_CPU_OP = frozenset({"cpu_op", "operator"})  # the ops that launch device work (2021's traces: Operator)
 _CORRELATION_FLOWS = frozenset({"ac2g", "async", "async_cpu_to_gpu"})
 
 # The names a collective op goes by (``c10d::allreduce_``, ``nccl:all_reduce``); a call is a chain of those and
@@ -133,6 +135,11 @@ def device_kind(cat: Any, name: Any = "", args: Any = None) -> str | None:
 def is_op_category(cat: Any) -> bool:
     """True for the categories of the host ops the call tree reports: CPU ops and user annotations."""
     return isinstance(cat, str) and cat.lower() in _OP
+
+
+def is_cpu_op_category(cat: Any) -> bool:
+    """True for the categories of CPU ops, the ops that launch device work: ``cpu_op``, 2021's ``Operator``."""
+    return isinstance(cat, str) and cat.lower() in _CPU_OP
 
 
 def is_correlation_flow(cat: Any) -> bool:
