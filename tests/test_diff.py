@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import read_trace, shared, write_trace
+from conftest import SHARED, read_trace, shared, write_trace
 
 from tracefuse_dask import MergeError, TraceFileNotFoundError, analyze, diff
-from tracefuse_dask.analysis.diff import _spread, normalize_name
+from tracefuse_dask.analysis.diff import _spread, label, name_key
 from tracefuse_dask.cli import main
 from tracefuse_dask.synth import write_example
 
@@ -101,20 +101,156 @@ def test_a_kernel_made_30_percent_slower_is_named_first_and_fails_the_check(a100
     got = diff(str(base), str(new), str(tmp_path / "diff"), client=client, fail_above=10)
     s = got.summary
     top = s["regressions"][0]
-    assert (top["what"], top["name"], top["rank"]) == ("kernel", normalize_name(kernel), -1)
+    assert (top["what"], top["name"], top["rank"]) == ("kernel", kernel, -1)  # its exact name
     assert top["delta_pct"] == pytest.approx(30, abs=2) and top["ranks_regressed"] == 2
     assert top["new_count"] == top["base_count"] > 0  # as many calls, each 30% longer
     assert top["new_mean_us"] == pytest.approx(1.3 * top["base_mean_us"], rel=0.02)
     coll = got.tables["items"].query("what == 'collective' and rank == -1")
     assert len(coll) and coll["base_wait_us"].notna().all()
     assert coll["base_busbw_gbps"].notna().any() and coll["base_algbw_gbps"].notna().any()
-    assert got.failed and s["failing"][0]["name"] == normalize_name(kernel)
-    assert f"kernel `{normalize_name(kernel)}` +30% on all ranks" in s["verdict"]
+    assert got.failed and s["failing"][0]["name"] == kernel
+    assert s["verdict"].startswith(f"kernel `{label(kernel)}` +30% on all ranks")  # the root change leads
     # the same from the two runs' analyze reports: no re-parse, the same comparison
     for side in ("base", "new"):
         analyze(str(a100_kernel[0 if side == "base" else 1]), str(tmp_path / side), client=client)
     again = diff(str(tmp_path / "base"), str(tmp_path / "new"), client=client, fail_above=10)
     assert again.summary["regressions"] == s["regressions"] and again.summary["verdict"] == s["verdict"]
+
+
+def copy_dir(src: Path, dest: Path, edit=None) -> Path:
+    """A folder of rank files as a new one, each rank's document passed through ``edit(rank, doc)``."""
+    for i, path in enumerate(sorted(p for p in src.iterdir() if ".json" in p.name)):
+        doc = read_trace(path)
+        write_trace(dest / path.name, edit(i, doc) if edit else doc)
+    return dest
+
+
+CUTLASS = "void cutlass::Kernel<"
+
+
+@pytest.fixture(scope="module")
+def a100_steps(tmp_path_factory) -> Path:
+    """make_dataset's 2 ranks of the real A100 set's rank 0, 6 MB each: more steps than the set's 2."""
+    tool = SHARED.parent / "tools" / "make_dataset.py"
+    if not tool.is_file() or not shared(*A100).is_dir():
+        pytest.skip("../shared/tools/make_dataset.py or ../shared/traces/real is missing beside the repository")
+    out = tmp_path_factory.mktemp("a100-steps") / "job"
+    subprocess.run([sys.executable, str(tool), "--source", str(shared(*A100) / "sampled_rank-0.json.gz"), "--ranks",
+                    "2", "--mb-per-rank", "6", "--no-gzip", "--out", str(out)], check=True, capture_output=True,
+                   timeout=600)
+    return out
+
+
+@pytest.mark.parametrize("which", ["the shared set", "a make_dataset job"])
+def test_one_of_several_kernels_of_one_template_made_slower_is_named_exactly(which, a100_steps, client, tmp_path):
+    """The cutlass GEMM with most time, one of many ``cutlass::Kernel<…>`` instances, 30% slower on every rank and
+    later events shifted: that exact kernel is the first kernel regression, its siblings did not change, and the
+    check fails because of it, not because of a critical-path route."""
+    src = shared(*A100) if which == "the shared set" else a100_steps
+    doc = read_trace(next(p for p in sorted(src.iterdir()) if ".json" in p.name))
+    totals: dict[str, float] = {}
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "kernel" and e["name"].startswith(CUTLASS):
+            totals[e["name"]] = totals.get(e["name"], 0) + e["dur"]
+    assert len(totals) > 20  # many instances of one template
+    kernel = max(totals, key=totals.get)
+    base = copy_dir(src, tmp_path / "base")
+    new = copy_dir(src, tmp_path / "new", lambda r, d: slowed(d, lambda e: e.get("cat") == "kernel"
+                                                             and e["name"] == kernel, 1.3))
+    got = diff(str(base), str(new), str(tmp_path / "diff"), client=client, fail_above=10)
+    s = got.summary
+    assert len(s["new"]["steps"]) == (2 if which == "the shared set" else len(s["new"]["steps"])) >= 2
+    first = next(r for r in s["regressions"] if r["what"] == "kernel")
+    assert (first["name"], first["rank"], first["ranks_regressed"]) == (kernel, -1, 2)
+    assert first["delta_pct"] == pytest.approx(30, abs=2)
+    items = got.tables["items"]
+    siblings = items[(items["what"] == "kernel") & items["name"].str.startswith(CUTLASS) & (items["name"] != kernel)]
+    assert len(siblings) > 20 and not siblings["significant"].any()
+    assert got.failed and s["failing"][0]["name"] == kernel
+    assert {r["what"] for r in s["failing"]} <= {"kernel", "op group"}  # never a critical-path route
+    assert s["verdict"].startswith(f"kernel `{label(kernel)}` +30% on all ranks, in op `aten::")
+    groups = [r for r in s["regressions"] if r["what"] == "op group" and r["rank"] == -1]
+    assert groups and all(r["new_kernel"] == kernel and r["delta_pct"] == pytest.approx(30, abs=2) for r in groups)
+    if which == "the shared set":  # through the CLI: exit code 3, the kernel named first
+        run = subprocess.run([sys.executable, "-m", "tracefuse_dask", "diff", "--workers", "1", str(base), str(new),
+                              "-o", str(tmp_path / "cli"), "--fail-above", "10%"], capture_output=True, text=True,
+                             timeout=300, check=False)
+        assert run.returncode == 3, run.stderr
+        first_line = next(line for line in run.stderr.splitlines() if line.startswith("regression above 10%"))
+        assert first_line.startswith(f"regression above 10%: kernel `{label(kernel)}` on the job: +30")
+
+
+def test_a_renamed_kernel_is_followed_through_its_op_and_shapes(client, tmp_path):
+    """The new run's build names the main GEMM of some ``aten::mm`` shapes anew (as a new cuBLAS would), and it is 20%
+    slower: one kernel 20% slower under its new name, the op groups with the kernel change, nothing removed or
+    added."""
+    src = shared(*A100)
+    doc = read_trace(next(p for p in sorted(src.iterdir()) if ".json" in p.name))
+    totals: dict[str, float] = {}
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "kernel" and e["name"].startswith(CUTLASS):
+            totals[e["name"]] = totals.get(e["name"], 0) + e["dur"]
+    old = max(totals, key=totals.get)
+    renamed = "sm80_xmma_gemm_f32f32_tf32f32_f32_nt_n_tilesize128x64x32_stage6_warpsize2x2x1_tensor16x8x8_kernel"
+
+    def rename(rank, d):
+        d = slowed(d, lambda e: e.get("cat") == "kernel" and e["name"] == old, 1.2)
+        for e in d["traceEvents"]:
+            if e.get("name") == old:
+                e["name"] = renamed
+        return d
+    base = copy_dir(src, tmp_path / "base")
+    new = copy_dir(src, tmp_path / "new", rename)
+    s = diff(str(base), str(new), client=client).summary
+    assert s["renamed"] == [{"base": old, "new": renamed}]
+    kernel = next(r for r in s["regressions"] if r["what"] == "kernel")
+    assert (kernel["name"], kernel["base_kernel"], kernel["rank"]) == (renamed, old, -1)
+    assert kernel["delta_pct"] == pytest.approx(20, abs=2) and kernel["new_count"] == kernel["base_count"] > 0
+    groups = [r for r in s["regressions"] if r["what"] == "op group" and r["rank"] == -1]
+    assert groups and all(r["new_kernel"] == renamed and r["base_kernel"] == old for r in groups)
+    assert all(r["delta_pct"] == pytest.approx(20, abs=2) for r in groups)
+    assert all(r["name"] not in (old, renamed) for r in s["added"] + s["removed"])
+    assert s["verdict"].startswith(f"kernel `{renamed}` +20% on all ranks (renamed from `{label(old)}`), in op `aten::")
+
+
+def test_the_same_model_on_two_vendors_is_compared_by_op_and_shapes(client, tmp_path):
+    """Qwen on an H100 and on an MI300: the GEMM, attention and elementwise kernels have other names on each, the
+    op groups are the same: matched by op and shapes, and the verdict names those that changed most per step."""
+    h100, mi300 = shared("real", "tracelens_h100_qwen"), shared("real", "tracelens_mi300_qwen")
+    got = diff(str(h100), str(mi300), str(tmp_path / "d"), client=client)
+    s, items = got.summary, got.tables["items"]
+    job = items[items["rank"] == -1]
+    groups = job[job["what"] == "op group"]
+    both = groups[(groups["base"] > 0) & (groups["new"] > 0)]
+    assert len(groups) > 20 and len(both) >= 0.9 * len(groups)
+    kernels = job[job["what"] == "kernel"]
+    shared_us = kernels[(kernels["base"] > 0) & (kernels["new"] > 0) & kernels["base_kernel"].isna()]["base"].sum()
+    assert shared_us < 0.5 * kernels["base"].sum()  # most kernel time is in names the other run lacks
+    assert any(n.startswith(f"{len(both)} of {len(groups)} op groups (op, input dims, types and concrete inputs) "
+                            "are in both runs") for n in s["notes"])
+    assert s["verdict"].startswith("the kernels differ by name; by op and shapes: op `")
+    changed = both[both["significant"]]
+    top = changed.reindex(changed["delta_us"].abs().sort_values(ascending=False).index).head(3)
+    assert len(top) == 3 and all(f"op `{name}`" in s["verdict"] for name in top["label"])
+    assert "op `aten::mm [8944×1024 · 1024×2816]` +31% per call (kernel changed: `sm90_xmma_gemm_" in s["verdict"]
+    path = items[items["what"] == "critical path"]
+    assert len(path) and not path["name"].str.contains(r"\d+ short .* segments").any()  # each names an op
+
+
+def test_a_self_diff_of_every_shared_set_changes_nothing(client, tmp_path):
+    """Each shared job's report against itself, through the CLI: no significant change, exit 0."""
+    sets = [p for p in sorted((SHARED / "real").iterdir()) if p.is_dir()] + [shared("gloo_4ranks")]
+    multi = 0
+    for path in sets:
+        analyze(str(path), str(tmp_path / path.name), client=client)
+        s = diff(str(tmp_path / path.name), str(tmp_path / path.name), client=client, fail_above=5).summary
+        assert s["regressions"] == s["improvements"] == s["failing"] == [], path.name
+        assert s["verdict"].startswith("no significant change in step time (+0.0%"), path.name
+        multi += len(s["base"]["steps"]) > 1
+        if path.name == "hta_negative_queue_length":  # the CLI's exit code on one of them
+            assert main(["diff", str(tmp_path / path.name), str(tmp_path / path.name), "-o", str(tmp_path / "cli"),
+                         "--fail-above", "5%", "-q"]) == 0
+    assert multi >= 5
 
 
 def test_a_slowed_rank_is_named(client, tmp_path):
@@ -156,8 +292,9 @@ def test_the_cli_lists_a_new_name_among_the_regressions(tmp_path, capsys):
 
 def test_runs_of_different_sizes_and_models_compare_with_a_note(client, tmp_path):
     s = diff(str(shared("gloo_2ranks_tb_nostraggler")), str(shared("gloo_4ranks")), client=client).summary
-    assert s["notes"] == [("the runs have different ranks (2 and 4): compared by job-wide figures (means over "
-                           "ranks); the per-rank rows are left out")]
+    assert s["notes"][0] == ("the runs have different ranks (2 and 4): compared by job-wide figures (means over "
+                             "ranks); the per-rank rows are left out")
+    assert [n for n in s["notes"][1:] if not n.startswith("the critical path changed: ")] == []
     assert all(r["rank"] == -1 for r in s["regressions"] + s["improvements"])
     assert "on the critical path `straggler_sleep`" in s["verdict"]
     s = diff(str(shared("gloo_4ranks")), str(shared(*A100)), client=client).summary
@@ -198,7 +335,7 @@ def test_the_cli_exit_codes(a100_kernel, tmp_path):
     worse = subprocess.run([*cmd, str(base), str(new), "-o", str(tmp_path / "worse"), "--fail-above", "10%"],
                            capture_output=True, text=True, timeout=300, check=False)
     assert worse.returncode == 3, worse.stderr
-    assert f"regression above 10%: kernel `{normalize_name(kernel)}` on the job: +30" in worse.stderr
+    assert f"regression above 10%: kernel `{label(kernel)}` on the job: +30" in worse.stderr
     assert (tmp_path / "worse" / "diff.html").exists() and (tmp_path / "worse" / "diff.json").exists()
     again = subprocess.run([*cmd, str(base), str(new), "-o", str(tmp_path / "worse")], capture_output=True,
                            text=True, timeout=300, check=False)
@@ -220,22 +357,41 @@ def test_diff_html_renders_offline_in_chromium(a100_kernel, client, tmp_path):
                     bars: plots[1].data[0].hovertext,
                     resources: performance.getEntriesByType('resource').map(e => e.name)}""")
     assert got["titles"][0].startswith("Step time") and got["titles"][1].startswith("Biggest significant changes")
-    assert html.escape(f"kernel: {normalize_name(kernel)}", quote=False) in got["bars"]  # plotly reads entities
+    assert html.escape(f"kernel: {label(kernel)}", quote=False) in got["bars"]  # plotly reads entities
     assert "the check fails (exit code 3)" in got["text"]
     assert all(r.startswith(("file:", "data:", "blob:")) for r in got["resources"])
 
 
 @pytest.mark.parametrize("name, expected", [
-    ("void k<float, 4>(float*, int)", "void k<…>(…)"),
-    ("void k<c10::Half, at::native::F<float>>(at::Acc<float, 2ul>)", "void k<…>(…)"),
-    ("triton_poi_fused_add_0", "triton_poi_fused_add_0"),
-    ("Memcpy HtoD (Pageable -> Device)", "Memcpy HtoD (…)"),
-    ("cb 0x7f3a2c001200", "cb 0x…"),
-    ("not yet in ProfilerStep#12", "not yet in ProfilerStep#…"),
-    ("37 short cpu_op segments", "short cpu_op segments"), ("2 short launch gap segments", "short launch gap segments"),
+    # template arguments and parameter lists are the kernel: kept whole
+    ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_256x128_32x3_nt_align1>(cutlass_80_tensorop_s1688gemm_256x12"
+     "8_32x3_nt_align1::Params)", None),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1ul> >(int, "
+     "at::native::FillFunctor<float>, std::array<char*, 1ul>)", None),
+    ("void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl<at::native::direct_copy_kernel_cuda(at::"
+     "TensorIteratorBase&)::{lambda()#2}::operator()() const::{lambda()#7}::operator()() const::{lambda(float)#1}> >"
+     "(int, …)", None),  # a lambda's number is its own
+    ("triton_poi_fused_add_0", None), ("Memcpy HtoD (Pageable -> Device)", None),
+    ("<built-in method apply of FunctionMeta object at 0x55d3c8a1e6b0>",
+     "<built-in method apply of FunctionMeta object at 0x…>"),
+    ("not yet in ProfilerStep#12", "not yet in ProfilerStep#…"), ("ProfilerStep#551", "ProfilerStep#…"),
 ])
-def test_names_are_normalised(name, expected):
-    assert normalize_name(name) == expected
+def test_only_what_differs_between_runs_of_one_program_is_normalised(name, expected):
+    assert name_key(name) == (expected or name)
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_256x128_32x3_nt_align1>(cutlass_80_tensorop_s1688gemm_256x12"
+     "8_32x3_nt_align1::Params)", "cutlass::Kernel<cutlass_80_tensorop_s1688gemm_256x128_32x3_nt_align1>(…)"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1ul> >(int, "
+     "at::native::FillFunctor<float>, std::array<char*, 1ul>)",
+     "vectorized_elementwise_kernel<4, FillFunctor<float>, array<char*, 1ul> >(…)"),
+    ("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)",
+     "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)"),  # no template: kept
+    ("x" * 200, "x" * 59 + "…" + "x" * 59),
+])
+def test_labels_shorten_for_reading_only(name, expected):
+    assert label(name) == expected
 
 
 def test_diff_from_and_to_s3_with_reports_in_the_bucket(client, s3, bucket_name):
@@ -272,3 +428,20 @@ def test_report_sides_refuse_trace_options_and_paths_are_accepted(client, tmp_pa
     with pytest.raises(MergeError, match="inside the report folder"):
         analyze(str(shared("gloo_4ranks")), str(tmp_path / "rep"), client=client,
                 critical_path_trace=str(tmp_path / "rep" / "path.json.gz"))
+
+
+def test_reports_in_csv_and_of_an_earlier_version_compare_their_op_groups_or_say_why_not(client, tmp_path):
+    """A CSV report reads empty texts back as missing: its op groups still compare with the Parquet one's. A report
+    of an earlier version without op_perf compares everything else, with a note."""
+    analyze(str(shared(*A100)), str(tmp_path / "parquet"), client=client)
+    analyze(str(shared(*A100)), str(tmp_path / "csv"), client=client, format="csv")
+    s = diff(str(tmp_path / "parquet"), str(tmp_path / "csv"), client=client).summary
+    assert s["regressions"] == s["improvements"] == [] and not any("op_perf" in n for n in s["notes"])
+    got = diff(str(tmp_path / "csv"), str(tmp_path / "csv"), client=client)
+    groups = got.tables["items"].query("what == 'op group' and rank == -1")
+    assert len(groups) > 20 and groups["label"].str.startswith("aten::").any()
+    (tmp_path / "parquet" / "op_perf.parquet").unlink()
+    s = diff(str(tmp_path / "parquet"), str(tmp_path / "csv"), client=client).summary
+    assert ("the base run's report has no op_perf table (an earlier version): op groups are not compared; run "
+            "tracefuse analyze on its traces again") in s["notes"]
+    assert s["regressions"] == s["improvements"] == []

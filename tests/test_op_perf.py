@@ -127,7 +127,8 @@ def test_an_op_without_flops_has_no_roofline():
     h100 = next(d for d in load_devices() if d.name == "H100-SXM5")
     row = dict(zip(OP_PERF_COLUMNS,
                    _row("triton_poi_fused__to_copy_0", "[[16],[16],[]]", '["c10::BFloat16","float","Scalar"]',
-                        '["","","16"]', "", 2, 3000, "triton_poi_fused__to_copy_0", h100)))
+                        '["","","16"]', "", 2, 3000, "triton_poi_fused__to_copy_0", "triton_poi_fused__to_copy_0",
+                        h100)))
     assert row["gflop"] == 0 and row["data_mib"] > 0 and math.isnan(row["roofline_pct"]) and row["bound"] is None
 
 
@@ -183,3 +184,13 @@ def test_gpu_spec_gives_an_unknown_device_its_roofline_through_the_cli(tmp_path)
     missing = cli("-o", str(tmp_path / "missing"), "--gpu-spec", str(tmp_path / "nope.json"))
     assert missing.returncode == 1 and "--gpu-spec" in missing.stderr and "nope.json" in missing.stderr
     assert "Traceback" not in missing.stderr and not (tmp_path / "missing").exists()
+
+
+def test_a_groups_main_kernel_is_the_one_its_calls_spent_most_time_in():
+    """By total time over the group's calls, not by count or by the first; of equal times, the first name."""
+    from tracefuse_dask.analysis.op_perf import _main_kernels
+
+    group = np.array([0, 0, 0, 1, 2, 2])
+    names = np.array(["a", "b", "a", "c", "e", "d"], dtype=object)
+    dur = np.array([1, 5, 2, 3, 4, 4])
+    assert _main_kernels(group, names, dur, 3) == ["b", "c", "d"]

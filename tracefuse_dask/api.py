@@ -282,7 +282,9 @@ def diff(
     -------
     Diff
         ``tables`` and ``summary`` (what ``diff.json`` holds: ``base``, ``new``, ``step_time``, ``regressions``,
-        ``improvements``, ``straggler``, ``failing``, ``verdict``, ``notes``, ``warnings``).
+        ``improvements``, ``added``, ``removed``, ``renamed``, ``straggler``, ``failing``, ``verdict``, ``notes``,
+        ``warnings``). Kernels and ops keep their exact names (``analysis.diff.RUN_VARIANT``); ``label`` is the
+        shortened one the verdict uses.
 
     Examples
     --------

@@ -170,9 +170,12 @@ def rank_collectives(name_code: np.ndarray, names: np.ndarray, tids: np.ndarray,
             "gpu_start_ns": c.get("gpu_start_ns"), "gpu_end_ns": c.get("gpu_end_ns"), "stream": c.get("stream"),
         })
     df = pd.DataFrame(rows, columns=CALL_COLUMNS)
+    # From the rows, not from the frame: pandas makes a column of ints and None float64, where absolute ns (1.7e18)
+    # lose up to 128 ns to a float's 53 bits; a call's GPU start then fell after its first kernel's start, so that
+    # ``critical_path.rank_pieces`` did not find the call's kernels, and the path stopped at its arrival.
     for col in ("group_size", "in_nelems", "out_nelems", "in_bytes", "out_bytes", "seq", "step", "gpu_start_ns",
                 "gpu_end_ns", "stream"):
-        df[col] = df[col].astype("Int64")
+        df[col] = pd.array([r[col] for r in rows], dtype="Int64")
     for col in ("op", "name", "pg_name", "pg_desc", "group_ranks", "dtype", "input_dims", "comms_id", "tid"):
         df[col] = df[col].astype("string")
     return df
@@ -294,8 +297,10 @@ def instance_metrics(matched: pd.DataFrame, offsets_ns: Mapping[int, float]) -> 
     inst = m["instance"].to_numpy(dtype=np.int64)
     on_gpu = m["gpu_start_ns"].notna().groupby(inst).transform("all").to_numpy()
     shift = m["rank"].map(lambda r: offsets_ns.get(r, 0.0)).to_numpy(dtype=float)
-    start = np.where(on_gpu, m["gpu_start_ns"].astype(float), m["cpu_start_ns"].astype(float)) - shift
-    end = np.where(on_gpu, m["gpu_end_ns"].astype(float), m["cpu_end_ns"].astype(float)) - shift
+    # times from a common base before they become floats: absolute ns (1.7e18) as floats are 256 ns apart
+    base = int(m["cpu_start_ns"].min())
+    start = np.where(on_gpu, (m["gpu_start_ns"] - base).astype(float), (m["cpu_start_ns"] - base).astype(float)) - shift
+    end = np.where(on_gpu, (m["gpu_end_ns"] - base).astype(float), (m["cpu_end_ns"] - base).astype(float)) - shift
     ranks = m["rank"].to_numpy(dtype=np.int64)
     t = pd.DataFrame({"start": start, "took": end - start, "bytes": np.fmax(m["in_bytes"].astype(float),
                                                                            m["out_bytes"].astype(float))})
@@ -399,7 +404,8 @@ def clock_offsets(matched: pd.DataFrame, hosts: Mapping[int, str | None]) -> dic
         return {"clock_offset_us": {}, "clock_offset_spread_us": {},
                 "clock_note": "no matched GPU collectives: clock offsets need NCCL/RCCL kernels"}
     ends = pd.DataFrame({"instance": gpu["instance"].to_numpy(), "rank": gpu["rank"].astype(int).to_numpy(),
-                         "end": gpu["gpu_end_ns"].astype(float).to_numpy()})
+                         # from a common base: absolute ns (1.7e18) as floats are 256 ns apart
+                         "end": (gpu["gpu_end_ns"] - int(gpu["gpu_end_ns"].min())).astype(float).to_numpy()})
     ends = ends.drop_duplicates(["instance", "rank"], keep="last")
     ref = ends.groupby("instance")["rank"].transform("min")
     ref_end = ends["end"].where(ends["rank"] == ref).groupby(ends["instance"]).transform("max")

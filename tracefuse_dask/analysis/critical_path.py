@@ -14,8 +14,9 @@ set of anchors, always to the predecessor that finished last:
 The anchors are each ``ProfilerStep#N``'s end and each collective call's arrival (its first NCCL/RCCL kernel's
 start; for a CPU collective such as gloo, the start of its call). A walk stops at the step's start or where it
 meets a collective: the end of a collective kernel, or, for a CPU collective, the wait after its call. Each walk
-gives a chain of segments; only those go to the reduce, each run of segments shorter than a thousandth of its
-walk joined into one (``_short_runs``), so that a walk sends at most about 2,000 whatever its events, as codes
+gives a chain of segments; only those go to the reduce, segments shorter than a thousandth of its walk joined
+under the op they ran in (``_short_runs``: ``aten::linear (host dispatch)``, ``aten::mm (kernels)``), so that a
+walk sends as many as the ops it runs through, not its events, as codes
 into the rank's texts (``RankTables.texts``), which the reduce decodes for the walks it takes only. On a
 thread, a walk runs along the thread's Euler tour from one choice (a blocking call, a CPU collective) to the
 next without deciding each step.
@@ -42,7 +43,7 @@ import pandas as pd
 
 from ..kineto.layout import CRITICAL_PATH_PID
 from ..kineto.times import to_ns
-from ..kineto.vocabulary import is_comm_kernel
+from ..kineto.vocabulary import STEP, is_comm_kernel, is_cpu_op_category
 from ..model import Marks
 
 __all__ = [
@@ -267,6 +268,52 @@ class _Walker:
             t = t0
         raise RuntimeError("critical path walk did not end")  # a cycle: only with corrupt nesting
 
+    @cached_property
+    def _is_step(self) -> np.ndarray:
+        """Per position, whether it is a ``ProfilerStep#N``."""
+        return np.array([STEP.match(n) is not None for n in self.texts], dtype=bool)[self.hn_code]
+
+    @cached_property
+    def _top_op(self) -> np.ndarray:
+        """Per position, the outermost op (``cpu_op``) among itself and its ancestors, -1 when none: the doubling of
+        each position's ancestor, ``log2(depth)`` passes over the tree."""
+        # not the step: 2021's profiler wrote ProfilerStep#N as an Operator, around every op of the step
+        is_op = np.array([is_cpu_op_category(c) for c in self.cats], dtype=bool)[self.hc_code] & ~self._is_step
+        top = np.where(is_op, np.arange(len(is_op)), -1)
+        up = np.asarray(self.parent, dtype=np.int64)
+        while (up >= 0).any():
+            has = up >= 0
+            above = np.where(has, top[np.where(has, up, 0)], -1)
+            top = np.where(above >= 0, above, top)
+            up = np.where(has, up[np.where(has, up, 0)], -1)
+        return top
+
+    def labels(self, kind: np.ndarray, name: np.ndarray, src: np.ndarray) -> np.ndarray:
+        """Per segment, the code of what its time counts for when it is joined with others (``_short_runs``): the
+        outermost op it ran in, for host time (``aten::linear (host dispatch)``; outside any op, the annotation it
+        ran in, ``Optimizer.step#SGD.step (host)``, or ``ProfilerStep#6 (host, outside ops)``) and
+        launch gaps, or that launched it, for device work (``aten::mm (kernels)``); its own name for the rest (idle
+        time, a sync wait, a collective's transfer, device work of no known launch)."""
+        out = name.copy()
+        kinds = np.asarray(KINDS)[kind]
+        host = np.isin(kinds, ("cpu_op", "launch gap")) & (src >= 0)
+        device = np.isin(kinds, _DEVICE_KINDS) & (src < 0) & (src != _NONE)
+        at = np.full(len(src), -1, dtype=np.int64)
+        at[host] = src[host]
+        at[device] = self.launch_pos[-1 - src[device]]
+        has = at >= 0
+        top = np.where(has, self._top_op[np.where(has, at, 0)], -1)
+        op = np.where(top >= 0, top, at)
+        suffix = np.select([kinds == "launch gap", kinds == "kernel", kinds == "memcpy", top >= 0,
+                            self._is_step[np.where(has, op, 0)]],
+                           [" (launch gaps)", " (kernels)", " (memcpy)", " (host dispatch)", " (host, outside ops)"],
+                           " (host)")
+        if has.any():
+            suffix_code, suffixes = pd.factorize(suffix[has])
+            pairs, inverse = np.unique(np.stack([self.hn_code[op[has]], suffix_code]), axis=1, return_inverse=True)
+            out[has] = self.codes([f"{self.texts[n]}{suffixes[k]}" for n, k in pairs.T.tolist()])[inverse.ravel()]
+        return out
+
     def code(self, text: str) -> int:
         """``text``'s code in ``texts``, added when new."""
         code = self.text_code.get(text)
@@ -406,7 +453,11 @@ def rank_pieces(start: np.ndarray, end: np.ndarray, name_code: np.ndarray, names
         anchors.append((anchor, key, at + base, floor + base if np.isfinite(floor) else None, stop, call, t + base,
                         len(anchors)))
         walks.append((pieces, (at - t) // _SHORT_PER_WALK))
-    anchors_df = pd.DataFrame(anchors, columns=ANCHOR_COLUMNS).astype({"floor_ns": "Int64", "stop_call": "Int64"})
+    anchors_df = pd.DataFrame(anchors, columns=ANCHOR_COLUMNS)
+    # the nullable columns from the rows: pandas makes ints and None float64, which moves absolute ns (1.7e18), and
+    # so each step's start on the path, by up to 128 ns
+    for c in ("floor_ns", "stop_call"):
+        anchors_df[c] = pd.array([row[ANCHOR_COLUMNS.index(c)] for row in anchors], dtype="Int64")
     segments = _segments(w, walks, start, pids, tids, np.concatenate([tree.order, g.index]), base)
     return (anchors_df, *_used_texts(segments, _work(w, calls, arrivals, floor_of, base), w.texts))
 
@@ -475,7 +526,7 @@ def _segments(w: _Walker, walks: list[tuple[list[Any], int]], start: np.ndarray,
     tail = np.append(head[1:], len(t0)) - 1
     limit = np.array([short for _, short in walks], dtype=np.int64)
     walk, kind, name, src, t0, t1 = _short_runs(walk[head], kind[head], name[head], src[head], t0[tail], t1[head],
-                                                limit[walk[head]], w.code)
+                                                limit[walk[head]], w.labels(kind[head], name[head], src[head]))
     has = src != _NONE
     event = event_of[np.where(src >= 0, src, np.where(has, len(w.hs) - 1 - src, 0))]
     pid, tid = (_text_codes(w, v[event], has) for v in (pids, tids))
@@ -492,25 +543,28 @@ def _text_codes(w: _Walker, values: np.ndarray, has: np.ndarray) -> np.ndarray:
 
 
 def _short_runs(walk: np.ndarray, kind: np.ndarray, name: np.ndarray, src: np.ndarray, t0: np.ndarray,
-                t1: np.ndarray, limit: np.ndarray, code: Callable[[str], int]) -> tuple[np.ndarray, ...]:
-    """Segments (latest first within each walk) with each run of consecutive ones of one kind shorter than their
-    row's ``limit`` ns joined into one (named by how many it holds, ``code`` giving the name's code, with no event),
-    so that a rank's walks stay small whatever its event count; each walk's time and its time by kind are
-    unchanged."""
+                t1: np.ndarray, limit: np.ndarray, label: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Segments (latest first within each walk) with those shorter than their row's ``limit`` ns joined under the
+    ops they ran in, so that a rank's walks stay small whatever its event count.
+
+    A short segment takes its ``label`` (the op it counts for, ``_Walker.labels``), and loses its event unless that
+    is its own name. Each run of consecutive short ones of one kind becomes one segment per label, with the label's
+    time in the run, laid end to end from the run's end in the order the labels first come: a run of one label is
+    one segment over its span, and a run of many has as many segments as it has ops, not pieces. Each walk's time,
+    its time by kind and by label are unchanged; in a run of many labels a segment lies within the run's span, not
+    over its op's own pieces."""
     short = t1 - t0 < limit
-    joins = short[1:] & short[:-1] & (kind[1:] == kind[:-1]) & (walk[1:] == walk[:-1])
-    head = np.flatnonzero(np.concatenate([[True], ~joins]))
-    size = np.diff(np.append(head, len(t0)))
-    name, src = name[head], src[head]
-    many = np.flatnonzero(size > 1)
-    if len(many):  # each distinct (count, kind) named once: a rank has thousands of runs but few of those
-        pairs, at = np.unique(size[many] * len(KINDS) + kind[head][many], return_inverse=True)
-        counts, kinds = np.divmod(pairs, len(KINDS))
-        name[many] = np.array([code(f"{c} short {KINDS[k]} segments") for c, k in zip(counts.tolist(),
-                                                                                   kinds.tolist())],
-                              dtype=np.int64)[at]
-    src[many] = _NONE
-    return walk[head], kind[head], name, src, t0[head + size - 1], t1[head]
+    src = np.where(short & (label != name), _NONE, src)
+    name = np.where(short, label, name)
+    head = np.flatnonzero(np.r_[True, ~(short[1:] & short[:-1] & (kind[1:] == kind[:-1]) & (walk[1:] == walk[:-1]))])
+    run = np.repeat(np.arange(len(head)), np.diff(np.append(head, len(t0))))
+    by = pd.DataFrame({"run": run, "name": name, "ns": t1 - t0}).groupby(["run", "name"], sort=False)["ns"].sum()
+    r, name = (by.index.get_level_values(i).to_numpy() for i in (0, 1))
+    ns = by.to_numpy()
+    first = head[r]
+    end = t1[first] - (pd.Series(ns).groupby(r).cumsum().to_numpy() - ns)  # after the labels before in the run
+    alone = np.bincount(run)[r] == 1
+    return walk[first], kind[first], name, np.where(alone, src[first], _NONE), end - ns, end
 
 
 def _work(w: _Walker, calls: pd.DataFrame, arrivals: Mapping[int, tuple[str, int]], floor_of: Any,

@@ -12,45 +12,72 @@ normal noise; the median absolute deviation, so that one warm-up or checkpoint s
 ops, collectives) are kept per trace, not per step: they are held to the job's spreads.
 
 A check with ``fail_above`` fails on a significant regression above it of the job's step time, or of a figure
-that is at least ``MIN_SHARE`` of the step time (so that a 2 µs kernel that doubles does not fail a nightly job).
-A name only in the new run (a renamed kernel, a recompiled Triton one) fails it only when the step time also
-regressed significantly; with fewer than two steps in a run only the step time can fail it.
+that is at least ``MIN_SHARE`` of the step time, a kernel's or op group's of the GPU's computation time (so that a
+2 µs kernel that doubles does not fail a nightly job, while a GEMM does where waiting for the network fills most of
+the step).
+A name only in the new run (a recompiled Triton kernel) fails it only when the step time also regressed
+significantly; with fewer than two steps in a run only the step time can fail it. Only a root change fails it: a
+kernel, op group, op, collective or step time whose own duration changed. A critical path that took another route
+is not one: its items are reported, and the route change is a note that names the root change behind it.
+
+Identity. A kernel or op is its exact name (``name_key``: only what differs between two runs of one program, an
+address or a step number, is normalised; template arguments and parameter lists are the kernel: ``…_nt_align1``
+and ``…_nn_align1`` are two GEMMs). Names are shortened for the verdict and the page only (``label``); the JSON
+and Parquet tables keep them whole. Op groups are compared as the op performance models define them (``op_perf``:
+name, input dims, input types, concrete inputs), with their time per call, TFLOP/s and % of roofline. A group's
+main kernel (the one with most time) that exists in one run only, while the other run's group has a main kernel
+of its own that exists in the other run only, was renamed (a new cuBLAS, hipBLASLt or Triton build): the kernel
+is compared under its new name, its old one beside it. This is TraceLens TraceDiff's pairing of kernels under
+their lowest common ancestor, made at the op that launched them, by shape, across ranks and steps.
 """
 from __future__ import annotations
 
+import json
 import math
 import re
 import statistics
-from collections.abc import Iterable, Sequence
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
-from ..kineto.vocabulary import is_comm_kernel
+from ..kineto.vocabulary import is_comm_kernel, kernel_type
+from .op_perf import OP_PERF_COLUMNS
 
 if TYPE_CHECKING:
     from . import Analysis
 
-__all__ = ["BREAKDOWN", "ITEM_COLUMNS", "Diff", "compare", "normalize_name"]
+__all__ = ["BREAKDOWN", "ITEM_COLUMNS", "RUN_VARIANT", "Diff", "compare", "label", "name_key"]
 
 MIN_CHANGE_PCT = 1.0
 MIN_SHARE = 0.01
 MIN_NAME_OVERLAP = 0.2  # below this share of matching kernel and op names, two runs look like different models
+MIN_KERNEL_OVERLAP = 0.5  # below this share of a run's kernel time in names both runs have, compare by op group
 LISTED = 100  # job-wide and per-rank rows of each list in diff.json; the tables hold them all
 BREAKDOWN = ("computation_us", "communication_us", "exposed_comm_us", "memcpy_us", "idle_us")
-# per rank and name: summed per step (bandwidths: the mean of the calls'); beside each figure in the items
-_SUMMED = ("us", "count", "algbw_gbps", "busbw_gbps", "wait_us")
-_EXTRAS = ("count", "mean_us", "algbw_gbps", "busbw_gbps", "wait_us")
-ITEM_COLUMNS = ["what", "name", "rank", "base", "new", "delta_us", "delta_pct", "significant", "ranks_regressed",
-                *(f"{side}_{x}" for x in _EXTRAS for side in ("base", "new"))]
-_ORDER = ("kernel", "critical path", "collective", "op")
-_TEMPLATE = re.compile(r"<[^<>]*>")
-_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
-_STEP = re.compile(r"#\d+")
-_SHORT_RUN = re.compile(r"^\d+ (short \w[\w ]* segments)$")  # the critical path's joined runs
-_ARGS = re.compile(r"\((?:[^()]|\([^()]*\))*\)$")
+# per rank and name: summed per step, or the mean of the ranks' (rates); beside each figure in the items
+_SUMMED = ("us", "count", "wait_us")
+_MEANS = ("algbw_gbps", "busbw_gbps", "tflops_s", "roofline_pct")
+_EXTRAS = ("count", "mean_us", "wait_us", *_MEANS, "kernel")
+ITEM_COLUMNS = ["what", "name", "label", "rank", "base", "new", "delta_us", "delta_pct", "significant",
+                "ranks_regressed", *(f"{side}_{x}" for x in _EXTRAS for side in ("base", "new"))]
+_ORDER = ("kernel", "op group", "critical path", "collective", "op")
+ROOTS = ("step time", "rank step time", "kernel", "op group", "op", "collective")  # what can fail a check
+# What differs between two runs of one program and says nothing about the kernel or op, each with an example from
+# a real trace; the rest of a name is its identity.
+RUN_VARIANT = (
+    # an address: "<built-in method apply of FunctionMeta object at 0x55d3c8a1e6b0>"
+    (re.compile(r"0x[0-9a-fA-F]+"), "0x…"),
+    # a step counter after a word: "ProfilerStep#551", "not yet in ProfilerStep#551"; not a lambda's number,
+    # which is the kernel's ("…direct_copy_kernel_cuda(…)::{lambda()#3}::operator()() const::{lambda()#7}…")
+    (re.compile(r"(?<=[A-Za-z_])#\d+"), "#…"),
+)
+_STEP = "ProfilerStep#"  # the step itself: its time is the step's, never a root change
+_PATH_LABEL = r" \((?:host dispatch|host|host, outside ops|kernels|memcpy|launch gaps)\)$"  # Walker.labels
+_NAMESPACES = re.compile(r"\b(?:at::native::|at::|c10::|std::|\(anonymous namespace\)::)")
 
 
 @dataclass
@@ -68,18 +95,49 @@ class Diff:
         return bool(self.summary["failing"])
 
 
-def normalize_name(name: str) -> str:
-    """A kernel or op name without what splits one kernel into many: template arguments, addresses, step
-    numbers (``ProfilerStep#…``) and a trailing parameter list become ``…``; the critical path's
-    ``N short cpu_op segments`` lose their count."""
-    text = _SHORT_RUN.sub(r"\1", _STEP.sub("#…", _ADDRESS.sub("0x…", str(name))))
-    while (cut := _TEMPLATE.sub("\0", text)) != text:  # the innermost first, each as a mark
-        text = cut
-    return _ARGS.sub("(…)", text.replace("\0", "<…>"))
+def name_key(name: str) -> str:
+    """A kernel's or op's identity across runs: its exact name, with what ``RUN_VARIANT`` lists normalised."""
+    text = str(name)
+    for pattern, replacement in RUN_VARIANT:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def label(name: str, length: int = 120) -> str:
+    """A kernel name shortened for reading (the verdict, the page): no ``void``, no namespaces such as
+    ``at::native::``, no trailing parameter list, at most ``length`` characters (cut in the middle)."""
+    text = _NAMESPACES.sub("", str(name).removeprefix("void "))
+    if "<" in text and text.endswith(")"):  # a template's parameter list repeats its arguments
+        depth = 0
+        for i in range(len(text) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(text[i], 0)
+            if depth == 0:
+                text = f"{text[:i]}(…)"
+                break
+    if len(text) > length:
+        half = (length - 1) // 2
+        text = f"{text[:half]}…{text[-half:]}"
+    return text
+
+
+def group_label(name: str, dims: str) -> str:
+    """An op group for reading: ``aten::mm [8944×1024 · 1024×2816]`` from its name and input dims."""
+    try:
+        shapes = json.loads(dims) if dims else []
+    except (TypeError, ValueError):
+        shapes = []
+    def shape(d: Any) -> str:
+        if d and all(isinstance(x, list) for x in d):  # a list of tensors (aten::cat's)
+            return "(" + ", ".join(map(shape, d)) + ")"
+        return "×".join(map(str, d)) if d else "scalar"
+
+    parts = [shape(d) for d in shapes if isinstance(d, list)]
+    return f"{name} [{' · '.join(parts)}]" if any(shapes) else name
 
 
 def compare(base: Analysis, new: Analysis, *, fail_above: float | None = None) -> Diff:
-    """Compare two analysed runs; see the module's notes on significance and ``fail_above`` (a percentage)."""
+    """Compare two analysed runs; see the module's notes on significance, identity and ``fail_above`` (a
+    percentage)."""
     sides = (_Side(base, "base"), _Side(new, "new"))
     same_ranks = sides[0].ranks == sides[1].ranks
     notes: list[str] = []
@@ -95,32 +153,64 @@ def compare(base: Analysis, new: Analysis, *, fail_above: float | None = None) -
     if same_ranks:
         rows += [_step_item(sides, r) for r in sides[0].ranks]
     frames = [pd.DataFrame(rows, columns=ITEM_COLUMNS)]
-    names: list[set[str]] = [set(), set()]
-    for what, table, value in (("breakdown", "breakdown", None), ("kernel", "kernels", "total_us"),
-                               ("op", "ops", "cpu_time_us"), ("collective", "collectives", "latency_us")):
-        per_rank = [s.per_rank(table, value) for s in sides]
+    groups = [s.per_rank("op_perf") for s in sides]
+    kernels = [s.per_rank("kernels") for s in sides]
+    lacking = [s.label for s, g, k in zip(sides, groups, kernels) if g.empty and not k.empty]
+    if lacking:  # a report of an earlier version: no op groups to compare with the other run's
+        notes.append(f"the {lacking[0]} run's report has no op_perf table (an earlier version): op groups are not "
+                     "compared; run tracefuse analyze on its traces again")
+        groups = [g.iloc[:0] for g in groups]
+    renamed = _renamed(groups, kernels)
+    per_what = {"breakdown": [s.per_rank("breakdown") for s in sides],
+                "kernel": [sides[0].per_rank("kernels", renamed) if renamed else kernels[0], kernels[1]],
+                "op group": groups,
+                "op": [s.per_rank("ops") for s in sides], "collective": [s.per_rank("collectives") for s in sides]}
+    for what, per_rank in per_what.items():
         frames.append(_items(what, per_rank, [s.ranks for s in sides], noise, same_ranks))
-        if what in ("kernel", "op"):
-            for seen, p in zip(names, per_rank):
-                seen.update(p["name"])
-    paths = [s.path() for s in sides]
+    paths = [sides[0].path(renamed), sides[1].path()]
     names_cp = paths[0].index.union(paths[1].index)
     cp = _frame("critical path", names_cp, -1, *(p.reindex(names_cp, fill_value=0.0) for p in paths))
     cp["significant"] = cp["delta_pct"].abs() > max(noise, MIN_CHANGE_PCT)
     frames.append(cp)
     items = pd.concat([f for f in frames if len(f)], ignore_index=True).astype({"significant": bool})
+    items = _labelled(items, renamed)
     warnings = []
+    names = [set(per_what["kernel"][i]["name"]) | set(per_what["op"][i]["name"]) for i in (0, 1)]
     if names[0] | names[1] and len(names[0] & names[1]) < MIN_NAME_OVERLAP * len(names[0] | names[1]):
         warnings.append(f"only {len(names[0] & names[1]):,} of {len(names[0] | names[1]):,} kernel and op names "
                         "match: two different models or programs? The figures by name compare little")
-    step_us = step["new"]
+    kernel_us = [k.groupby("name")["us"].sum() for k in kernels]
+    shared = kernel_us[0].index.intersection(kernel_us[1].index)
+    # most of a run's kernel time in names the other run lacks (another vendor, a new library): said by op group,
+    # with each group's kernel change
+    by_shape = any(k.sum() > 0 and k.reindex(shared).sum() < MIN_KERNEL_OVERLAP * k.sum() for k in kernel_us)
+    matched = _matched_groups(groups) if by_shape or renamed else None
+    if matched:
+        notes.append(matched)
     significant = items[items["significant"]]
     regressions = _ordered(significant[significant["delta_us"] > 0])
     improvements = _ordered(significant[significant["delta_us"] < 0])
+    compute = items[(items["what"] == "breakdown") & (items["rank"] == -1) & (items["name"] == "computation_us")]
+    whole = {"kernel": float(compute["new"].iloc[0]) if len(compute) else step["new"]}
+    whole["op group"] = whole["kernel"]
+    slower = step["significant"] and step["delta_us"] > 0
     failing = [] if fail_above is None else [
-        r for r in regressions if r["what"] == "step time" and r["delta_pct"] > fail_above
-        or not few and step_us and r["new"] >= MIN_SHARE * step_us
-        and (r["delta_pct"] > fail_above if r["delta_pct"] is not None else step["significant"])]
+        r for r in regressions if r["what"] in ROOTS and (r["what"] == "step time" and r["delta_pct"] > fail_above
+        or not few and r["new"] >= MIN_SHARE * whole.get(r["what"], step["new"]) > 0
+        and (r["delta_pct"] > fail_above if r["delta_pct"] is not None else slower))]
+    # for runs whose kernels share little time by name, the op groups that changed most per step lead
+    groups_changed = sorted((r for r in regressions + improvements if by_shape and r["rank"] == -1
+                             and r["what"] == "op group" and r["base"] and r["new"]),
+                            key=lambda r: -abs(r["delta_us"]))[:3]
+    path_rows = significant[significant["what"] == "critical path"]
+    on_path = _path_deltas(path_rows)
+    root = groups_changed[0] if groups_changed else _root(
+        regressions if step["delta_us"] >= 0 or not step["significant"] else improvements, on_path)
+    job = significant[(significant["rank"] == -1) & significant["what"].isin(ROOTS)]
+    route = _route(path_rows[~path_rows["name"].str.replace(_PATH_LABEL, "", regex=True).isin(set(job["name"]))],
+                   root)
+    if route:
+        notes.append(route)
     straggler = _straggler(sides)
     summary = {
         "base": sides[0].describe(),
@@ -131,10 +221,11 @@ def compare(base: Analysis, new: Analysis, *, fail_above: float | None = None) -
         "improvements": _capped(improvements),
         "added": _named(items, "base"),
         "removed": _named(items, "new"),
+        "renamed": [{"base": b, "new": n} for b, n in sorted(renamed.items())][:LISTED],
         "straggler": straggler,
         "fail_above_pct": fail_above,
         "failing": failing[:LISTED],
-        "verdict": _verdict(step, regressions, straggler, sides, noise),
+        "verdict": _verdict(step, root, groups_changed, regressions + improvements, on_path, straggler, sides, noise),
         "notes": notes,
         "warnings": warnings,
     }
@@ -168,30 +259,54 @@ class _Side:
                 "steps": s["steps"], "step_time_us": _stats(self.steps_us),
                 "straggler": s["straggler"]["rank"], "cause": _cause_name(s), "spread_pct": round(self.spread_pct, 3)}
 
-    def per_rank(self, table: str, value: str | None) -> pd.DataFrame:
-        """``rank, name, us`` per step: the table's figure by (normalised) name, or the breakdown's columns."""
+    def per_rank(self, table: str, renamed: Mapping[str, str] | None = None) -> pd.DataFrame:
+        """``rank, name, us, count, …`` per step: the table's figure by identity (``name_key``; an op group's
+        is its ``op_perf`` key), or the breakdown's columns; ``renamed`` kernels under their new names."""
         df = getattr(self.a, table) if table != "collectives" else self._collectives()
+        nan = np.nan
         if table == "breakdown":
             cols = [c for c in BREAKDOWN if c in df]
-            long = df.melt(id_vars="rank", value_vars=cols, var_name="name", value_name="us").assign(
-                count=np.nan, algbw_gbps=np.nan, busbw_gbps=np.nan, wait_us=np.nan)
+            long = df.melt(id_vars="rank", value_vars=cols, var_name="name", value_name="us").assign(count=nan)
+        elif table == "op_perf":  # a report of an earlier version may lack the table or its main kernel
+            df = df.reindex(columns=list(dict.fromkeys([*df.columns, "rank", *OP_PERF_COLUMNS])))
+            texts = {c: df[c].astype(object).fillna("").astype(str).to_numpy(dtype=object)  # "" is NaN in a CSV
+                     for c in ("name", "input_dims", "input_types", "concrete_inputs", "context")}
+            key = pd.Series(texts["name"], index=df.index).map(name_key).to_numpy(dtype=object)
+            for c in ("input_dims", "input_types", "concrete_inputs", "context"):
+                key = key + np.where(texts[c] != "", " " + texts[c], "")
+            long = pd.DataFrame({"rank": df["rank"], "name": key, "us": df["kernel_us"], "count": df["calls"],
+                                 "tflops_s": df["tflops_s"], "roofline_pct": df["roofline_pct"],
+                                 "kernel": df["kernel"], "label": [group_label(n, d) for n, d in
+                                                                   zip(texts["name"], texts["input_dims"])]})
         else:
+            value = {"kernels": "total_us", "ops": "cpu_time_us", "collectives": "latency_us"}[table]
+            name = df["name"] if table == "collectives" else df["name"].map(name_key)
             long = pd.DataFrame({"rank": df["rank"], "us": df[value], "count": df["count"],
-                                 "name": df["name"] if table == "collectives" else df["name"].map(normalize_name),
-                                 **{x: df.get(x, np.nan) for x in ("algbw_gbps", "busbw_gbps", "wait_us")}})
-        long = long.dropna(subset=["us"]).groupby(["rank", "name"], as_index=False, sort=True).agg(
-            us=("us", "sum"), count=("count", lambda c: c.sum(min_count=1)), algbw_gbps=("algbw_gbps", "mean"),
-            busbw_gbps=("busbw_gbps", "mean"),
-            wait_us=("wait_us", lambda w: w.sum(min_count=1)))
-        for col in ("us", "count", "wait_us"):
-            long[col] = long[col].astype(float) / self.n_steps
-        return long
+                                 "name": name.replace(renamed) if renamed else name,
+                                 **{x: df[x] for x in ("algbw_gbps", "busbw_gbps", "wait_us") if x in df}})
+        for x in (*_SUMMED, *_MEANS):
+            if x not in long:
+                long[x] = nan
+        long = long.dropna(subset=["us"])
+        g = long.groupby(["rank", "name"], as_index=False, sort=True)
+        out = g.agg(us=("us", "sum"), **{x: (x, lambda c: c.sum(min_count=1)) for x in ("count", "wait_us")},
+                    **{x: (x, "mean") for x in _MEANS})
+        if table == "op_perf":  # an op group's main kernel: the one its calls spent most time in, on the rank
+            first = long.sort_values(["us", "kernel"], ascending=[False, True], kind="stable")
+            firsts = first.drop_duplicates(["rank", "name"]).set_index(["rank", "name"])
+            out["kernel"] = firsts["kernel"].reindex(pd.MultiIndex.from_frame(out[["rank", "name"]])).to_numpy()
+            out["label"] = firsts["label"].reindex(pd.MultiIndex.from_frame(out[["rank", "name"]])).to_numpy()
+        for col in _SUMMED:
+            out[col] = out[col].astype(float) / self.n_steps
+        return out
 
-    def path(self) -> pd.Series:
-        """Time per step on the critical path by (normalised) name, whatever the rank and kind."""
+    def path(self, renamed: Mapping[str, str] | None = None) -> pd.Series:
+        """Time per step on the critical path by identity (``name_key``; ``renamed`` kernels under their new
+        names), whatever the rank and kind."""
         cp = self.a.critical_path
-        return (cp.assign(name=cp["name"].map(normalize_name)).groupby("name", sort=True)["dur_us"].sum()
-                .astype(float) / self.n_steps)
+        name = cp["name"].map(name_key)
+        return (cp.assign(name=name.replace(renamed) if renamed else name).groupby("name", sort=True)["dur_us"]
+                .sum().astype(float) / self.n_steps)
 
     def _collectives(self) -> pd.DataFrame:
         """Each rank's collective latency by type, group and message size."""
@@ -243,22 +358,28 @@ def _items(what: str, per_rank: Sequence[pd.DataFrame], ranks: Sequence[list[int
     if all(p.empty for p in per_rank):  # such as the kernels of a CPU-only job
         return pd.DataFrame(columns=ITEM_COLUMNS)
     limit = max(noise, MIN_CHANGE_PCT)
-    wide = [{x: p.set_index(["name", "rank"])[x].unstack("rank").reindex(columns=r) for x in _SUMMED}
+    wide = [{x: p.set_index(["name", "rank"])[x].unstack("rank").reindex(columns=r) for x in (*_SUMMED, *_MEANS)}
             for p, r in zip(per_rank, ranks)]
     names = wide[0]["us"].index.union(wide[1]["us"].index)
     job = _frame(what, names, -1, *(w["us"].reindex(names).fillna(0.0).mean(axis=1) for w in wide))
     job["significant"] = job["delta_pct"].abs() > limit
-    for side, w in zip(("base", "new"), wide):
+    for side, w, p in zip(("base", "new"), wide, per_rank):
         job[f"{side}_count"] = w["count"].reindex(names).fillna(0.0).mean(axis=1).to_numpy()
-        for x in ("algbw_gbps", "busbw_gbps", "wait_us"):  # over the ranks that have it
+        for x in ("wait_us", *_MEANS):  # over the ranks that have it
             job[f"{side}_{x}"] = w[x].reindex(names).mean(axis=1).to_numpy()
+        if "kernel" in p:  # the job's: the lowest rank's
+            first = p.drop_duplicates("name").set_index("name")
+            job[f"{side}_kernel"] = first["kernel"].reindex(names).to_numpy()
+            job["label"] = job["label"].fillna(pd.Series(first["label"].reindex(names).to_numpy(), index=job.index))
     if not same_ranks:
         return _means(job)
     both = per_rank[0].merge(per_rank[1], on=["rank", "name"], how="outer", suffixes=("_b", "_n"))
     both[["us_b", "us_n", "count_b", "count_n"]] = both[["us_b", "us_n", "count_b", "count_n"]].fillna(0.0)
     each = _frame(what, both["name"], both["rank"].astype(int), both["us_b"], both["us_n"])
-    for x in ("count", "algbw_gbps", "busbw_gbps", "wait_us"):
+    for x in ("count", "wait_us", *_MEANS, *(("kernel",) if "kernel" in per_rank[0] else ())):
         each[f"base_{x}"], each[f"new_{x}"] = both[f"{x}_b"].to_numpy(), both[f"{x}_n"].to_numpy()
+    if "label" in per_rank[0]:
+        each["label"] = both["label_b"].fillna(both["label_n"]).to_numpy()
     each["significant"] = each["delta_pct"].abs() > limit
     up = each[each["significant"] & (each["delta_us"] > 0)].groupby("name").size()
     job["ranks_regressed"] = job["name"].map(up).fillna(0).astype(int)
@@ -273,18 +394,92 @@ def _means(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def _renamed(groups: Sequence[pd.DataFrame], kernels: Sequence[pd.DataFrame]) -> dict[str, str]:
+    """Kernels renamed between the runs, old name to new (the module's notes): an op group's main kernel in each run
+    that the other run does not have, one to one."""
+    main = [g.drop_duplicates("name").set_index("name")["kernel"].dropna().map(name_key) for g in groups]
+    have = [set(k["name"]) for k in kernels]
+    news: dict[str, set[str]] = defaultdict(set)
+    for key in main[0].index.intersection(main[1].index):
+        old, new = main[0][key], main[1][key]
+        if old != new and old not in have[1] and new not in have[0] and kernel_type(old) == kernel_type(new) \
+                == "COMPUTATION":  # a copy of another kind is another op's work, not a new build's
+            news[old].add(new)
+    olds = Counter(n for v in news.values() for n in v)
+    return {o: n for o, (n, *more) in news.items() if not more and olds[n] == 1}
+
+
+def _labelled(items: pd.DataFrame, renamed: Mapping[str, str]) -> pd.DataFrame:
+    """Each item's ``label`` (kernel names shortened, ``label``, also on the critical path; op groups have theirs),
+    and a renamed kernel's names in ``base_kernel`` and ``new_kernel``."""
+    kernel = items["what"] == "kernel"
+    named = kernel | (items["what"] == "critical path")
+    short = {n: label(n) for n in items.loc[named & (items["rank"] == -1), "name"]}
+    items["label"] = items["label"].fillna(items["name"].where(~named, items["name"].map(short)))
+    old = {n: o for o, n in renamed.items()}
+    renamed_rows = kernel & items["name"].isin(old.keys())
+    items.loc[renamed_rows, "base_kernel"] = items.loc[renamed_rows, "name"].map(old)
+    items.loc[renamed_rows, "new_kernel"] = items.loc[renamed_rows, "name"]
+    return items
+
+
+def _matched_groups(groups: Sequence[pd.DataFrame]) -> str | None:
+    """How many op groups the runs share (by op and shapes), and their share of the op kernel time."""
+    job = [g.groupby("name")["us"].sum() for g in groups]
+    if not len(job[0]) or not len(job[1]):
+        return None
+    both = job[0].index.intersection(job[1].index)
+    share = [100 * float(j.reindex(both).sum() / j.sum()) if j.sum() else 0.0 for j in job]
+    return (f"{len(both):,} of {len(job[0].index.union(job[1].index)):,} op groups (op, input dims, types and "
+            f"concrete inputs) are in both runs: {share[0]:.0f}% of the base run's op kernel time, {share[1]:.0f}% "
+            "of the new run's")
+
+
+def _path_deltas(path: pd.DataFrame) -> dict[str, float]:
+    """How much each name's time on the critical path changed per step, the ops' time under their labels
+    (``aten::linear (host dispatch)``) counting for the op."""
+    op = path["name"].str.replace(_PATH_LABEL, "", regex=True)
+    return {str(k): float(v) for k, v in path.groupby(op)["delta_us"].sum().items()}
+
+
+def _root(rows: list[dict[str, Any]], on_path: Mapping[str, float]) -> dict[str, Any] | None:
+    """The root change: of the job-wide kernels (not a collective's: its kernels grow when their ranks wait for a
+    late one), op groups, collectives and ops that changed, the one whose time on the critical path changed most
+    the same way, else the first (``_ordered``). An op's time holds its waits, so that ops that waited for a late
+    rank grow with the one that made it late: the path tells them apart."""
+    rows = [r for r in rows if r["rank"] == -1 and r["what"] in ROOTS[2:] and not r["name"].startswith(_STEP)
+            and not (r["what"] == "kernel" and is_comm_kernel(r["name"]))]
+    moved = [r for r in rows if on_path.get(r["name"], 0.0) * r["delta_us"] > 0]
+    if moved:
+        return max(moved, key=lambda r: abs(on_path[r["name"]]))
+    return rows[0] if rows else None
+
+
+def _route(path: pd.DataFrame, root: dict[str, Any] | None) -> str | None:
+    """The note for a critical path that took another route: its items that changed significantly while the
+    figure they are named after did not (such as the GPU's idle time, a collective's wait), and the root change
+    behind it where there is one."""
+    if path.empty:
+        return None
+    top = path.reindex(path["delta_us"].abs().sort_values(ascending=False, kind="stable").index).head(3)
+    moved = ", ".join(f"`{n}` {d / 1e3:+,.1f} ms per step" for n, d in zip(top["label"], top["delta_us"]))
+    cause = f"the root change: {_root_text(root)}" if root else "no root change explains it"
+    return f"the critical path changed: {moved}; a route change is not a root change by itself, {cause}"
+
+
 def _frame(what: str, names: Any, rank: Any, base: Any, new: Any) -> pd.DataFrame:
     base, new = np.asarray(base, dtype=float), np.asarray(new, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         pct = np.where(base == new, 0.0, np.where(base == 0, np.inf, 100.0 * (new - base) / base))
-    return pd.DataFrame({"what": what, "name": np.asarray(names, dtype=object), "rank": rank, "base": base,
-                         "new": new, "delta_us": new - base, "delta_pct": pct, "significant": False,
+    return pd.DataFrame({"what": what, "name": np.asarray(names, dtype=object), "label": None, "rank": rank,
+                         "base": base, "new": new, "delta_us": new - base, "delta_pct": pct, "significant": False,
                          "ranks_regressed": None}, columns=ITEM_COLUMNS)
 
 
 def _row(what: str, rank: int, base: float, new: float) -> dict[str, Any]:
     """A step-time row (its significance is the caller's)."""
-    return {"what": what, "name": "step time", "rank": rank, "base": base, "new": new, "delta_us": new - base,
+    return {"what": what, "name": "step time", "label": "step time", "rank": rank, "base": base, "new": new,
+            "delta_us": new - base,
             "delta_pct": _pct(base, new), "significant": False, "ranks_regressed": None}
 
 
@@ -348,7 +543,7 @@ def _stats(values: Iterable[float]) -> dict[str, float]:
 
 def _cause_name(summary: dict[str, Any]) -> str | None:
     cause = summary["straggler"].get("cause")
-    return normalize_name(cause["top"][0]["name"]) if cause and cause.get("top") else None
+    return name_key(cause["top"][0]["name"]) if cause and cause.get("top") else None
 
 
 def _straggler(sides: Sequence[_Side]) -> dict[str, Any]:
@@ -357,48 +552,63 @@ def _straggler(sides: Sequence[_Side]) -> dict[str, Any]:
             "cause_changed": cb != cn}
 
 
-def _verdict(step: dict[str, Any], regressions: list[dict[str, Any]], straggler: dict[str, Any],
+def _verdict(step: dict[str, Any], root: dict[str, Any] | None, groups: list[dict[str, Any]],
+             changes: list[dict[str, Any]], on_path: Mapping[str, float], straggler: dict[str, Any],
              sides: Sequence[_Side], noise: float) -> str:
+    """The root change first (``groups``: for runs whose kernels share little time by name, the op groups that
+    changed most per step), then the step time and the straggler."""
+    lead = []
+    if groups:
+        lead.append("the kernels differ by name; by op and shapes: " + ", ".join(map(_root_text, groups)))
+    elif root is not None:
+        lead.append(_root_text(root, sides))
+        group = next((r for r in changes if r["rank"] == -1 and r["what"] == "op group" and r["new_kernel"]
+                      and name_key(r["new_kernel"]) == root["name"] and r["delta_us"] * root["delta_us"] > 0), None)
+        if root["what"] == "kernel" and group is not None:  # the op and shapes it ran for
+            lead[0] += f", in op `{group['label']}`"
     pct = step["delta_pct"]
     if step["significant"]:
         text = (f"step time {pct:+.1f}% ({step['base'] / 1e3:,.1f} ms → {step['new'] / 1e3:,.1f} ms, median over "
                 "steps)")
-        job = [r for r in regressions if r["rank"] == -1]
-        path = next((r for r in job if r["what"] == "critical path"), None)
-        # a collective's kernels grow when their ranks wait for a late one: the waiting, not the cause
-        kernel = next((r for r in job if r["what"] == "kernel" and not is_comm_kernel(r["name"])), None)
-        if step["delta_us"] < 0:  # faster: what got slower does not explain it
-            path = kernel = None
-        if path is not None:
-            share = f"{path['delta_us'] / step['delta_us']:.0%}"
-            if kernel is not None and path["name"] == kernel["name"]:
-                text += f"; {share} of it is kernel `{kernel['name']}` {_pct_text(kernel)}{_where(kernel, sides)}"
-                kernel = None
-            else:
-                text += (f"; on the critical path `{path['name']}` takes {path['delta_us'] / 1e3:+,.1f} ms per step "
-                         f"({share} of the increase)")
-        if kernel is not None:
-            text += f"; kernel `{kernel['name']}` {_pct_text(kernel)}{_where(kernel, sides)}"
-        busy = next((r for r in regressions if r["rank"] != -1 and r["what"] == "breakdown"
-                     and r["name"] == "computation_us"), None)
-        if busy is not None and len(sides[0].ranks) > 1:
+        moved = on_path.get(root["name"], 0.0) if root is not None else 0.0
+        if moved * step["delta_us"] > 0:
+            text += (f"; on the critical path `{root['label']}` takes {moved / 1e3:+,.1f} ms per step "
+                     f"({moved / step['delta_us']:.0%} of the change)")
+        busy = next((r for r in changes if r["rank"] != -1 and r["what"] == "breakdown"
+                     and r["name"] == "computation_us" and r["delta_us"] > 0), None)
+        if busy is not None and step["delta_us"] > 0 and len(sides[0].ranks) > 1:
             text += f"; rank {busy['rank']}'s computation {_pct_text(busy)}"
     else:
         text = (f"no significant change in step time ({pct:+.1f}%, within the runs' step-to-step spread of "
                 f"{noise:.1f}% and the smallest change reported, {MIN_CHANGE_PCT:g}%)")
-        if regressions:
-            top = regressions[0]
-            on = _where(top, sides) if top["rank"] == -1 else f" on rank {top['rank']}"
-            text += f"; largest significant regression: {top['what']} `{top['name']}` {_pct_text(top)}{on}"
+    text = "; ".join([*lead, text])
     if straggler["changed"]:
         was = "no straggler" if straggler["base"] is None else f"rank {straggler['base']}"
         now = "no straggler" if straggler["new"] is None else f"rank {straggler['new']}"
         text += f"; the straggler changed from {was} to {now}"
         if straggler["cause_new"]:
-            text += f", late because of `{straggler['cause_new']}`"
+            text += f", late because of `{label(straggler['cause_new'])}`"
     elif straggler["cause_changed"] and straggler["new"] is not None:
-        text += (f"; rank {straggler['new']} is still the straggler, now because of `{straggler['cause_new']}` "
-                 f"(was `{straggler['cause_base']}`)")
+        text += (f"; rank {straggler['new']} is still the straggler, now because of `{label(straggler['cause_new'])}` "
+                 f"(was `{label(straggler['cause_base'])}`)")
+    return text
+
+
+def _root_text(row: dict[str, Any], sides: Sequence[_Side] | None = None) -> str:
+    """A change in words: ``kernel `…` +30% on all ranks (renamed from `…`)``, ``op group `aten::mm [8944×1024 ·
+    1024×2816]` +31% per call (kernel changed: `…` → `…`)``."""
+    where = _where(row, sides) if sides is not None else ""
+    if row["what"] == "op group":
+        if row["base_mean_us"] and row["new_mean_us"]:
+            text = f"op `{row['label']}` {_pct(row['base_mean_us'], row['new_mean_us']):+.0f}% per call{where}"
+        else:  # in one run only
+            text = f"op `{row['label']}` {_pct_text(row)}{where}"
+        if row["base_kernel"] and row["new_kernel"] and name_key(row["base_kernel"]) != name_key(row["new_kernel"]):
+            text += f" (kernel changed: `{label(row['base_kernel'], 60)}` → `{label(row['new_kernel'], 60)}`)"
+        return text
+    text = f"{row['what']} `{row['label']}` {_pct_text(row)}{where}"
+    if row["what"] == "kernel" and row["base_kernel"]:
+        text += f" (renamed from `{label(row['base_kernel'])}`)"
     return text
 
 
@@ -409,6 +619,6 @@ def _pct_text(row: dict[str, Any]) -> str:
 def _where(row: dict[str, Any], sides: Sequence[_Side]) -> str:
     """On how many ranks a job-wide name went up significantly (runs of the same ranks only)."""
     n, ranks = row["ranks_regressed"], len(sides[0].ranks)
-    if n is None:
+    if n is None or row["delta_us"] <= 0:
         return ""
     return " on all ranks" if n == ranks else f" on {n} of {ranks} ranks"

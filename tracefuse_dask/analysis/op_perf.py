@@ -1,6 +1,6 @@
 """How good each op's time is: the ``op_perf`` table of a rank, one row per op group (name, input dims, input
-types, concrete inputs), with the kernel time its calls launched, the FLOPs and bytes of a call
-(``tracefuse_dask.perf``) and where that puts it against the device's roofline.
+types, concrete inputs), with the kernel time its calls launched, the kernel they spent most of it in, the FLOPs
+and bytes of a call (``tracefuse_dask.perf``) and where that puts it against the device's roofline.
 
 The ops are those TraceLens's unified perf report takes (``collect_unified_perf_events``): for each kernel, the
 outermost op above it that a model covers (``aten::_scaled_dot_product_flash_attention``, not the
@@ -23,8 +23,8 @@ from ..perf.devices import Device
 __all__ = ["OP_PERF_COLUMNS", "by_category", "op_perf_table", "owners", "roofline_summary"]
 
 OP_PERF_COLUMNS = ["name", "category", "input_dims", "input_types", "concrete_inputs", "context", "calls", "kernel_us",
-                   "gflop", "data_mib", "flops_per_byte", "tflops_s", "tb_s", "precision", "peak_tflops", "peak_tb_s",
-                   "roof_tflops", "roofline_pct", "bound"]
+                   "kernel", "gflop", "data_mib", "flops_per_byte", "tflops_s", "tb_s", "precision", "peak_tflops",
+                   "peak_tb_s", "roof_tflops", "roofline_pct", "bound"]
 
 
 def owners(leaf: np.ndarray, parent: list[int], modelled: np.ndarray) -> np.ndarray:
@@ -111,17 +111,27 @@ def op_perf_table(leaf: np.ndarray, start: np.ndarray, end: np.ndarray, kernel_n
     counts = np.bincount(code, minlength=n)
     total = np.bincount(code, weights=busy, minlength=n)
     firsts = np.unique(code, return_index=True)[1]  # each group's first call, in position order
-    rows = [(*distinct[g], int(counts[g]), int(round(total[g])), names[first[k]])
+    main = _main_kernels(code[np.searchsorted(calls, leaf[has])], names, (end - start)[has], n)
+    rows = [(*distinct[g], int(counts[g]), int(round(total[g])), main[g], names[first[k]])
             for g, k in zip(range(n), firsts) if not is_collective_call(distinct[g][0])]  # the links measure those
     table = pd.DataFrame([_row(*r, device) for r in rows], columns=OP_PERF_COLUMNS)
     return table.sort_values(["kernel_us", "name"], ascending=[False, True], kind="stable", ignore_index=True)
 
 
-def _row(name: str, dims: str, types: str, concrete: str, context: str, n: int, busy_ns: int, first_kernel: str,
-         device: Device | None) -> list[Any]:
+def _main_kernels(group: np.ndarray, names: np.ndarray, dur: np.ndarray, n: int) -> list[str]:
+    """Per group, the name of the kernel its calls spent the most time in (of equal times, the first name): what
+    ``tracefuse diff`` follows when a kernel is renamed between two runs."""
+    t = pd.DataFrame({"group": group, "name": names, "ns": dur}).groupby(["group", "name"], sort=True)["ns"].sum()
+    best = t.reset_index().sort_values(["group", "ns"], ascending=[True, False], kind="stable")
+    return best.drop_duplicates("group").set_index("group")["name"].reindex(range(n)).tolist()
+
+
+def _row(name: str, dims: str, types: str, concrete: str, context: str, n: int, busy_ns: int, main_kernel: str,
+         first_kernel: str, device: Device | None) -> list[Any]:
     nan = float("nan")
     w = work(name, dims, types, concrete, context)
-    row: list[Any] = [name, category(name, first_kernel), dims, types, concrete, context, n, busy_ns / 1e3]
+    row: list[Any] = [name, category(name, first_kernel), dims, types, concrete, context, n, busy_ns / 1e3,
+                      main_kernel]
     if w is None:
         return row + [nan] * 5 + [None, nan, nan, nan, nan, None]
     total_ns = busy_ns or nan

@@ -190,7 +190,7 @@ def render_diff(diff: Diff) -> str:
     top = changed[(changed["rank"] == -1) & (changed["what"] != "step time")]
     top = top.reindex(top["delta_us"].abs().sort_values(ascending=False).index).head(TOP_N)
     if len(top):
-        labels = [f"{w}: {n}" for w, n in zip(top["what"], top["name"])]
+        labels = [f"{w}: {n}" for w, n in zip(top["what"], top["label"])]
         fig = go.Figure(go.Bar(
             orientation="h", x=(top["delta_us"] / 1e3).tolist(), y=list(range(len(top))),
             marker_color=["#e45756" if d > 0 else "#54a24b" for d in top["delta_us"]],
