@@ -186,7 +186,7 @@ def test_bad_events_name_the_file_and_rank():
 def test_rank_stats_flags_ranks_3_mads_and_10_percent_away():
     bd = pd.DataFrame({"rank": [0, 1, 2, 3], "idle_us": [10.0, 11.0, 10.5, 30.0], "kernel_count": [5, 5, 5, 5],
                        "memset_us": [100.0, 100.0, 100.0, 105.0]})
-    stats = rank_stats(bd, pd.DataFrame()).set_index("metric")
+    stats = rank_stats(bd, pd.DataFrame(), pd.DataFrame(), pd.DataFrame()).set_index("metric")
     assert stats.loc["idle_us", "outlier_ranks"] == [3]
     assert stats.loc["idle_us", "note"] == "rank 3's idle_us is 2.8× the median (30.0 vs 10.8)"
     assert stats.loc["idle_us", "max_rank"] == 3 and stats.loc["idle_us", "min_rank"] == 0
@@ -211,15 +211,18 @@ def test_analyze_writes_the_report_folder(client, example, tmp_path):
     names = {p.name for p in out.iterdir()}
     tables = ["breakdown", "breakdown_by_step", "kernels", "kernel_categories", "ops", "kernel_launchers", "op_perf",
               "idle", "collectives", "rank_stats", "collective_instances", "collective_waits", "collective_summary",
-              "straggler_ranks", "critical_path", "op_perf_by_category", "gpu_speed"]
-    empty = ["collective_trace_calls", "collective_trace_summary", "collective_trace_hints"]  # no such logs here
+              "straggler_ranks", "critical_path", "op_perf_by_category", "gpu_speed", "launch_stats", "launch_worst",
+              "queue_length", "memory_bw"]
+    # no such logs here, and no --kernel-sequences
+    empty = ["collective_trace_calls", "collective_trace_summary", "collective_trace_hints", "kernel_sequences"]
     assert names == {f"{t}.parquet" for t in tables + empty} | {"summary.json", "report.html"}
     assert all(pd.read_parquet(out / f"{t}.parquet").empty for t in empty)
     for t in tables:
         df = pd.read_parquet(out / f"{t}.parquet")
         assert len(df) == len(getattr(a, t)) > 0, t
         if t in ("breakdown", "breakdown_by_step", "kernels", "kernel_categories", "ops", "kernel_launchers", "idle",
-                 "collectives", "collective_waits", "straggler_ranks", "op_perf", "op_perf_by_category", "gpu_speed"):
+                 "collectives", "collective_waits", "straggler_ranks", "op_perf", "op_perf_by_category", "gpu_speed",
+                 "launch_stats", "launch_worst", "queue_length", "memory_bw"):
             assert sorted(df["rank"].unique()) == [0, 1, 2, 3], t
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ranks"] == [0, 1, 2, 3] and summary["gpu"] is True

@@ -138,16 +138,17 @@ def test_the_cli_benchmark_times_fresh_processes(tmp_path):
 
 @pytest.mark.integration
 @needs_real_shapes
-def test_the_op_perf_benchmark_pairs_this_checkout_with_the_commit_before(tmp_path):
-    """A row per checkout and shape: the baseline's and this checkout's task time, the ratio, and the op groups
-    this checkout found (the baseline has none)."""
+def test_the_rank_task_benchmark_pairs_this_checkout_with_the_commit_before(tmp_path):
+    """A row per checkout and shape: the baseline's and this checkout's task time, the ratio, and the op groups and
+    launches each checkout found (the one before the op performance models has neither)."""
     out = tmp_path / "report.md"
-    done = subprocess.run([sys.executable, str(BENCHMARKS / "op_perf.py"), "--shapes", "h100", "--ranks", "1",
-                           "--rank-mb", "0.3", "--repeat", "2", "--tmp-dir", str(tmp_path), "--out", str(out)],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "rank_task.py"), "--shapes", "h100", "--ranks", "1",
+                           "--rank-mb", "0.3", "--repeat", "2", "--baseline", "45604ca", "--tmp-dir", str(tmp_path),
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [line.split(" | ") for line in out.read_text().splitlines() if line.startswith("| h100")]
     assert [r[1] for r in rows] == ["baseline 45604ca", "this checkout"]
-    assert rows[0][-1] == "- |" and re.fullmatch(r"\d+ \(\d+\) \|", rows[1][-1]), rows
+    assert rows[0][-2:] == ["-", "- |"] and re.fullmatch(r"\d+ \(\d+\)", rows[1][-2]), rows
+    assert re.fullmatch(r"[\d,]+ \|", rows[1][-1]) and rows[1][-1] != "0 |", rows
     assert re.fullmatch(r"\d+\.\d\d× \(\d+\.\d\d-\d+\.\d\d\)", rows[1][5]), rows
     assert [p.name for p in tmp_path.iterdir()] == ["report.md"]

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from conftest import shared, write_trace
-from tracefuse_dask import analyze
+from tracefuse_dask import Cutoffs, analyze
 from tracefuse_dask.analysis.collectives import canonical_op, group_spec, instance_metrics, match_collectives
 from tracefuse_dask.analysis.rank import analyze_rank
 from tracefuse_dask.synth import make_rank_trace
@@ -118,7 +118,7 @@ def test_a_group_known_only_from_pg_config_reports_its_missing_rank():
                                                                    coded=True),
                _combine([_batch(files[:1]), _batch(files[1:2])], coded=True)]
     segments = _joined([res["tables"]["path_segments"] for res in results])
-    a = _reduce(results, lambda wanted: walks_in(segments, wanted), [], None, False, ())
+    a = _reduce(results, lambda wanted: walks_in(segments, wanted), [], None, False, (), Cutoffs(), None)
     assert a.summary["ignored"] == ["x.txt: ignored"] and a.summary["collectives"]["matched"] == 1
     assert a.summary["collectives"]["problem_examples"] == [
         "unmatched allreduce #1 of group 0: no call from rank(s) [2]"]

@@ -166,6 +166,7 @@ def test_fast_path_steps_aside_for_what_the_general_path_handles(data, base, bas
     (MergeOptions(steps=(1, 2)), None, False),
     (MergeOptions(filter_fn=bool), None, False),
     (MergeOptions(rewrite_ids=True), None, False),
+    (MergeOptions(counters=True), None, False),
     (MergeOptions(), (0, 10), False),
 ])
 def test_fast_path_handles_only_unfiltered_merges(opts, window, ok):

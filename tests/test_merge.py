@@ -196,6 +196,7 @@ def _request(**changes):
     ({"ranks": "3-1"}, "3-1"),
     ({"marks": {}, "split": 2}, "marks go into one merged JSON trace"),
     ({"marks": {}, "format": "perfetto-archive", "out": "m.tar"}, "marks go into one merged JSON trace"),
+    ({"options": plan.build_options(counters=True)}, "counters=True needs the analysis's counter series"),
 ])
 def test_a_merge_request_checks_itself_before_any_io(changes, message):
     with pytest.raises(MergeError) as err:

@@ -307,3 +307,23 @@ def test_efficiency_report_of_a_real_trace_in_chromium(browser, tmp_path):
     assert "Per-rank efficiency: time-weighted % of roofline by category" in text
     points = browser.execute_script("return document.querySelectorAll('.js-plotly-plot .scatterlayer .point').length")
     assert points >= int(a.op_perf["flops_per_byte"].notna().sum())
+
+
+@pytest.mark.integration
+def test_launches_and_queues_of_a_real_job_in_chromium(browser, tmp_path):
+    """The A100 set's report shows each rank's launch delay and queue length as small plots, and the longest launch
+    delays with their kernels and ops, offline."""
+    from conftest import shared
+
+    from tracefuse_dask import analyze
+
+    a = analyze(str(shared("real", "hta_trace_filter")), workers=0)
+    page = render_report(a.tables(), a.summary)
+    assert "<h2>Launches and queues</h2>" in page
+    titles = [f["layout"]["title"]["text"] for f in figures(page)]
+    delay = next(f for f in figures(page) if f["layout"]["title"]["text"].startswith("Launch delay per rank"))
+    assert values(delay["data"][1]["y"]) == a.launch_stats.sort_values("rank")["median_launch_delay_us"].tolist()
+    assert any(t.startswith("Queue length per rank") for t in titles)
+    _load(browser, tmp_path, page, plots=len(figures(page)))
+    text = browser.execute_script("return document.body.innerText")
+    assert "Longest launch delays" in text and "2,358 launches on 2 rank(s)" in text

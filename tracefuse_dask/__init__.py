@@ -17,6 +17,7 @@ from .errors import (
 
 __all__ = [
     "Analysis",
+    "Cutoffs",
     "Diff",
     "MergeError",
     "MergeSummary",
@@ -38,7 +39,7 @@ __all__ = [
 
 
 _LAZY = {"merge_traces": "api", "TraceFuse": "api", "analyze": "api", "diff": "api", "Analysis": "api", "Diff": "api",
-         "MergeSummary": "model"}
+         "MergeSummary": "model", "Cutoffs": "analysis.counters"}
 
 
 def __getattr__(name: str) -> object:

@@ -45,6 +45,7 @@ def merge_traces(
     rewrite_ids: bool = False,
     keep_empty_processes: bool = False,
     annotate_rank: bool = False,
+    counters: bool = False,
     gzip_members: str = "rank",
     on_error: str = "raise",
     repair: bool = False,
@@ -94,6 +95,11 @@ def merge_traces(
         Also write ``"rank"`` into every event's ``args``, as TraceLens's ``TraceFuse`` does. Each
         process's name says its rank, and so does its pid (``rank = (pid - 2**22) // 64``); the
         annotation costs 32-48% of a rank's rewrite on real traces.
+    counters
+        Also add counter tracks, as HTA's ``generate_trace_with_counters`` does: on each device's process, each
+        stream's queue length (``Queue length stream 7`` in Perfetto) and each copy kind's memory bandwidth
+        (``Memcpy BW (GB/s) Memcpy HtoD``), from the kept events, as ``analyze``'s ``queue_length`` and
+        ``memory_bw`` tables count them with ``keep_unlaunched_gpu=True`` (a merge keeps the device work HTA leaves out).
     gzip_members
         ``"rank"`` (one gzip member per rank, Perfetto >= v48) or ``"single"``.
     on_error
@@ -144,9 +150,11 @@ def merge_traces(
     """
     options = build_options(include_pyfunc=include_pyfunc, keep=keep, steps=steps, window=window,
                             filter_fn=filter_fn, rewrite_ids=rewrite_ids,
-                            keep_empty_processes=keep_empty_processes, annotate_rank=annotate_rank)
+                            keep_empty_processes=keep_empty_processes, annotate_rank=annotate_rank,
+                            counters=counters)
     request = MergeRequest(out, options, dict(storage_options or {}), ranks, rank_regex, gzip_members, on_error,
-                           repair, align, split, format, force, skip_if_unchanged, show_progress)
+                           repair, align, split, format, force, skip_if_unchanged, show_progress,
+                           counter_series=_counter_series(counters))
     return merge(urlpath, request, client=client, workers=workers, scheduler=scheduler,
                  scheduler_file=scheduler_file, timeout=timeout, performance_report=performance_report,
                  estimate=_clock_estimate)
@@ -159,6 +167,16 @@ def _clock_estimate(client: Client, paths: dict[int, str], storage_options: dict
     return analyze(paths, client=client, storage_options=storage_options).summary
 
 
+def _counter_series(counters: bool) -> Callable[..., tuple[Any, Any]] | None:
+    """The analysis's ``counters.counter_series`` when ``counters`` is asked, which the merge's rank tasks call
+    (the merge does not import the analysis); imported only then, as a merge does not otherwise load pandas."""
+    if not counters:
+        return None
+    from .analysis.counters import counter_series
+
+    return counter_series
+
+
 _ANALYSIS = {"Analysis": "analysis", "Diff": "analysis.diff", "describe_traces": "analysis.info"}
 
 
@@ -167,6 +185,7 @@ def analyze(
     out_dir: str | None = None,
     *,
     critical_path_trace: str | None = None,
+    counters: bool = False,
     client: Client | None = None,
     storage_options: Mapping[str, Any] | None = None,
     force: bool = False,
@@ -187,12 +206,14 @@ def analyze(
         ``critical_path_trace`` the embedded cluster has worker processes whatever the size.
     **options
         As ``tracefuse_dask.analysis.analyze``: ``ranks``, ``steps``, ``rank_regex``, ``format``,
-        ``keep_unlaunched_gpu``.
+        ``keep_unlaunched_gpu``, ``gpu_spec``, ``cutoffs``, ``kernel_sequences``.
     critical_path_trace
         Also merge the analysed ranks into this trace (as ``merge_traces`` with ``align="base"``), with the
         critical path marked for Perfetto: an arrow (flow ``critical_path``) from each of the path's events to
         the next on the same rank, and a "critical path" process with a thread per rank holding the path's
         segments as slices. Every other event is as a plain merge writes it. Same cluster as the analysis.
+    counters
+        Also add ``merge_traces``'s counter tracks to ``critical_path_trace`` (which it needs).
 
     Returns
     -------
@@ -210,6 +231,9 @@ def analyze(
 
     cluster = {"scheduler": scheduler, "scheduler_file": scheduler_file, "workers": workers, "timeout": timeout}
     common = {"storage_options": storage_options, "show_progress": show_progress}
+    if counters and critical_path_trace is None:
+        raise MergeError("counters=True adds counter tracks to the critical-path trace; pass critical_path_trace "
+                         "too, or merge with merge_traces(..., counters=True)")
     if critical_path_trace is None:
         return analyze_ranks(urlpath, out_dir, client=client, force=force, **cluster, **common, **options)
     so = dict(storage_options or {})
@@ -228,10 +252,12 @@ def analyze(
         marks = trace_marks(result.critical_path, s["critical_path_origin_ns"],
                             {int(r): b for r, b in s["base_time_ns"].items()},
                             {int(r): us * 1e3 for r, us in s["clock_offset_us"].items()})
-        request = MergeRequest(out=critical_path_trace, options=build_options(steps=options.get("steps")),
+        request = MergeRequest(out=critical_path_trace,
+                               options=build_options(steps=options.get("steps"), counters=counters),
                                storage_options=so, ranks=None, rank_regex=DEFAULT_RANK_REGEX, gzip_members="rank",
                                on_error="raise", repair=False, align="base", split=None, format="json", force=force,
-                               skip_if_unchanged=False, show_progress=show_progress, marks=marks)
+                               skip_if_unchanged=False, show_progress=show_progress, marks=marks,
+                               counter_series=_counter_series(counters))
         merged = merge(inputs, request, client=c)
     s["critical_path_trace"] = {"output": merged.output, "ranks": merged.ranks, "bytes": merged.bytes_out,
                                 "arrows": sum(len(m.flows) for m in marks.values()) // 2,

@@ -97,6 +97,9 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--annotate-rank", action="store_true",
                    help="also write \"rank\" into every event's args, as TraceLens's TraceFuse does (process names "
                         "and pids say the rank already; this costs 32-48%% of a rank's rewrite)")
+    o.add_argument("--counters", action="store_true",
+                   help="add counter tracks of each stream's queue length and each copy kind's memory bandwidth "
+                        "(HTA's generate_trace_with_counters)")
     o.add_argument("--gzip-members", choices=("rank", "single"), default="rank",
                    help="one gzip member per rank (default; Perfetto >= v48) or a single member for old viewers")
     o.add_argument("-f", "--force", action="store_true", help="replace an existing output")
@@ -127,12 +130,26 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--critical-path-trace", metavar="OUT",
                    help="also write the merged trace (as tracefuse merge) with the critical path marked for "
                         "Perfetto: arrows along the path's events and a 'critical path' track")
+    a.add_argument("--counters", action="store_true",
+                   help="with --critical-path-trace: add counter tracks of each stream's queue length and each copy "
+                        "kind's memory bandwidth (HTA's generate_trace_with_counters) to that trace")
     a.add_argument("--keep-unlaunched-gpu", action="store_true",
                    help="keep device work whose launch is not in the trace (queued before the profiler started), "
                         "which HTA, and by default this analysis, leave out when a rank has 2+ ProfilerStep#N")
     a.add_argument("--gpu-spec", metavar="FILE.json",
                    help="devices to add to or override the device table of op_perf's roofline, a JSON file shaped "
                         "as tracefuse_dask/perf/devices.json")
+    h = a.add_argument_group("launches and queues (HTA's thresholds by default)")
+    h.add_argument("--runtime-cutoff", type=float, default=50.0, metavar="US",
+                   help="a launch call longer than this is a runtime outlier (default: 50 µs)")
+    h.add_argument("--launch-delay-cutoff", type=float, default=100.0, metavar="US",
+                   help="a kernel that starts this long after its launch call ends is a launch-delay outlier "
+                        "(default: 100 µs)")
+    h.add_argument("--max-queue-length", type=int, default=1024, metavar="N",
+                   help="a stream with this many operations outstanding is full (default: CUDA's 1024)")
+    h.add_argument("--kernel-sequences", metavar="OP",
+                   help="find the frequent kernel sequences of the ops whose names contain OP (e.g. aten::linear) "
+                        "on every rank, as HTA's get_frequent_cuda_kernel_sequences does on one")
     a.add_argument("-f", "--force", action="store_true", help="replace an existing report folder")
     a.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary on stderr")
     a.add_argument("-v", "--verbose", action="store_true", help="log what happens on stderr")
@@ -211,6 +228,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     try:
         args = parser.parse_args(argv)
+        if args.command == "analyze" and args.counters and not args.critical_path_trace:
+            raise _UsageError("--counters adds counter tracks to the --critical-path-trace trace; give "
+                              "--critical-path-trace OUT too, or use tracefuse merge --counters")
         so = _storage_options(getattr(args, "storage_options", None))
     except _UsageError as e:
         parser.print_usage(sys.stderr)
@@ -251,7 +271,7 @@ def _merge(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
         args.inputs, args.output, storage_options=so, ranks=args.ranks, rank_regex=args.rank_regex,
         include_pyfunc=args.include_pyfunc, keep=args.keep, steps=args.steps, window=args.window,
         rewrite_ids=args.rewrite_ids, keep_empty_processes=args.keep_empty_processes,
-        annotate_rank=args.annotate_rank,
+        annotate_rank=args.annotate_rank, counters=args.counters,
         gzip_members=args.gzip_members, on_error=args.on_error, repair=args.repair, align=args.align,
         split=args.split, format=args.format, force=args.force,
         skip_if_unchanged=args.skip_if_unchanged, workers=args.workers, scheduler=args.scheduler,
@@ -282,6 +302,7 @@ def _merge(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
 
 
 def _analyze(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
+    from .analysis.counters import Cutoffs
     from .analysis.critical_path import path_line
     from .api import analyze
 
@@ -290,7 +311,10 @@ def _analyze(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
                      scheduler=args.scheduler, scheduler_file=args.scheduler_file, timeout=args.timeout,
                      show_progress=not args.quiet and sys.stderr.isatty(),
                      keep_unlaunched_gpu=args.keep_unlaunched_gpu, critical_path_trace=args.critical_path_trace,
-                     gpu_spec=args.gpu_spec)
+                     counters=args.counters,
+                     gpu_spec=args.gpu_spec, cutoffs=Cutoffs(args.runtime_cutoff, args.launch_delay_cutoff,
+                                                             args.max_queue_length),
+                     kernel_sequences=args.kernel_sequences)
     if not args.quiet:
         s = result.summary
         print(f"analysed {len(s['ranks'])} ranks, {len(s['steps'])} steps in {s['seconds']:.2f} s", file=sys.stderr)
@@ -327,6 +351,14 @@ def _analyze(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
                   f"{cause['what_if_step_us'] / 1e3:,.1f} ms instead of {mean / 1e3:,.1f} ms", file=sys.stderr)
         if s["slow_gpu"]:
             print(f"gpu: {s['slow_gpu']['text']}", file=sys.stderr)
+        if s["launches"]:
+            print(f"launches: {s['launches']['text']}", file=sys.stderr)
+        if s["kernel_sequences"]:
+            ks = s["kernel_sequences"]
+            top = ks["top"][0] if ks["top"] else None
+            print(f"kernel sequences of {ks['operator']}: {ks['distinct']:,} distinct"
+                  + (f"; the most frequent ran {top['count']:,} times on {top['ranks']} rank(s): {top['pattern']}"
+                     if top else f"; {ks['note']}"), file=sys.stderr)
         if s["roofline"]:
             print(f"roofline: {s['roofline']['text']}", file=sys.stderr)
         for path in s["ignored"]:

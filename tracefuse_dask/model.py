@@ -207,9 +207,14 @@ class MergeOptions:
     rewrite_ids: bool = False
     keep_empty_processes: bool = False
     annotate_rank: bool = False  # "rank" in every event's args (TraceLens's TraceFuse wrote it)
+    counters: bool = False  # counter tracks of queue lengths and copy bandwidths (HTA's generate_trace_with_counters)
 
     def describe(self) -> dict[str, Any]:
-        """The options that shape the output, for the output's metadata."""
+        """The options that shape the output, for the output's metadata and the ``--skip-if-unchanged`` manifest.
+
+        ``counters`` is listed only when asked, so that the outputs and manifests of merges without it stay
+        byte for byte what they were before the option existed.
+        """
         return {
             "include_pyfunc": self.include_pyfunc,
             "keep": sorted(self.keep) if self.keep else None,
@@ -219,6 +224,7 @@ class MergeOptions:
             "rewrite_ids": self.rewrite_ids,
             "keep_empty_processes": self.keep_empty_processes,
             "annotate_rank": self.annotate_rank,
+            **({"counters": True} if self.counters else {}),
         }
 
 
@@ -271,6 +277,8 @@ class RankTask:
     compress: bool = False
     repair: bool = False
     marks: Marks | None = None
+    # with ``options.counters``: the analysis's ``counters.counter_series``, which the API hands to the merge
+    counter_series: Callable[..., tuple[Any, Any]] | None = None
 
 
 @dataclass

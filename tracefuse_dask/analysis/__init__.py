@@ -25,12 +25,14 @@ from ..cluster import batches, connect
 from ..model import DEFAULT_RANK_REGEX, InputFile, parse_steps, rank_subset
 from .collective_trace import CALL_COLUMNS as CT_COLUMNS
 from .collective_trace import looks_like_collective_trace, parse_collective_trace, summarize
+from .counters import Cutoffs, launch_summary, rank_metrics
 from .collectives import clock_offsets, group_members, instance_metrics, match_collectives, op_summary, straggler
 from .critical_path import stitch, straggler_cause, walks_in
 from .diff import Diff
 from .efficiency import gpu_speed, link_use, node_of
 from .op_perf import by_category, roofline_summary
 from .rank import PIECES, TABLES, RankTables, analyze_events, analyze_rank, rows_for
+from .sequences import top_sequences
 from .trace import decode_trace
 from ..kineto.array_form import COMPOSER_MERGED, MERGED_BY_COMPOSER
 from ..kineto.document import check_document, decode_json, paused_gc
@@ -70,6 +72,11 @@ class Analysis:
     op_perf: pd.DataFrame
     idle: pd.DataFrame
     collectives: pd.DataFrame
+    launch_stats: pd.DataFrame
+    launch_worst: pd.DataFrame
+    queue_length: pd.DataFrame
+    memory_bw: pd.DataFrame
+    kernel_sequences: pd.DataFrame
     rank_stats: pd.DataFrame
     collective_instances: pd.DataFrame
     collective_waits: pd.DataFrame
@@ -89,8 +96,8 @@ class Analysis:
 
 
 def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps: tuple[int, int] | None,
-                  subset: Any, rank_regex: str, keep_unlaunched_gpu: bool,
-                  devices: tuple[Device, ...]) -> dict[str, Any]:
+                  subset: Any, rank_regex: str, keep_unlaunched_gpu: bool, devices: tuple[Device, ...],
+                  cutoffs: Cutoffs, sequences_of: str | None) -> dict[str, Any]:
     """Task: parse one file and analyse each rank it holds (one, or all of a merged trace).
 
     A collective_trace log or CSV export (recognised by its content) gives its calls instead.
@@ -108,7 +115,8 @@ def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps
                       "global_rank": trace.global_rank, "deviceProperties": trace.deviceProperties}
             rank, world_size, note = resolve_rank(f, header, rank_regex)
             ranks = [analyze_events(trace.traceEvents, rank, f.path, steps, base=_base(trace.baseTimeNanoseconds),
-                                    header=header, keep_unlaunched_gpu=keep_unlaunched_gpu, devices=devices)
+                                    header=header, keep_unlaunched_gpu=keep_unlaunched_gpu, devices=devices,
+                                    cutoffs=cutoffs, sequences_of=sequences_of)
                      ] if subset is None or rank in subset else []
             return {"ranks": ranks, "world_size": world_size, "notes": [note] if note else []}
         del trace
@@ -141,7 +149,8 @@ def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps
             headers = {rank: {k: v for k, v in doc.items() if k != "traceEvents"}}
         del doc
         ranks = [analyze_rank(events, rank, f.path, steps, base=base, header=headers.get(rank),
-                              keep_unlaunched_gpu=keep_unlaunched_gpu, devices=devices)
+                              keep_unlaunched_gpu=keep_unlaunched_gpu, devices=devices, cutoffs=cutoffs,
+                              sequences_of=sequences_of)
                  for rank, events in sorted(parts.items()) if subset is None or rank in subset]
         return {"ranks": ranks, "world_size": world_size, "notes": notes}
 
@@ -149,10 +158,11 @@ def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps
 @retry_unreachable
 def _analyze_files(files: list[InputFile], storage_options: Mapping[str, Any] | None,
                    steps: tuple[int, int] | None, subset: Any, rank_regex: str,
-                   keep_unlaunched_gpu: bool, devices: tuple[Device, ...]) -> dict[str, Any]:
+                   keep_unlaunched_gpu: bool, devices: tuple[Device, ...], cutoffs: Cutoffs,
+                   sequences_of: str | None) -> dict[str, Any]:
     """Task: ``_analyze_file`` of consecutive files; small ones share a task (``cluster.batches``)."""
-    return _batch([_analyze_file(f, storage_options, steps, subset, rank_regex, keep_unlaunched_gpu, devices)
-                   for f in files])
+    return _batch([_analyze_file(f, storage_options, steps, subset, rank_regex, keep_unlaunched_gpu, devices,
+                                 cutoffs, sequences_of) for f in files])
 
 
 def _batch(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -277,16 +287,20 @@ def _collective_trace_calls(f: InputFile, storage_options: Mapping[str, Any] | N
     return calls
 
 
-def rank_stats(breakdown: pd.DataFrame, by_step: pd.DataFrame) -> pd.DataFrame:
+def rank_stats(breakdown: pd.DataFrame, by_step: pd.DataFrame, launches: pd.DataFrame,
+               queues: pd.DataFrame) -> pd.DataFrame:
     """One row per metric: min, median and max across ranks, and the outlier ranks.
 
     A rank is an outlier when it is more than 3 median absolute deviations from
     the median, and at least 10% away from it. The counts of GPU events left out
     and kernels clipped say how the trace was read, not how the rank ran: no rows.
+    The metrics are the breakdown's, the mean step time, and each rank's median launch delay and longest queue
+    (``counters.rank_metrics``).
     """
     per_rank = breakdown.set_index("rank").drop(columns=list(_BOOKKEEPING), errors="ignore")
     if len(by_step):
         per_rank = per_rank.join(by_step.groupby("rank")["step_us"].mean().rename("step_us_mean"))
+    per_rank = per_rank.join(rank_metrics(launches, queues))
     rows = []
     for metric in per_rank.columns:
         values = per_rank[metric].dropna()
@@ -327,6 +341,8 @@ def analyze(
     show_progress: bool = False,
     keep_unlaunched_gpu: bool = False,
     gpu_spec: str | None = None,
+    cutoffs: Cutoffs | None = None,
+    kernel_sequences: str | None = None,
 ) -> Analysis:
     """Analyse per-rank traces, one Dask task per file, and reduce the small per-rank tables.
 
@@ -360,6 +376,13 @@ def analyze(
     gpu_spec
         A JSON file of devices (as ``tracefuse_dask/perf/devices.json``) that add to or override the package's
         device table, for ``op_perf``'s roofline.
+    cutoffs
+        HTA's thresholds for the launch statistics and the queue length (``Cutoffs``: a runtime call over 50 µs,
+        a launch delay over 100 µs, a stream at 1024 outstanding operations); None: those.
+    kernel_sequences
+        An operator (``"aten::linear"``) whose frequent kernel sequences to find on every rank, as HTA's
+        ``get_frequent_cuda_kernel_sequences`` does on one: the ``kernel_sequences`` table and
+        ``summary["kernel_sequences"]``.
 
     Returns
     -------
@@ -388,7 +411,8 @@ def analyze(
                  timeout=timeout, inputs=files) as c:
         futures = c.map(_analyze_files, [files[b.start:b.stop] for b in batches([f.trace_bytes for f in files])],
                         storage_options=so, steps=step_range, subset=subset, rank_regex=rank_regex,
-                        keep_unlaunched_gpu=keep_unlaunched_gpu, devices=devices, pure=False)
+                        keep_unlaunched_gpu=keep_unlaunched_gpu, devices=devices, cutoffs=cutoffs or Cutoffs(),
+                        sequences_of=kernel_sequences or None, pure=False)
         if show_progress:
             with contextlib.redirect_stdout(sys.stderr):
                 progress(futures, scheduler=c.scheduler.address)
@@ -405,7 +429,7 @@ def analyze(
 
             with paused_gc():
                 analysis = _reduce(results, segments_of, skipped_names, step_range, keep_unlaunched_gpu, devices,
-                                   subset)
+                                   cutoffs or Cutoffs(), kernel_sequences or None, subset)
         else:
             results = c.gather(futures)
     if not joined:  # the reduce needs no cluster
@@ -413,7 +437,7 @@ def analyze(
             results = [_combine(results)]
             segments = results[0]["tables"].pop("path_segments")
             analysis = _reduce(results, lambda wanted: walks_in(segments, wanted), skipped_names, step_range,
-                               keep_unlaunched_gpu, devices, subset)
+                               keep_unlaunched_gpu, devices, cutoffs or Cutoffs(), kernel_sequences or None, subset)
     analysis.summary["seconds"] = round(time.perf_counter() - started, 3)
     if out_dir is not None:
         write_report(analysis, out_dir, so, format=format)
@@ -435,7 +459,8 @@ def _segments_in(result: dict[str, Any], wanted: list[tuple[int, int]]) -> pd.Da
 # cycles, and a full collection over the client's objects cost 50-70 ms of an 8-rank analysis.
 def _reduce(results: list[dict[str, Any]], segments_of: Callable[[list[tuple[int, int]]], pd.DataFrame],
             skipped_names: list[str], steps: tuple[int, int] | None, keep_unlaunched_gpu: bool,
-            devices: tuple[Device, ...], subset: Any = None) -> Analysis:
+            devices: tuple[Device, ...], cutoffs: Cutoffs, sequences_of: str | None,
+            subset: Any = None) -> Analysis:
     """The cross-rank reduce of the tasks' joined results (``_combine``, without the critical path's segments,
     which ``segments_of`` gives for the walks asked for); it takes their tables out of them."""
     warnings: list[str] = []
@@ -471,7 +496,8 @@ def _reduce(results: list[dict[str, Any]], segments_of: Callable[[list[tuple[int
         warnings.append(f"the inputs report different world sizes {sorted(world_sizes)}: several jobs mixed?")
     # each table's parts are dropped once joined, so that the client holds each table about once
     tables = {name: _texts(_in_rank_order([res["tables"].pop(name) for res in results])) for name in TABLES}
-    stats = rank_stats(tables["breakdown"], tables["breakdown_by_step"])
+    stats = rank_stats(tables["breakdown"], tables["breakdown_by_step"], tables["launch_stats"],
+                       tables["queue_length"])
     pg_members: dict[str, set[int]] = {}
     for pg, spec in {(pg, spec) for rt in per_rank for pg, spec in rt.pg_config.items()}:  # each group once
         pg_members.setdefault(pg, set()).update(group_members(spec))
@@ -534,6 +560,9 @@ def _reduce(results: list[dict[str, Any]], segments_of: Callable[[list[tuple[int
         "slow_gpu": _slow_gpu_verdict(slow_gpu, verdict),
         "roofline": roofline_summary(op_perf_categories := by_category(tables["op_perf"])),
         "outliers": [n for n in stats["note"] if n],
+        "launches": launch_summary(tables["launch_stats"], tables["queue_length"], tables["memory_bw"], stats,
+                                   cutoffs),
+        "kernel_sequences": top_sequences(sequences_of, tables["kernel_sequences"]),
         "collectives": {"calls": len(tables["collectives"]), "matched": len(instances), "problems": len(problems),
                         "problem_examples": problems[:20]},
         "straggler": verdict,

@@ -121,7 +121,8 @@ def label(name: str, length: int = 120) -> str:
 
 
 def group_label(name: str, dims: str) -> str:
-    """An op group for reading: ``aten::mm [8944×1024 · 1024×2816]`` from its name and input dims."""
+    """An op group for reading: ``aten::mm [8944×1024 · 1024×2816]`` from its name and input dims, without the
+    trailing scalars."""
     try:
         shapes = json.loads(dims) if dims else []
     except (TypeError, ValueError):
@@ -132,7 +133,9 @@ def group_label(name: str, dims: str) -> str:
         return "×".join(map(str, d)) if d else "scalar"
 
     parts = [shape(d) for d in shapes if isinstance(d, list)]
-    return f"{name} [{' · '.join(parts)}]" if any(shapes) else name
+    while parts and parts[-1] == "scalar":  # trailing scalar arguments (alpha, dropout, flags) say little
+        parts.pop()
+    return f"{name} [{' · '.join(parts)}]" if parts else name
 
 
 def compare(base: Analysis, new: Analysis, *, fail_above: float | None = None) -> Diff:

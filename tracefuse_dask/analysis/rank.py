@@ -24,11 +24,15 @@ import orjson
 import pandas as pd
 
 from .collectives import group_spec, rank_collectives
+from .counters import LAUNCH_COLUMNS, Cutoffs, launch_stats, memory_bw, memory_kind, queue_length
+from .sequences import SEQUENCE_COLUMNS, rank_sequences
 from .critical_path import rank_pieces
 from .op_perf import op_perf_table, owners
 from .trace import NO_ARGS, Args, Event, durations, events_decoder, json_text
 from ..kineto.vocabulary import (
     KERNEL_WAIT_NS,
+    LAUNCH_CALLS,
+    QUEUE_CALLS,
     STEP,
     device_kind,
     host_category,
@@ -52,7 +56,7 @@ __all__ = ["RankTables", "analyze_events", "analyze_rank", "union_length"]
 
 _FLOW_OR_M = frozenset({"s", "t", "f", "M"})
 TABLES = ("breakdown", "breakdown_by_step", "kernels", "kernel_categories", "ops", "kernel_launchers", "op_perf",
-          "idle", "collectives")
+          "idle", "collectives", "launch_stats", "launch_worst", "queue_length", "memory_bw", "kernel_sequences")
 PIECES = ("path_anchors", "path_segments", "path_work")
 """The tables a rank's task gives only for the cross-rank critical path (``critical_path.rank_pieces``)."""
 
@@ -227,7 +231,8 @@ def _top(counter: Counter[str]) -> str:
 
 def analyze_rank(events: list[Any], rank: int, path: str, steps: tuple[int, int] | None = None, *, base: int = 0,
                  header: Mapping[str, Any] | None = None, keep_unlaunched_gpu: bool = False,
-                 devices: tuple[Device, ...] = ()) -> RankTables:
+                 devices: tuple[Device, ...] = (), cutoffs: Cutoffs = Cutoffs(),
+                 sequences_of: str | None = None) -> RankTables:
     """Analyse one rank's events (``traceEvents``, as parsed).
 
     The events are validated as ``merge`` validates them, then analysed as
@@ -252,6 +257,10 @@ def analyze_rank(events: list[Any], rank: int, path: str, steps: tuple[int, int]
         Keep the device work that HTA leaves out (``_launched_only``).
     devices
         The device table (``perf.devices.load_devices``) for ``op_perf``'s roofline; empty: no roofline.
+    cutoffs
+        HTA's thresholds for the launch statistics and the queue length (``counters.Cutoffs``).
+    sequences_of
+        The operator whose frequent kernel sequences to find (``sequences.rank_sequences``); None: none.
 
     Returns
     -------
@@ -265,19 +274,21 @@ def analyze_rank(events: list[Any], rank: int, path: str, steps: tuple[int, int]
     sel = RankEvents(events, 0, MergeOptions(), f"{path} (rank {rank})", link_flows=False)
     used = [ev for ev, keep in zip(events, sel.keep) if keep and ev.get("ts") is not None]
     return analyze_events(events_decoder.decode(orjson.dumps(used)), rank, path, steps, base=base, header=header,
-                          keep_unlaunched_gpu=keep_unlaunched_gpu, devices=devices)
+                          keep_unlaunched_gpu=keep_unlaunched_gpu, devices=devices, cutoffs=cutoffs,
+                          sequences_of=sequences_of)
 
 
 def analyze_events(events: list[Event], rank: int, path: str, steps: tuple[int, int] | None = None, *,
-                   base: int = 0, header: Mapping[str, Any] | None = None,
-                   keep_unlaunched_gpu: bool = False, devices: tuple[Device, ...] = ()) -> RankTables:
+                   base: int = 0, header: Mapping[str, Any] | None = None, keep_unlaunched_gpu: bool = False,
+                   devices: tuple[Device, ...] = (), cutoffs: Cutoffs = Cutoffs(),
+                   sequences_of: str | None = None) -> RankTables:
     """Analyse one rank's events as ``decode_trace`` gives them: already validated, with ``args`` as structs.
 
     Parameters
     ----------
     events
         ``Trace.traceEvents``; ``python_function`` events are skipped.
-    rank, path, steps, base, header, keep_unlaunched_gpu, devices
+    rank, path, steps, base, header, keep_unlaunched_gpu, devices, cutoffs, sequences_of
         As for ``analyze_rank``.
 
     Returns
@@ -337,6 +348,11 @@ def analyze_events(events: list[Event], rank: int, path: str, steps: tuple[int, 
                                       g.end[launched], g.name[launched].tolist(),
                                       _op_keys(tree.order, tree.parent, name_code, names, args), device)
     tables["idle"] = _idle_table(g, start)
+    tables["launch_stats"], tables["launch_worst"], tables["queue_length"], tables["memory_bw"] = _counter_tables(
+        g, start, end, name_code, names, tree, launch_pos, cutoffs)
+    tables["kernel_sequences"] = rank_sequences(
+        sequences_of, names[name_code[tree.order]].tolist(), _depth(tree.parent), tree.stop, start[tree.order],
+        end[tree.order], launch_pos, g.start, g.end, g.name) if sequences_of else pd.DataFrame(columns=SEQUENCE_COLUMNS)
     info = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
     pgs = {str(pg["pg_name"]): spec for pg in info.get("pg_config") or []
            if isinstance(pg, dict) and "pg_name" in pg and (spec := group_spec(pg.get("ranks")))}
@@ -351,6 +367,53 @@ def analyze_events(events: list[Event], rank: int, path: str, steps: tuple[int, 
                       host=host_name if isinstance(host_name, str) else None, pg_config=pgs, base=base, texts=texts,
                       begin_end=(len(spans) - unclosed, unclosed, unopened),
                       device=(device.name if device else None, called, len(props) if isinstance(props, list) else 0))
+
+
+def _counter_tables(g: _Gpu, start: np.ndarray, end: np.ndarray, name_code: np.ndarray, names: np.ndarray,
+                    tree: _Tree, launch_pos: np.ndarray, cutoffs: Cutoffs) -> tuple[pd.DataFrame, ...]:
+    """HTA's launch statistics (and the longest launch delays), queue length and memory bandwidth of the rank
+    (``counters``); the series stay here."""
+    has = g.launch >= 0
+    call = np.maximum(g.launch, 0)
+    code = name_code[call]
+    launch = np.flatnonzero(has & np.array([n in LAUNCH_CALLS for n in names], dtype=bool)[code])
+
+    def described(k: np.ndarray) -> tuple[np.ndarray, ...]:
+        """The kernels, calls and ops (the calls' parents) of the launches at ``k``: names for a few rows only."""
+        j = launch[k]
+        parent = np.where(launch_pos[j] >= 0, np.asarray(tree.parent, dtype=np.int64)[np.maximum(launch_pos[j], 0)],
+                          -1)
+        op = np.where(parent >= 0, names[name_code[tree.order[np.maximum(parent, 0)]]], "")
+        return g.name[j], names[code[j]], op
+
+    row, worst = launch_stats(start[call[launch]], end[call[launch]], g.start[launch], g.end[launch], described,
+                              cutoffs)
+    queued = np.flatnonzero(has & np.array([n in QUEUE_CALLS for n in names], dtype=bool)[code])
+    queue, _ = queue_length(start[call[queued]], g.start[queued], np.array([g.stream[i] for i in queued.tolist()],
+                                                                           dtype=object), cutoffs)
+    copies = np.flatnonzero(g.ktype == "MEMORY")
+    gbps = np.array([_number(g.args[i].memory_bw) for i in copies.tolist()], dtype=np.float64)
+    memory, _ = memory_bw(g.start[copies], g.end[copies], np.array([memory_kind(n) for n in g.name[copies]],
+                                                                     dtype=object), gbps)
+    return pd.DataFrame([row], columns=LAUNCH_COLUMNS), worst, queue, memory
+
+
+def _depth(parent: list[int]) -> np.ndarray:
+    """Each position's depth in the call tree (0 for a root): its ancestors, counted by doubling jumps (each
+    position's count runs up to the ancestor ``up`` it has reached, then adds that ancestor's count)."""
+    up = np.asarray(parent, dtype=np.int64)
+    depth = (up >= 0).astype(np.int64)
+    while (up >= 0).any():
+        has = up >= 0
+        above = np.where(has, up, 0)
+        depth = depth + np.where(has, depth[above], 0)
+        up = np.where(has, up[above], -1)
+    return depth
+
+
+def _number(value: Any) -> float:
+    """A number from the trace's args, NaN when it is none."""
+    return float(value) if type(value) in (int, float) else float("nan")
 
 
 def _device(cat_code: np.ndarray, cats: np.ndarray, pids: np.ndarray, args: list[Args]) -> np.ndarray:

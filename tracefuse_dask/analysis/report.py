@@ -49,6 +49,9 @@ _BREAKDOWN = (("computation_us", "computation", "#4c78a8"), ("non_compute_us", "
               ("idle_us", "idle", "#bab0ac"))
 _COMM = (("communication_us", "communication", "#72b7b2"), ("exposed_comm_us", "exposed communication", "#e45756"))
 _PLOTTED = {"gpu_span_us", *(c for c, _, _ in _BREAKDOWN + _COMM)}
+# the larger first: an overlay draws the later bars over it, and marks an outlier at the first's height
+_LAUNCH_DELAY = (("p95_launch_delay_us", "95th percentile", "#9ecae9"), ("median_launch_delay_us", "median", "#4c78a8"))
+_QUEUE = (("queue_length_max", "maximum", "#ffbf79"), ("queue_length_mean", "mean", "#f58518"))
 _CATEGORY_COLORS = {"GEMM": "#4c78a8", "attention": "#b279a2", "elementwise": "#f58518", "reduce": "#54a24b",
                     "communication": "#72b7b2", "memory": "#eeca3b", "other": "#bab0ac", "SDPA_fwd": "#b279a2",
                     "SDPA_bwd": "#9d755d", "CONV_fwd": "#e45756", "CONV_bwd": "#ff9da6", "NORM_fwd": "#72b7b2",
@@ -378,6 +381,31 @@ def _breakdown(page: Page) -> str:
     return f"<h2>Per-rank breakdown</h2>{plots}{_html_table(df, 'gpu_span_us', what='ranks')}"
 
 
+def _launches(page: Page) -> str:
+    """HTA's launch statistics and queue length per rank, as small plots with the ranks that stand out marked, and
+    the longest launch delays with their kernels and ops."""
+    s = page.summary.get("launches")
+    launches, queues = page.table("launch_stats"), page.table("queue_length")
+    if not s or launches.empty:
+        return ""
+    outliers = page.outlier_ranks(["median_launch_delay_us", "queue_length_mean"])
+    caption = (f"{s['text']}. A launch delay is the time from a launch call's end to its kernel's start; the queue of "
+               "a stream counts the work launched on it and not yet started (HTA's definitions).")
+    parts = ["<h2>Launches and queues</h2>", f'<p class="caption">{html.escape(caption)}</p>']
+    df = launches[launches["launches"] > 0].sort_values("rank")
+    parts.append(page.figure(_rank_bars(df, _LAUNCH_DELAY, "overlay", "Launch delay per rank (µs): 95th percentile "
+                                        "and median", outliers)))
+    if not queues.empty:
+        per_rank = queues.groupby("rank", as_index=False).agg(queue_length_mean=("mean", "max"),
+                                                              queue_length_max=("max", "max"))
+        parts.append(page.figure(_rank_bars(per_rank, _QUEUE, "overlay", "Queue length per rank, busiest stream: "
+                                            "maximum and mean over its changes", outliers, unit="operations")))
+    worst = page.table("launch_worst")
+    if not worst.empty:
+        parts.append(f"<h3>Longest launch delays</h3>{_html_table(worst, 'launch_delay_us', what='launches')}")
+    return "".join(parts)
+
+
 def _kernels(page: Page) -> str:
     kernels, categories = page.table("kernels"), page.table("kernel_categories")
     if not page.gpu or (kernels.empty and categories.empty):
@@ -545,17 +573,18 @@ def _collective_trace(page: Page) -> str:
 
 
 SECTIONS: list[Callable[[Page], str]] = [_header, _answers, _outliers, _collectives, _critical_path,
-                                         _collective_trace, _efficiency, _breakdown, _kernels, _ops, _idle, _steps]
+                                         _collective_trace, _efficiency, _breakdown, _launches, _kernels, _ops, _idle,
+                                         _steps]
 """The page, in order: each function returns its section's HTML, or "" to leave it out."""
 
 
 def _rank_bars(df: pd.DataFrame, series: Sequence[tuple[str, str, str]], barmode: str, title: str,
-               outliers: list[int]) -> go.Figure:
+               outliers: list[int], unit: str = "µs") -> go.Figure:
     ranks = df["rank"].astype(int).tolist()
     many = len(ranks) > MAX_RANK_TICKS
     fig = go.Figure([go.Bar(x=ranks, y=df[col], name=name, marker_color=color,
                             marker_line_width=0 if many else None,
-                            hovertemplate=f"rank %{{x}}<br>{name}: %{{y:,.0f}} µs<extra></extra>")
+                            hovertemplate=f"rank %{{x}}<br>{name}: %{{y:,.0f}} {unit}<extra></extra>")
                      for col, name, color in series])
     top = df[[c for c, _, _ in series]].sum(axis=1) if barmode == "stack" else df[series[0][0]]
     flagged = df["rank"].isin(outliers)
@@ -570,7 +599,7 @@ def _rank_bars(df: pd.DataFrame, series: Sequence[tuple[str, str, str]], barmode
         xaxis.update(tickmode="array", tickvals=ranks,
                      ticktext=[f'<span style="color:#d62728"><b>{r}</b></span>' if r in outliers else str(r)
                                for r in ranks])
-    fig.update_layout(_layout(title, 420), barmode=barmode, xaxis=xaxis, yaxis_title_text="µs",
+    fig.update_layout(_layout(title, 420), barmode=barmode, xaxis=xaxis, yaxis_title_text=unit,
                       bargap=0 if many else 0.15)
     return fig
 

@@ -18,7 +18,8 @@ __all__ = ["NO_ARGS", "Args", "Event", "Trace", "decode_trace", "durations", "ev
 _ARG_KEYS = {"collective": "Collective name", "pg_name": "Process Group Name",
              "pg_desc": "Process Group Description", "group_ranks": "Process Group Ranks", "group_size": "Group size",
              "in_nelems": "In msg nelems", "out_nelems": "Out msg nelems", "seq": "Seq", "comms_id": "Comms Id",
-             "input_dims": "Input Dims", "input_types": "Input type", "concrete_inputs": "Concrete Inputs"}
+             "input_dims": "Input Dims", "input_types": "Input type", "concrete_inputs": "Concrete Inputs",
+             "memory_bw": "memory bandwidth (GB/s)"}
 
 class Args(Struct, gc=False, rename=_ARG_KEYS):
     """The ``args`` keys the analysis reads; the decoder skips the others unread.
@@ -38,6 +39,7 @@ class Args(Struct, gc=False, rename=_ARG_KEYS):
     out_nelems: Any = None
     seq: Any = None
     comms_id: Any = None
+    memory_bw: Any = None  # a copy's or set's, as Kineto measures it
     input_dims: Raw = Raw()  # empty when absent
     input_types: Raw = Raw()
     concrete_inputs: Raw = Raw()

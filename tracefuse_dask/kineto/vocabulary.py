@@ -21,6 +21,8 @@ __all__ = [
     "COLLECTIVE_CALL_PREFIXES",
     "COLLECTIVE_OP_PREFIXES",
     "KERNEL_WAIT_NS",
+    "LAUNCH_CALLS",
+    "QUEUE_CALLS",
     "KnownCategory",
     "KnownPhase",
     "STEP",
@@ -74,6 +76,16 @@ COLLECTIVE_OP_PREFIXES = ("c10d::", "nccl:", "rccl:", "gloo:")
 COLLECTIVE_CALL_PREFIXES = (*COLLECTIVE_OP_PREFIXES, "record_param_comms")
 _COMM_KERNEL = re.compile(r"nccl|rccl", re.IGNORECASE)
 _GRAPH_LAUNCH = re.compile(r"^(cuda|hip)GraphLaunch")
+# The runtime calls whose device work HTA 0.5.0's launch statistics count (``cuda_kernel_launch_stats``: kernel,
+# copy and set launches, MTIA's), and their ROCm counterparts, which it does not count.
+LAUNCH_CALLS = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpyAsync", "cudaMemsetAsync",
+                          "runFunction - job_prep_and_submit_for_execution", "hipLaunchKernel",
+                          "hipExtModuleLaunchKernel", "hipGraphLaunch", "hipMemcpyAsync", "hipMemsetAsync"})
+# The runtime calls that enqueue work on a stream for HTA 0.5.0's queue length
+# (``TraceSymbolTable.get_runtime_launch_events_query``), ROCm's included.
+QUEUE_CALLS = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaMemcpyAsync",
+                         "cudaMemsetAsync", "runFunction - job_prep_and_submit_for_execution", "hipLaunchKernel",
+                         "hipExtModuleLaunchKernel", "hipMemcpyAsync", "hipMemsetAsync", "hipMemcpyWithStream"})
 
 # The finer kernel categories of the kernel summary; first match wins, names lower-cased.
 _CATEGORY_RULES = [

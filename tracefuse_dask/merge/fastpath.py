@@ -74,8 +74,9 @@ _INSTANT_PH = ("i", "I")
 
 
 def handles(options: MergeOptions, window_abs_ns: tuple[int, int] | None) -> bool:
-    """True when ``options`` keep every event but ``python_function`` ones: what the fast path does."""
-    return not (options.keep or options.steps or options.filter_fn or options.rewrite_ids
+    """True when ``options`` keep every event but ``python_function`` ones and add none: what the fast path does
+    (``counters`` adds counter events, which the general path computes from the events as dicts)."""
+    return not (options.keep or options.steps or options.filter_fn or options.rewrite_ids or options.counters
                 or window_abs_ns is not None)
 
 

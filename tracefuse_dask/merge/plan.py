@@ -53,6 +53,10 @@ ALIGN = ("auto", "base", "clock-sync", "collectives")
 # to a summary with ``clock_offset_us``, ``clock_offset_spread_us`` and ``clock_note``, as ``analyze`` gives it.
 ClockEstimate = Callable[[Client, dict[int, str], dict[str, Any]], dict[str, Any]]
 
+# What computes one device's counter series for ``counters``: the analysis's ``counters.counter_series``, which
+# ``api`` hands in (``RankTask.counter_series``), so that the tracks follow the analysis's definitions.
+CounterSeries = Callable[..., tuple[Any, Any]]
+
 
 @dataclass(frozen=True)
 class MergeRequest:
@@ -80,6 +84,7 @@ class MergeRequest:
     skip_if_unchanged: bool
     show_progress: bool
     marks: Mapping[int, Marks] | None = None  # events to add to some ranks' (``Marks``); json format only
+    counter_series: CounterSeries | None = None  # needed by ``options.counters``
     subset: RankSet | None = field(init=False)
 
     def __post_init__(self) -> None:
@@ -100,6 +105,9 @@ class MergeRequest:
         if fmt == "perfetto-archive" and split and split > 1:
             raise MergeError("--split writes several merged JSON traces, and a perfetto archive already holds one "
                              "trace per rank; drop --split or --format perfetto-archive")
+        if self.options.counters and self.counter_series is None:
+            raise MergeError("counters=True needs the analysis's counter series (counter_series); merge through "
+                             "tracefuse_dask.merge_traces, which passes them")
         if self.marks is not None and (fmt != "json" or (split and split > 1)):
             raise MergeError("marks go into one merged JSON trace; drop --split and --format perfetto-archive")
         if split and split > 1 and self.skip_if_unchanged:
@@ -152,6 +160,7 @@ def build_options(
     rewrite_ids: bool = False,
     keep_empty_processes: bool = False,
     annotate_rank: bool = False,
+    counters: bool = False,
 ) -> MergeOptions:
     """Check the filter options and turn them into ``MergeOptions``.
 
@@ -187,7 +196,7 @@ def build_options(
                 "use a module-level function or a lambda that captures only picklable values"
             ) from None
     return MergeOptions(include_pyfunc, presets, step_range, window_ns, portable, rewrite_ids, keep_empty_processes,
-                        annotate_rank)
+                        annotate_rank, counters)
 
 
 def plan_merge(c: Client, request: MergeRequest, files: list[InputFile], unlisted: list[str], tmp_dir: str,
@@ -262,8 +271,9 @@ def plan_merge(c: Client, request: MergeRequest, files: list[InputFile], unliste
         window_abs = (start + options.window_ns[0], start + options.window_ns[1])
     compress = request.out.endswith(".gz") and request.gzip_members == "rank" and request.format == "json"
     marks = request.marks or {}
+    series = request.counter_series if options.counters else None
     tasks = [RankTask(r, h.path, (h.base or 0) - offsets.get(r, 0), base_out, options, window_abs, compress, repair,
-                      marks.get(r)) for r, h in chosen]
+                      marks.get(r), series) for r, h in chosen]
     split_groups = _split_ranges(len(tasks), 1 if request.format == "perfetto-archive" else request.split)
     return MergePlan(request, files, tmp_dir, chosen, next(iter(sizes), None), base_out, alignment, offsets, tasks,
                      split_groups)

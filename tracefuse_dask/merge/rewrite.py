@@ -6,26 +6,34 @@ numbers the plan hands in (the rank, its base time and the common output base).
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from ..errors import MergeError
 from ..kineto.events import RankEvents
 from ..kineto.layout import MAX_RANK, SLOTS_PER_RANK, U32, map_tid, out_pid
 from ..kineto.times import EXACT_NS, fmt_us, to_ns
+from ..kineto.vocabulary import QUEUE_CALLS, device_kind, kernel_type
 from ..model import Marks
 
-__all__ = ["PROCESS_M", "IdMap", "order_slots", "pid_maps", "process_metadata", "rewrite"]
+__all__ = ["PROCESS_M", "IdMap", "counter_events", "order_slots", "pid_maps", "process_metadata", "rewrite"]
 
 PROCESS_M = frozenset({"process_name", "process_labels", "process_sort_index"})
 _ID_FIELDS = ("External id", "correlation")
 
 
-def rewrite(sel: RankEvents, rank: int, base_out: int, marks: Marks | None = None) -> tuple[list[Any], list[Any]]:
+def rewrite(sel: RankEvents, rank: int, base_out: int, marks: Marks | None = None,
+            counter_series: Callable[..., tuple[Any, Any]] | None = None) -> tuple[list[Any], list[Any]]:
     """The rank's merged events, as ``(head, body)``.
 
     ``head`` holds the process metadata (names and sort order of the pids
     that are shown); ``body`` the thread metadata, then the kept events in
-    input order, then the ``marks``, placed as the rank's events are.
+    input order, then the ``marks``, placed as the rank's events are, then
+    with ``options.counters`` the counter tracks (``counter_events``, whose
+    series ``counter_series`` computes).
 
     Times that need no shift keep their parsed value, which is already exact.
     Shifted times are written as the float nearest to the exact µs value,
@@ -55,6 +63,8 @@ def rewrite(sel: RankEvents, rank: int, base_out: int, marks: Marks | None = Non
         else None
     )
     annotate = sel.options.annotate_rank
+    # from the events as read: the loop below rewrites them in place
+    counters = counter_events(sel, dev_map, shift, counter_series) if sel.options.counters else []
     used: set[int] = set()
     body: list[Any] = []
     threads: list[Any] = []
@@ -118,8 +128,90 @@ def rewrite(sel: RankEvents, rank: int, base_out: int, marks: Marks | None = Non
                 out = ev["ts"] + shift
                 ev["ts"] = out / 1000 if out < exact else fmt_us(out)
             body.append(ev)
+    body.extend(counters)
     head, shown_pids = process_metadata(rank, slots, used, sel.options.keep_empty_processes)
     return head, [ev for ev in threads if ev["pid"] in shown_pids] + body
+
+
+def counter_events(sel: RankEvents, dev_map: dict[Any, int], shift: int,
+                   counter_series: Callable[..., tuple[Any, Any]] | None) -> list[dict[str, Any]]:
+    """The rank's counter tracks (``--counters``, as HTA's ``generate_trace_with_counters`` adds them) as Chrome
+    ``C`` events, from its kept events before ``rewrite`` changes them.
+
+    Per device pid, in order: each stream's queue length (name ``Queue length``, args ``{"stream 7": n}``), then
+    each copy kind's memory bandwidth (``Memcpy BW (GB/s)``, args ``{"Memcpy HtoD": x}``); Perfetto names a track
+    by the name and the arg's key, ``Queue length stream 7``, ``Memcpy BW (GB/s) Memcpy HtoD``.
+    ``counter_series`` (the analysis's ``counters.counter_series``) computes the series, so that they are those
+    of the analysis's ``queue_length`` and ``memory_bw`` tables; this side only picks the events and places the
+    samples. Perfetto keys a counter track by its process and its name plus the arg's key (``json_trace_parser.cc``,
+    case ``'C'``): the event needs no tid and the device's merged pid makes each track the rank's own. A sample is
+    shifted as the marks are, and one without a value (a copy whose bandwidth the trace does not give) is left
+    out, as JSON has no NaN.
+
+    The queue counts each device event whose launch (the first kept host event with its ``args.correlation``)
+    is a ``QUEUE_CALLS`` call: both must be kept, so filters that drop the calls (``--keep gpu``) leave no queue.
+
+    Raises
+    ------
+    MergeError
+        When ``counter_series`` is missing.
+    """
+    if counter_series is None:
+        raise MergeError(f"{sel.who}: counters=True needs the analysis's counter series; merge through "
+                         "tracefuse_dask.merge_traces, which passes them")
+    events, keep, dev = sel.events, sel.keep, sel.dev
+    calls: dict[Any, int] = {}
+    work: list[int] = []
+    for i, ev in enumerate(events):
+        if keep[i] and ev["ph"] == "X":
+            if dev[i]:
+                work.append(i)
+                continue
+            args = ev.get("args")
+            corr = args.get("correlation") if type(args) is dict else None
+            if type(corr) is int or type(corr) is str:
+                calls.setdefault(corr, i)
+    per_device: dict[int, tuple[list[Any], ...]] = {}
+    for i in work:  # device work on a stream, as the analysis has it (``rank._gpu_arrays``)
+        ev = events[i]
+        name, args = ev.get("name", ""), ev.get("args")
+        if type(args) is not dict:
+            args = {}
+        stream = args.get("stream")
+        stream = stream if type(stream) is int else map_tid(ev.get("tid"))
+        if device_kind(ev.get("cat"), name, args) is None or stream == -1:
+            continue
+        q_call, q_gpu, q_stream, m_start, m_end, m_name, m_gbps = per_device.setdefault(
+            ev["pid"], ([], [], [], [], [], [], []))
+        start = to_ns(ev["ts"])
+        corr = args.get("correlation")
+        call = calls.get(corr) if type(corr) is int or type(corr) is str else None
+        if call is not None and events[call].get("name") in QUEUE_CALLS:
+            q_call.append(to_ns(events[call]["ts"]))
+            q_gpu.append(start)
+            q_stream.append(stream)
+        if kernel_type(name) == "MEMORY":
+            gbps = args.get("memory bandwidth (GB/s)")
+            m_start.append(start)
+            m_end.append(start + to_ns(ev.get("dur", 0)))
+            m_name.append(name)
+            m_gbps.append(float(gbps) if type(gbps) is int or type(gbps) is float else float("nan"))
+    out: list[dict[str, Any]] = []
+    exact = EXACT_NS
+    for pid in sorted(per_device):
+        q_call, q_gpu, q_stream, m_start, m_end, m_name, m_gbps = per_device[pid]
+        queue, memory = counter_series(np.array(q_call, dtype=np.int64), np.array(q_gpu, dtype=np.int64), q_stream,
+                                       np.array(m_start, dtype=np.int64), np.array(m_end, dtype=np.int64), m_name,
+                                       np.array(m_gbps, dtype=np.float64))
+        new_pid = dev_map[pid]
+        for series, group, track, key in ((queue, "stream", "Queue length", "stream {}"),
+                                          (memory, "kind", "Memcpy BW (GB/s)", "{}")):
+            for g, t, value in zip(series[group].tolist(), series["t"].tolist(), series["value"].tolist()):
+                if not math.isnan(value):
+                    ts = t + shift
+                    out.append({"ph": "C", "name": track, "pid": new_pid, "ts": ts / 1000 if ts < exact else fmt_us(ts),
+                                "args": {key.format(g): value}})
+    return out
 
 
 def _early(sel: RankEvents, i: int, ev: dict[str, Any], ns: int) -> MergeError:

@@ -85,7 +85,7 @@ def _rewrite_rank(task: RankTask, part_path: str,
         events = doc["traceEvents"]
         n_in = len(events)
         sel = RankEvents(events, task.base, task.options, who, task.window_abs_ns)
-        head, body = rewrite(sel, task.rank, task.base_out, task.marks)
+        head, body = rewrite(sel, task.rank, task.base_out, task.marks, task.counter_series)
         del doc, events, sel
         head_json, body_json = orjson.dumps(head), orjson.dumps(body)
         n_out = len(head) + len(body)

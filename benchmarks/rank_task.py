@@ -1,17 +1,19 @@
-"""Benchmark what the op performance models (``op_perf``, the roofline, the slow-GPU table) cost the per-rank
-analysis task: at this checkout and at ``--baseline`` (the commit before them), side by side.
+"""Benchmark what a change costs the analysis's per-rank task: this checkout against ``--baseline`` (a commit
+before the change), side by side.
 
-Usage: ``python benchmarks/op_perf.py [--shapes a100,h100] [--ranks 2] [--rank-mb 50] [--repeat 5]
-[--baseline 45604ca]``
+Usage: ``python benchmarks/rank_task.py [--shapes a100,h100] [--ranks 2] [--rank-mb 50] [--repeat 5]
+[--baseline COMMIT]``
 
 Each shape is ``--ranks`` ranks of about ``--rank-mb`` MB built from its real trace by
 ``../shared/tools/make_dataset.py`` (as ``benchmarks/merge.py`` builds them). Each run is a process of its own with
 ``PYTHONPATH`` on one checkout (the baseline in a temporary ``git worktree``): it runs the analysis's per-rank task
-(``_analyze_file``: read, decode, analyse) on every rank once untimed, then times it on each rank. The rounds
-alternate the two checkouts, so that each round's ratio pairs runs that ran one after the other; the overhead is
-the median (range) of those ratios. The rows say how many op groups the task found, and how many a model covers.
+(``_analyze_file``: read, decode, analyse) on every rank once untimed, then times it on each rank, with the options
+its checkout's task takes at their defaults. The rounds alternate the two checkouts, so that each round's ratio
+pairs runs that ran one after the other; the overhead is the median (range) of those ratios. The rows say what the
+task found: op groups (and how many a model covers) and launches, where its checkout has them.
 
-Takes about 4 minutes on 2 cores with the defaults.
+Used for the op performance models (``--baseline 45604ca``) and for the launch statistics, queue length and memory
+bandwidth (``--baseline fd1752a``). Takes about 4 minutes on 2 cores with the defaults.
 """
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ import time
 from common import (against_baseline, check_real_shapes, cleanup, environment, make_real, make_root, paired, parser,
                     write_report)
 
-COLUMNS = ["shape", "checkout", "ranks", "MB", "task s (best round)", "speed vs baseline", "op groups (modelled)"]
+COLUMNS = ["shape", "checkout", "ranks", "MB", "task s (best round)", "speed vs baseline", "op groups (modelled)",
+           "launches"]
 
 
 def _child(paths: list[str]) -> None:
@@ -33,10 +36,15 @@ def _child(paths: list[str]) -> None:
     from tracefuse_dask.model import DEFAULT_RANK_REGEX, InputFile
 
     extra: dict = {}
-    if "devices" in inspect.signature(analysis._analyze_file).parameters:
+    takes = inspect.signature(analysis._analyze_file).parameters
+    if "devices" in takes:
         from tracefuse_dask.perf.devices import load_devices
 
         extra["devices"] = load_devices()
+    if "cutoffs" in takes:
+        from tracefuse_dask.analysis.counters import Cutoffs
+
+        extra.update(cutoffs=Cutoffs(), sequences_of=None)
 
     def task(path: str, rank: int) -> dict:
         return analysis._analyze_file(InputFile(path, rank_hint=rank, hint_source="order"), None, None, None,
@@ -47,14 +55,16 @@ def _child(paths: list[str]) -> None:
     t = time.perf_counter()
     results = [task(p, r) for r, p in enumerate(paths)]
     seconds = time.perf_counter() - t
-    groups = modelled = 0
+    found: dict = {}
     for res in results:
         for rt in res["ranks"]:
-            perf = rt.tables.get("op_perf")
+            perf, launches = rt.tables.get("op_perf"), rt.tables.get("launch_stats")
             if perf is not None:
-                groups += len(perf)
-                modelled += int(perf["gflop"].notna().sum())
-    print(json.dumps({"seconds": seconds, "groups": groups, "modelled": modelled}))
+                found["groups"] = found.get("groups", 0) + len(perf)
+                found["modelled"] = found.get("modelled", 0) + int(perf["gflop"].notna().sum())
+            if launches is not None:
+                found["launches"] = found.get("launches", 0) + int(launches["launches"].sum())
+    print(json.dumps({"seconds": seconds, **found}))
 
 
 def main() -> None:
@@ -65,11 +75,12 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--rank-mb", type=float, default=50)
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--baseline", default="45604ca", help="the commit before the op performance models")
+    ap.add_argument("--baseline", default="fd1752a", help="the commit before the change (default: before the launch "
+                    "statistics, queue length and memory bandwidth)")
     args = ap.parse_args()
     shapes = [s for s in args.shapes.split(",") if s]
     check_real_shapes(shapes)
-    root = make_root("tracefuse-opperf-", args.tmp_dir)
+    root = make_root("tracefuse-ranktask-", args.tmp_dir)
     lines = [environment(), "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     print("\n".join(lines), flush=True)
     try:
@@ -79,9 +90,10 @@ def main() -> None:
             base_times = [r["seconds"] for r in runs[f"baseline {args.baseline}"]]
             for name, got in runs.items():
                 best = min(got, key=lambda r: r["seconds"])
-                found = f"{best['groups']:,} ({best['modelled']:,})" if name == "this checkout" else "-"
+                groups = f"{best['groups']:,} ({best['modelled']:,})" if "groups" in best else "-"
+                launches = f"{best['launches']:,}" if "launches" in best else "-"
                 line = (f"| {shape} | {name} | {len(paths)} | {size / 1e6:.0f} | {best['seconds']:.2f} | "
-                        f"{paired(base_times, [r['seconds'] for r in got])} | {found} |")
+                        f"{paired(base_times, [r['seconds'] for r in got])} | {groups} | {launches} |")
                 lines.append(line)
                 print(line, flush=True)
     finally:

@@ -1,0 +1,246 @@
+"""What HolisticTraceAnalysis's kernel-launch statistics and trace counters measure, per rank: each launch's delay,
+the queue of outstanding work on each stream and the bandwidth of memory copies and sets
+(``hta/analyzers/cuda_kernel_analysis.py``, ``trace_counters.py``, HTA 0.5.0). Pure functions on one rank's
+arrays, no IO: the map task keeps the per-launch and per-sample series and returns small tables; the series
+themselves are the counter tracks of a merged trace.
+
+- **Launches** (``cuda_kernel_launch_stats``): each device event whose launch is a kernel, copy or set launch
+  (``vocabulary.LAUNCH_CALLS``: HTA's CUDA names, and the ROCm ones HTA 0.5.0 does not count), with the call's
+  CPU duration, the event's GPU duration and the launch delay (the event's start less the call's end, at least
+  0). A short kernel runs for less than its launch's CPU time (which is at most ``runtime_cutoff``); a runtime
+  outlier's call takes more than ``runtime_cutoff`` µs, a launch-delay outlier waits more than
+  ``launch_delay_cutoff`` µs.
+- **Queue length** (``get_queue_length_time_series``): per stream, +1 when a launch call (``QUEUE_CALLS``, HTA's
+  list, ROCm's included) starts and -1 when its device event starts; a sample at each change. The summary is
+  over the samples, as HTA's ``describe()`` is; the time at the stream's maximum and at a full queue
+  (``max_queue_length``, CUDA's 1024: ``get_time_spent_blocked_on_full_queue``) and the time-weighted mean are
+  over the time between samples.
+- **Memory bandwidth** (``get_memory_bw_time_series``): per kind (``Memcpy HtoD``, ``Memcpy DtoH``, ``Memcpy
+  DtoD``, ``Memset``, ...), the sum of the bandwidths (``args["memory bandwidth (GB/s)"]``) of the copies
+  running, a sample at each start and end (a 0 µs copy lasts 1 µs, as HTA has it); the summary is over the
+  samples above 0 (a kind without any has no row).
+
+Where samples share a time, HTA's order is pandas' unstable sort of its frame; here a start comes before an end
+at one time for the queue (the call is made before its kernel runs), and an end before a start for the bandwidth
+(back-to-back copies do not add up), so that the series are deterministic.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..errors import MergeError
+
+__all__ = ["LAUNCH_COLUMNS", "MEMORY_COLUMNS", "QUEUE_COLUMNS", "WORST_COLUMNS", "Cutoffs", "counter_series",
+           "launch_stats", "launch_summary", "memory_bw", "memory_kind", "queue_length", "rank_metrics"]
+
+LAUNCH_COLUMNS = ["launches", "short_kernels", "runtime_outliers", "launch_delay_outliers",
+                  "median_launch_delay_us", "mean_launch_delay_us", "p95_launch_delay_us", "max_launch_delay_us",
+                  "median_runtime_us", "p95_runtime_us", "max_runtime_us"]
+WORST_COLUMNS = ["kernel", "call", "op", "launch_delay_us", "runtime_us", "kernel_us", "at_us"]
+QUEUE_COLUMNS = ["stream", "samples", "mean", "max", "time_at_max_us", "time_full_us", "weighted_mean"]
+MEMORY_COLUMNS = ["kind", "samples", "mean_gbps", "max_gbps"]
+WORST = 10  # the longest launch delays kept per rank, with their kernels and ops
+
+
+@dataclass(frozen=True)
+class Cutoffs:
+    """HTA's thresholds: a runtime call over ``runtime_us``, a launch delay over ``launch_delay_us``, a stream at
+    ``max_queue_length`` (CUDA's limit of outstanding work) is full."""
+
+    runtime_us: float = 50.0
+    launch_delay_us: float = 100.0
+    max_queue_length: int = 1024
+
+    def __post_init__(self) -> None:
+        for name, value in (("runtime cutoff", self.runtime_us), ("launch delay cutoff", self.launch_delay_us),
+                            ("max queue length", self.max_queue_length)):
+            if not value > 0:
+                raise MergeError(f"the {name} is {value}; give a positive number (HTA's: 50 µs, 100 µs, 1024)")
+
+
+def launch_stats(call_start: np.ndarray, call_end: np.ndarray, gpu_start: np.ndarray, gpu_end: np.ndarray,
+                 described: Callable[[np.ndarray], tuple[np.ndarray, ...]],
+                 cutoffs: Cutoffs) -> tuple[dict[str, Any], pd.DataFrame]:
+    """The rank's ``LAUNCH_COLUMNS`` row and its ``WORST`` longest launch delays (``WORST_COLUMNS``); the reduce
+    adds the ``rank`` column.
+
+    Parameters
+    ----------
+    call_start, call_end, gpu_start, gpu_end
+        Per launched device event (kernel, copy, set) whose call is a launch: its call's and its own times (ns).
+    described
+        For the positions of some of them: their names, their calls' names and the ops that made the calls ("" when
+        none), asked for the ``WORST`` only.
+    """
+    cpu_us = (call_end - call_start) / 1e3
+    gpu_us = (gpu_end - gpu_start) / 1e3
+    delay_us = np.maximum(gpu_start - call_end, 0) / 1e3
+    row: dict[str, Any] = {"launches": len(delay_us),
+                           "short_kernels": int(((cpu_us <= cutoffs.runtime_us) & (gpu_us < cpu_us)).sum()),
+                           "runtime_outliers": int((cpu_us > cutoffs.runtime_us).sum()),
+                           "launch_delay_outliers": int((delay_us > cutoffs.launch_delay_us).sum())}
+    for what, values in (("launch_delay", delay_us), ("runtime", cpu_us)):
+        stats = {"median": np.median, "mean": np.mean, "p95": lambda v: np.percentile(v, 95), "max": np.max}
+        for stat, fn in stats.items():
+            if f"{stat}_{what}_us" in LAUNCH_COLUMNS:
+                row[f"{stat}_{what}_us"] = float(fn(values)) if len(values) else float("nan")
+    worst = np.lexsort((gpu_start, -delay_us))[:WORST]  # the longest first, the earliest of equal ones
+    kernels, calls, ops = described(worst)
+    table = pd.DataFrame({"kernel": kernels, "call": calls, "op": ops,
+                          "launch_delay_us": delay_us[worst], "runtime_us": cpu_us[worst],
+                          "kernel_us": gpu_us[worst], "at_us": gpu_start[worst] / 1e3}, columns=WORST_COLUMNS)
+    return row, table
+
+
+def _steps(t: np.ndarray, delta: np.ndarray, group: np.ndarray, first: np.ndarray) -> pd.DataFrame:
+    """A step function per group: changes ``delta`` at times ``t``, ordered by (group, time, ``first`` before the
+    rest), with its value after each change (``value``) and how long that value lasts (``dur``, NaN for the last)."""
+    order = np.lexsort((~first, t, group))
+    g, tt, d = group[order], t[order], delta[order]
+    df = pd.DataFrame({"group": g, "t": tt, "delta": d})
+    df["value"] = df.groupby("group", sort=False)["delta"].cumsum()
+    df["dur"] = df.groupby("group", sort=False)["t"].shift(-1) - df["t"]
+    return df
+
+
+def queue_length(call_start: np.ndarray, gpu_start: np.ndarray, stream: np.ndarray,
+                 cutoffs: Cutoffs) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per stream, the ``QUEUE_COLUMNS`` rows, and the series (``stream``, ``t`` in ns, ``value``).
+
+    Parameters
+    ----------
+    call_start, gpu_start, stream
+        Per device event whose call is a queue launch (``QUEUE_CALLS``): its call's start, its own start (ns), and
+        its stream (as the trace names it).
+    """
+    n = len(call_start)
+    if not n:
+        return pd.DataFrame(columns=QUEUE_COLUMNS), pd.DataFrame(columns=["stream", "t", "value"])
+    code, streams = pd.factorize(pd.Series(stream, dtype=object), sort=True)
+    s = _steps(np.concatenate([call_start, gpu_start]), np.repeat([1, -1], n), np.concatenate([code, code]),
+               np.repeat([True, False], n))
+    rows = []
+    for c, g in s.groupby("group", sort=True):
+        value, dur = g["value"].to_numpy(), g["dur"].to_numpy()
+        top = int(value.max())
+        timed = ~np.isnan(dur)
+        span = float(dur[timed].sum())
+        rows.append({"stream": streams[c], "samples": len(g), "mean": float(value.mean()), "max": top,
+                     "time_at_max_us": float(dur[timed & (value == top)].sum()) / 1e3,
+                     "time_full_us": float(dur[timed & (value >= cutoffs.max_queue_length)].sum()) / 1e3,
+                     "weighted_mean": float((value[timed] * dur[timed]).sum() / span) if span else float("nan")})
+    return (pd.DataFrame(rows, columns=QUEUE_COLUMNS),
+            pd.DataFrame({"stream": streams[s["group"].to_numpy()], "t": s["t"].to_numpy(),
+                          "value": s["value"].to_numpy()}))
+
+
+def memory_kind(name: str) -> str:
+    """HTA's kind of a copy or set by its name (``get_memory_kernel_type``): ``Memset``, else the first 11
+    characters of a ``Memcpy`` (``Memcpy HtoD``), else ``Memcpy Unknown``."""
+    if name.startswith("Memset"):
+        return "Memset"
+    return name[:11] if name.startswith("Memcpy") else "Memcpy Unknown"
+
+
+def memory_bw(start: np.ndarray, end: np.ndarray, kinds: np.ndarray,
+              gbps: np.ndarray) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per kind, the ``MEMORY_COLUMNS`` rows, and the series (``kind``, ``t`` in ns, ``value`` in GB/s).
+
+    Parameters
+    ----------
+    start, end, kinds, gbps
+        Per copy or set: its times (ns), its ``memory_kind`` and its bandwidth (NaN when the trace gives none).
+    """
+    n = len(start)
+    if not n:
+        return pd.DataFrame(columns=MEMORY_COLUMNS), pd.DataFrame(columns=["kind", "t", "value"])
+    end = np.where(end > start, end, start + 1000)  # a 0 µs copy lasts 1 µs
+    code, names = pd.factorize(pd.Series(kinds, dtype=object), sort=True)
+    s = _steps(np.concatenate([start, end]), np.concatenate([gbps, -gbps]), np.concatenate([code, code]),
+               np.repeat([False, True], n))
+    rows = []
+    for c, g in s.groupby("group", sort=True):
+        v = g["value"].to_numpy()
+        v = v[v > 0]
+        if len(v):  # a kind whose copies give no bandwidth has no row, as in HTA's summary
+            rows.append({"kind": names[c], "samples": len(v), "mean_gbps": float(v.mean()), "max_gbps": float(v.max())})
+    return (pd.DataFrame(rows, columns=MEMORY_COLUMNS),
+            pd.DataFrame({"kind": names[s["group"].to_numpy()], "t": s["t"].to_numpy(),
+                          "value": s["value"].to_numpy()}))
+
+
+def counter_series(call_start: np.ndarray, gpu_start: np.ndarray, stream: list[Any], start: np.ndarray,
+                   end: np.ndarray, names: list[str], gbps: np.ndarray) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One device's queue-length series (``stream``, ``t``, ``value``) and memory-bandwidth series (``kind``,
+    ``t``, ``value``): the counter tracks of ``merge --counters``. The merge hands in its kept events' arrays and
+    gets the series ``queue_length`` and ``memory_bw`` give the analysis, so that the tracks and the tables agree.
+
+    Parameters
+    ----------
+    call_start, gpu_start, stream
+        As for ``queue_length``.
+    start, end, names, gbps
+        Per copy or set: its times (ns), its name (``memory_kind`` gives its kind) and its bandwidth (NaN when
+        the trace gives none).
+    """
+    _, queue = queue_length(call_start, gpu_start, np.asarray(stream, dtype=object), Cutoffs())
+    _, memory = memory_bw(start, end, np.array([memory_kind(n) for n in names], dtype=object), gbps)
+    return queue, memory
+
+
+def rank_metrics(launches: pd.DataFrame, queues: pd.DataFrame) -> pd.DataFrame:
+    """Per rank (the index) that launched work: its median launch delay (``median_launch_delay_us``) and the mean
+    queue length of its busiest stream (``queue_length_mean``), for the outliers across ranks (``rank_stats``)."""
+    out = pd.DataFrame(index=pd.Index([], name="rank", dtype=np.int64))
+    if len(launches):
+        launched = launches[launches["launches"] > 0]
+        out = out.join(launched.set_index("rank")["median_launch_delay_us"], how="outer")
+    if len(queues):
+        out = out.join(queues.groupby("rank")["mean"].max().rename("queue_length_mean"), how="outer")
+    return out
+
+
+def launch_summary(launches: pd.DataFrame, queues: pd.DataFrame, memory: pd.DataFrame, stats: pd.DataFrame,
+                   cutoffs: Cutoffs) -> dict[str, Any] | None:
+    """``summary.json``'s ``launches``: the job's counts, the median rank's launch delay, the longest queue, the
+    time streams spent full, each copy kind's highest bandwidth, the ranks that stand out (``rank_stats``'s
+    outliers of ``rank_metrics``) and a line that says it; None when no rank launched anything."""
+    if launches.empty or not (launches["launches"] > 0).any():
+        return None
+    launched = launches[launches["launches"] > 0]
+    total = {c: int(launches[c].sum()) for c in ("launches", "short_kernels", "runtime_outliers",
+                                                  "launch_delay_outliers")}
+    outliers = {m: [int(r) for r in stats.loc[stats["metric"] == m, "outlier_ranks"].iloc[0]]
+                for m in ("median_launch_delay_us", "queue_length_mean") if (stats["metric"] == m).any()}
+    out: dict[str, Any] = {
+        "cutoffs": {"runtime_us": cutoffs.runtime_us, "launch_delay_us": cutoffs.launch_delay_us,
+                    "max_queue_length": cutoffs.max_queue_length},
+        **total,
+        "median_launch_delay_us": round(float(launched["median_launch_delay_us"].median()), 3),
+        "max_queue_length": None, "time_full_us": 0.0,
+        "memory_max_gbps": {str(k): round(float(v), 3) for k, v in memory.groupby("kind")["max_gbps"].max().items()}
+        if len(memory) else {},
+        "outlier_ranks": outliers,
+    }
+    text = (f"{total['launches']:,} launches on {len(launched)} rank(s): median launch delay "
+            f"{out['median_launch_delay_us']:,.1f} µs; {total['launch_delay_outliers']:,} waited over "
+            f"{cutoffs.launch_delay_us:g} µs, {total['runtime_outliers']:,} calls took over {cutoffs.runtime_us:g} "
+            f"µs, {total['short_kernels']:,} kernels ran shorter than their launch")
+    if len(queues):
+        top = queues.sort_values(["max", "rank"], ascending=[False, True], kind="stable").head(1).to_dict("records")[0]
+        out["max_queue_length"] = int(top["max"])
+        out["time_full_us"] = round(float(queues["time_full_us"].sum()), 3)
+        full = (f"full ({cutoffs.max_queue_length:,}) for {out['time_full_us'] / 1e3:,.1f} ms" if out["time_full_us"]
+                else "never full")
+        text += f"; queues up to {int(top['max']):,} (rank {int(top['rank'])}, stream {top['stream']}), {full}"
+    for metric, ranks in outliers.items():
+        if ranks:
+            what = "median launch delay" if metric == "median_launch_delay_us" else "queue length"
+            text += f"; rank(s) {', '.join(map(str, ranks))} stand out by {what}"
+    out["text"] = text
+    return out

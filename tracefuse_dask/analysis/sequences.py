@@ -1,0 +1,74 @@
+"""The frequent kernel sequences of an operator (HolisticTraceAnalysis's ``get_frequent_cuda_kernel_sequences``,
+HTA 0.5.0): for the calls of the ops whose names contain the operator's, at the shallowest depth where such calls
+are, that launched at least ``MIN_PATTERN_LEN`` device events (kernels, copies, sets), the sequence of the op's
+name and its device events' names in order of their start. Per rank in its task (``rank_sequences``), and across
+ranks (``top_sequences``): how often each sequence ran, its device time and its ops' time. Pure functions, no IO.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["MIN_PATTERN_LEN", "SEQUENCE_COLUMNS", "rank_sequences", "top_sequences"]
+
+MIN_PATTERN_LEN = 3  # HTA's default
+SEPARATOR = "|"  # between a sequence's names, as HTA joins them
+SEQUENCE_COLUMNS = ["pattern", "count", "gpu_us", "cpu_us"]
+TOP = 5  # the sequences summary.json lists, HTA's top_k
+
+
+def rank_sequences(operator: str, names: Sequence[str], depth: np.ndarray, stop: np.ndarray, start: np.ndarray,
+                   end: np.ndarray, launch_pos: np.ndarray, gpu_start: np.ndarray, gpu_end: np.ndarray,
+                   gpu_names: np.ndarray) -> pd.DataFrame:
+    """One rank's sequences of ``operator`` (``SEQUENCE_COLUMNS``, the most frequent first).
+
+    Parameters
+    ----------
+    names, depth, stop, start, end
+        Per host position of the call tree: the op's name, its depth, the end (exclusive) of its subtree, and its
+        times (ns).
+    launch_pos, gpu_start, gpu_end, gpu_names
+        Per device event: the position of its launch (-1: none), its times (ns) and its name.
+    """
+    candidates = np.flatnonzero(np.array([operator in n for n in names], dtype=bool))
+    if not len(candidates):
+        return pd.DataFrame(columns=SEQUENCE_COLUMNS)
+    order = np.argsort(launch_pos, kind="stable")
+    at = launch_pos[order]
+    lo, hi = np.searchsorted(at, candidates, "left"), np.searchsorted(at, stop[candidates], "left")
+    root = (depth[candidates] == depth[candidates].min()) & (hi - lo >= MIN_PATTERN_LEN)
+    rows = []
+    for p, a, b in zip(candidates[root].tolist(), lo[root].tolist(), hi[root].tolist()):
+        events = order[a:b]
+        events = events[np.argsort(gpu_start[events], kind="stable")]
+        rows.append((SEPARATOR.join([names[p], *gpu_names[events].tolist()]),
+                     float((gpu_end[events] - gpu_start[events]).sum()) / 1e3, float(end[p] - start[p]) / 1e3))
+    if not rows:
+        return pd.DataFrame(columns=SEQUENCE_COLUMNS)
+    df = pd.DataFrame(rows, columns=["pattern", "gpu_us", "cpu_us"])
+    out = df.groupby("pattern", sort=True).agg(count=("gpu_us", "size"), gpu_us=("gpu_us", "sum"),
+                                                 cpu_us=("cpu_us", "sum")).reset_index()
+    return out.sort_values(["count", "pattern"], ascending=[False, True], kind="stable",
+                           ignore_index=True)[SEQUENCE_COLUMNS]
+
+
+def top_sequences(operator: str | None, per_rank: pd.DataFrame) -> dict[str, Any] | None:
+    """``summary.json``'s ``kernel_sequences``: across ranks, the ``TOP`` most frequent sequences (how often,
+    on how many ranks, their device and op time), and how many distinct ones there are; None without an
+    operator."""
+    if operator is None:
+        return None
+    if per_rank.empty:
+        return {"operator": operator, "min_pattern_len": MIN_PATTERN_LEN, "distinct": 0, "top": [],
+                "note": f"no call of an op whose name contains {operator!r} launched {MIN_PATTERN_LEN} or more "
+                        "device events"}
+    g = per_rank.groupby("pattern", sort=True).agg(count=("count", "sum"), ranks=("rank", "nunique"),
+                                                   gpu_us=("gpu_us", "sum"), cpu_us=("cpu_us", "sum"))
+    g = g.reset_index().sort_values(["count", "pattern"], ascending=[False, True], kind="stable").head(TOP)
+    return {"operator": operator, "min_pattern_len": MIN_PATTERN_LEN, "distinct": int(per_rank["pattern"].nunique()),
+            "top": [{"pattern": p, "count": int(c), "ranks": int(r), "gpu_us": round(float(gu), 3),
+                     "cpu_us": round(float(cu), 3)}
+                    for p, c, r, gu, cu in zip(g["pattern"], g["count"], g["ranks"], g["gpu_us"], g["cpu_us"])]}
