@@ -49,6 +49,7 @@ from ..model import Marks
 __all__ = [
     "ANCHOR_COLUMNS",
     "KINDS",
+    "LABELS",
     "PATH_COLUMNS",
     "SEGMENT_COLUMNS",
     "WORK_COLUMNS",
@@ -87,6 +88,8 @@ _CAUSES = {"cpu_op": "host-bound", "launch gap": "host-bound", "idle": "host-bou
 _Anchor = namedtuple("_Anchor", ["shift", "stop", "stop_call", "stop_ns"])  # what ``stitch`` reads of an anchor
 _Walks = namedtuple("_Walks", ["anchor", "shift"])  # in ``stitch``: an anchor's walks, on its rank's corrected clock
 _DEVICE_KINDS = ("kernel", "memcpy")  # a device event's segment kind, by whether it is a memcpy or memset
+# what a joined segment's name adds to its op's (``_Walker.labels``), in the order it picks them; the last: otherwise
+LABELS = (" (launch gaps)", " (kernels)", " (memcpy)", " (host dispatch)", " (host, outside ops)", " (host)")
 
 
 class _Walker:
@@ -305,9 +308,7 @@ class _Walker:
         top = np.where(has, self._top_op[np.where(has, at, 0)], -1)
         op = np.where(top >= 0, top, at)
         suffix = np.select([kinds == "launch gap", kinds == "kernel", kinds == "memcpy", top >= 0,
-                            self._is_step[np.where(has, op, 0)]],
-                           [" (launch gaps)", " (kernels)", " (memcpy)", " (host dispatch)", " (host, outside ops)"],
-                           " (host)")
+                            self._is_step[np.where(has, op, 0)]], list(LABELS[:-1]), LABELS[-1])
         if has.any():
             suffix_code, suffixes = pd.factorize(suffix[has])
             pairs, inverse = np.unique(np.stack([self.hn_code[op[has]], suffix_code]), axis=1, return_inverse=True)

@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 
 from ..kineto.vocabulary import is_comm_kernel, kernel_type
+from .critical_path import LABELS
 from .op_perf import OP_PERF_COLUMNS
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ RUN_VARIANT = (
     (re.compile(r"(?<=[A-Za-z_])#\d+"), "#…"),
 )
 _STEP = "ProfilerStep#"  # the step itself: its time is the step's, never a root change
-_PATH_LABEL = r" \((?:host dispatch|host|host, outside ops|kernels|memcpy|launch gaps)\)$"  # Walker.labels
+_PATH_LABEL = "(?:" + "|".join(map(re.escape, LABELS)) + ")$"  # what a critical-path name adds to its op's
 _NAMESPACES = re.compile(r"\b(?:at::native::|at::|c10::|std::|\(anonymous namespace\)::)")
 
 
