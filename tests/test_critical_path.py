@@ -1,10 +1,10 @@
 """The cross-rank critical path and the straggler's cause, on the shared traces, synthetic jobs and a hand-built one.
 
 HolisticTraceAnalysis's single-rank path (``tests/hta/regenerate_critical_path.py`` stores it, so CI needs no HTA)
-is compared by bound type. Its graph holds ops and runtime calls, not user annotations, and gives zero weight
-to the gaps between top-level ops and to what follows a sync; so HTA's CPU time is our ``cpu_op`` time outside
-``ProfilerStep#N``'s own time, its GPU time our kernels and memcpy, its launch overhead our launch gaps, and its
-total those plus its kernel-to-kernel gaps (our ``GPU idle``).
+is compared by the share of each step's path on the GPU. Its graph gives a blocking call (``cudaDeviceSynchronize``)
+zero weight and its longest path need not end at the step's end, so its total is shorter than the step; ours sums
+to the step, a blocking call's time going to the device work it waited for. The rule itself is tested on hand-built
+traces in ``test_critical_path_syncs.py``.
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from perfetto_rules import assert_perfetto_rules, load_exact, ns
 from tracefuse_dask import MergeError, analyze, merge_traces
 from tracefuse_dask.analysis.critical_path import (
     _NONE,
+    GPU_KINDS,
     KINDS,
     LABELS,
     _runs,
@@ -61,12 +62,11 @@ def assert_chain(path, steps):
         assert sum(s["by_kind"].values()) == pytest.approx(s["path_us"], abs=0.01)
 
 
-@pytest.mark.parametrize("name", MULTI_RANK)
+@pytest.mark.parametrize("name", shared_params(MULTI_RANK[:2] + [f"real/{n}" for n in REAL_SETS]))
 def test_the_path_of_every_step_is_one_chain_as_long_as_the_step(name, client):
     got = analyze(str(shared(*name.split("/"))), client=client)
     assert_chain(got.critical_path, got.summary["critical_path"])
-    assert set(got.critical_path["kind"]) <= {"cpu_op", "kernel", "memcpy", "launch gap", "sync wait",
-                                              "collective transfer", "idle"}
+    assert set(got.critical_path["kind"]) <= set(KINDS)
 
 
 def step_starts(got):
@@ -150,7 +150,7 @@ def test_the_gloo_straggler_sleep_is_on_every_step_path_and_is_the_cause(client,
     assert written["straggler"]["cause"] == cause and written["critical_path"] == got.summary["critical_path"]
     table = pd.read_parquet(tmp_path / "report" / "critical_path.parquet")
     assert list(table.columns) == ["step", "order", "rank", "kind", "name", "start_us", "dur_us", "pid", "tid",
-                                   "event_ts"]
+                                   "event_ts", "category"]
     assert len(table) == len(path)
 
 
@@ -180,26 +180,38 @@ def test_a_synthetic_straggler_is_found_with_its_cause_and_what_if(rank, undistu
     assert "its GPU was idle" in cause["verdict"]
 
 
-@pytest.mark.parametrize("job", sorted(HTA))
-def test_a_single_rank_path_agrees_with_hta_by_bound_type(job, client):
-    expected = HTA[job]
-    got = analyze(str(shared(*job.split("/"))), client=client)
-    path = got.critical_path
-    assert path["step"].nunique() == 1  # HTA's expected value is of one step (or of the whole trace)
-    own_step = path["name"].str.startswith("ProfilerStep#")
+HTA_STEPS = [(job, int(rank), int(step)) for job, ranks in sorted(HTA.items()) for rank, steps in sorted(ranks.items())
+             for step, got in sorted(steps.items()) if got.get("gpu_share") is not None]
+# Steps where HTA's longest path is not what the step waited for (the test checks that it still disagrees, and why):
+# hta_trace_filter's events are a sample of the real trace's; on rank 0 in ProfilerStep#552, 258 ms of HTA's 470 ms
+# path are "kernel-kernel overhead" edges across the idle gaps between the sparse ncclKernel_SendRecv kernels of the
+# NCCL stream, while the host ran `forward` and `## backward ##`; the step's end (623 ms after its start) waited for
+# the host, which issued the next collective late, not for the idle stream.
+HTA_WRONG = {("real/hta_trace_filter", 0, 552): "kernel-kernel gaps of a sparse NCCL stream"}
+# Not compared: hta_mtia_inference has no ProfilerStep (the issue compares steps), and its MTIA device events
+# (mtia_ccp_events) have no launch the walk can follow back to the host; the path of its whole trace is the host's.
+HTA_STEPS = [s for s in HTA_STEPS if s[0] != "real/hta_mtia_inference"]
 
-    def us(mask):
-        return float(path.loc[mask, "dur_us"].sum())
 
-    cpu = us((path["kind"] == "cpu_op") & ~own_step)
-    gpu = us(path["kind"].isin(["kernel", "memcpy"]))
-    launch = us(path["kind"] == "launch gap")
-    gaps = us(path["name"] == "GPU idle")
-    theirs = expected["by_bound_us"]
-    total = expected["total_us"]
-    assert cpu + gpu + launch + gaps == pytest.approx(total, rel=0.02)
-    for ours, key in ((cpu, "cpu_bound"), (gpu, "gpu_compute_bound"), (launch, "gpu_kernel_launch_overhead")):
-        assert abs(ours - theirs.get(key, 0.0)) <= 0.02 * total, key
+@pytest.mark.parametrize("job,rank,step", HTA_STEPS)
+def test_the_gpu_share_of_each_step_agrees_with_hta(job, rank, step, client):
+    """HolisticTraceAnalysis 0.5.0's critical path of the same rank and step (``tests/hta/regenerate_critical_path.py``):
+    the share of the path on the GPU (kernels, copies, collectives and the GPU's gaps; HTA's ``gpu_compute_bound`` +
+    ``gpu_kernel_kernel_overhead``) agrees within 10 points. HTA gives a blocking call no weight, and its longest
+    path need not end at the step's end; ours sums to the step, the blocking call's time going to the work it
+    waited for. A rank of a multi-rank job is analysed alone, as HTA's path is a single rank's."""
+    theirs = HTA[job][str(rank)][str(step)]["gpu_share"]
+    got = analyze(str(shared(*job.split("/"))), ranks=str(rank), client=client)
+    summary = {s["step"]: s for s in got.summary["critical_path"]}[step]
+    ours = summary["gpu_us"] / summary["path_us"]
+    path = got.critical_path[got.critical_path["step"] == step]
+    on_gpu = path["kind"].isin(GPU_KINDS) | (path["name"] == "GPU idle")
+    assert ours == pytest.approx(path.loc[on_gpu, "dur_us"].sum() / path["dur_us"].sum(), abs=1e-6)
+    if (job, rank, step) in HTA_WRONG:
+        assert theirs - ours > 0.4, HTA_WRONG[(job, rank, step)]
+        assert got.summary["bound"]["bound"] == "host"
+        return
+    assert abs(ours - theirs) <= 0.10, (ours, theirs)
 
 
 def test_a_step_number_written_twice_keeps_both_walks_on_its_path(client, tmp_path):
@@ -220,7 +232,8 @@ def test_a_step_number_written_twice_keeps_both_walks_on_its_path(client, tmp_pa
 
 def test_a_hand_built_step_follows_launch_kernel_and_sync(client, tmp_path):
     """ProfilerStep#1 [0, 100] µs holds a launch [10, 20] of a kernel [30, 80] and a cudaDeviceSynchronize [25, 85]:
-    the path is the step's own time, the launch, the launch gap, the kernel, the sync's wait, the step's own time."""
+    the path is the step's own time, the launch, the launch gap, the kernel, the sync's own time after the kernel
+    (``sync overhead``), the step's own time."""
     pid = 100
 
     def x(cat, name, ts, dur, tid=pid, **args):
@@ -236,12 +249,12 @@ def test_a_hand_built_step_follows_launch_kernel_and_sync(client, tmp_path):
     seg = got.critical_path.sort_values("order")
     assert list(zip(seg["kind"], seg["name"], seg["dur_us"].round(3))) == [
         ("cpu_op", "ProfilerStep#1", 10.0), ("launch gap", "gemm", 20.0), ("kernel", "gemm", 50.0),
-        ("sync wait", "cudaDeviceSynchronize", 5.0), ("cpu_op", "ProfilerStep#1", 15.0)]
+        ("sync overhead", "cudaDeviceSynchronize", 5.0), ("cpu_op", "ProfilerStep#1", 15.0)]
     # in the trace: the same five slices on the track (the trace's base is the file's), and an arrow per hop
     track, flows, rest = trace_parts(tmp_path / "path.json")
     assert [(e["name"], e["args"]["kind"], e["ts"], e["dur"]) for e in track if e["ph"] == "X"] == [
         ("ProfilerStep#1", "cpu_op", 0, 10), ("gemm", "launch gap", 10, 20), ("gemm", "kernel", 30, 50),
-        ("cudaDeviceSynchronize", "sync wait", 80, 5), ("ProfilerStep#1", "cpu_op", 85, 15)]
+        ("cudaDeviceSynchronize", "sync overhead", 80, 5), ("ProfilerStep#1", "cpu_op", 85, 15)]
     ends = [e["name"] for e in bound_to(flows, rest)]
     assert [(a, b) for a, b in zip(ends[::2], ends[1::2])] == [
         ("ProfilerStep#1", "cudaLaunchKernel"), ("cudaLaunchKernel", "gemm"), ("gemm", "cudaDeviceSynchronize"),
@@ -267,7 +280,7 @@ def test_a_blocking_copy_waits_for_the_copy_it_launched(client, tmp_path):
     assert ("memcpy", "Memcpy HtoD (Pageable -> Device)", 40.0) in set(zip(seg["kind"], seg["name"],
                                                                           seg["dur_us"].round(3)))
     assert "gemm" not in set(seg["name"])
-    assert ("sync wait", "cudaMemcpy") in set(zip(seg["kind"], seg["name"]))
+    assert ("sync overhead", "cudaMemcpy") in set(zip(seg["kind"], seg["name"]))
 
 
 def trace_parts(path):
@@ -285,7 +298,8 @@ def bound_to(flows, rest):
     return [starts.get((f["pid"], f["tid"], f["ts"])) for f in flows]
 
 
-@pytest.mark.parametrize("name", ["gloo_4ranks", "real/hta_trace_filter"])
+@pytest.mark.parametrize("name", ["gloo_4ranks", "real/hta_trace_filter", "real/tracelens_h100_qwen",
+                                  "real/tracelens_mi300_qwen", "real/hta_negative_queue_length"])
 def test_the_critical_path_trace_marks_the_path_and_changes_no_other_event(name, client, tmp_path):
     src = str(shared(*name.split("/")))
     got = analyze(src, client=client, critical_path_trace=str(tmp_path / "path.json.gz"))
@@ -338,8 +352,10 @@ def test_tracefuse_analyze_writes_the_critical_path_trace_from_a_fresh_process(t
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     assert "why: rank 2 is late" in done.stderr
+    assert "bound:" not in done.stderr  # a CPU-only job: its path is the host's, no verdict to give
     assert re.search(r"wrote .*path\.json\.gz: the merged trace with the critical path marked \([\d,]+ slices on the "
                      r"'critical path' track, [\d,]+ arrows\)", done.stderr), done.stderr
+    assert json.loads((tmp_path / "rep" / "summary.json").read_text())["bound"] is None
     written = json.loads((tmp_path / "rep" / "summary.json").read_text())["critical_path_trace"]
     track, flows, _ = trace_parts(tmp_path / "path.json.gz")
     assert written["slices"] == sum(e["ph"] == "X" for e in track) and written["arrows"] * 2 == len(flows)
@@ -395,8 +411,10 @@ def test_short_segments_are_joined_under_the_ops_they_ran_in_and_their_time_by_k
     walk, kind, name, label, src, t0, t1 = (np.array(v) for v in zip(*segs))
     kind = np.array([KINDS.index(k) for k in kind])
     name, label = (np.array([texts.index(n) for n in v]) for v in (name, label))
-    out = _short_runs(walk, kind, name, src, t0, t1, np.full(len(segs), 12), label)
-    got = [(w, KINDS[k], texts[n], s, a, b) for w, k, n, s, a, b in zip(*(v.tolist() for v in out))]
+    category = np.where(kind == KINDS.index("kernel"), 4, 0)  # the kernel's category code, kept
+    out = _short_runs(walk, kind, name, src, t0, t1, np.full(len(segs), 12), label, category)
+    assert out[-1].tolist() == [0, 0, 4, 0, 0, 0, 0, 0, 0, 0]
+    got = [(w, KINDS[k], texts[n], s, a, b) for w, k, n, s, a, b in zip(*(v.tolist() for v in out[:-1]))]
     assert got == [(0, "cpu_op", "linear", _NONE, 85, 100), (0, "cpu_op", "mm", _NONE, 80, 85),
                    (0, "kernel", "mm (kernels)", _NONE, 78, 80),  # alone, but under a label: no event either
                    (0, "cpu_op", "d", 4, 40, 78),  # long: its own name and event

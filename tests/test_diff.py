@@ -15,7 +15,8 @@ import pytest
 from conftest import SHARED, read_trace, shared, write_trace
 
 from tracefuse_dask import MergeError, TraceFileNotFoundError, analyze, diff
-from tracefuse_dask.analysis.diff import _spread, label, name_key
+from tracefuse_dask.analysis.diff import _spread, name_key
+from tracefuse_dask.kineto.vocabulary import kernel_label as label
 from tracefuse_dask.cli import main
 from tracefuse_dask.synth import write_example
 

@@ -344,6 +344,10 @@ def _analyze(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
                   f"inconsistent; {s['straggler']['evidence']}", file=sys.stderr)
         if s["critical_path"]:
             print(path_line(s["critical_path"]), file=sys.stderr)
+        if s["bound"]:
+            print(f"bound: {s['bound']['text']}", file=sys.stderr)
+            if s["bound"]["why"]:
+                print(f"why both: {s['bound']['why']}", file=sys.stderr)
         if s["straggler"].get("cause"):
             cause = s["straggler"]["cause"]
             mean = sum(p["duration_us"] for p in s["critical_path"]) / len(s["critical_path"])

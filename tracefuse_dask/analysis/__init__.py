@@ -27,7 +27,7 @@ from .collective_trace import CALL_COLUMNS as CT_COLUMNS
 from .collective_trace import looks_like_collective_trace, parse_collective_trace, summarize
 from .counters import Cutoffs, launch_summary, rank_metrics
 from .collectives import clock_offsets, group_members, instance_metrics, match_collectives, op_summary, straggler
-from .critical_path import stitch, straggler_cause, walks_in
+from .critical_path import bound, stitch, straggler_cause, walks_in
 from .diff import Diff
 from .efficiency import gpu_speed, link_use, node_of
 from .op_perf import by_category, roofline_summary
@@ -560,13 +560,15 @@ def _reduce(results: list[dict[str, Any]], segments_of: Callable[[list[tuple[int
         "slow_gpu": _slow_gpu_verdict(slow_gpu, verdict),
         "roofline": roofline_summary(op_perf_categories := by_category(tables["op_perf"])),
         "outliers": [n for n in stats["note"] if n],
-        "launches": launch_summary(tables["launch_stats"], tables["queue_length"], tables["memory_bw"], stats,
-                                   cutoffs),
+        "launches": (launches := launch_summary(tables["launch_stats"], tables["queue_length"], tables["memory_bw"],
+                                                stats, cutoffs)),
         "kernel_sequences": top_sequences(sequences_of, tables["kernel_sequences"]),
         "collectives": {"calls": len(tables["collectives"]), "matched": len(instances), "problems": len(problems),
                         "problem_examples": problems[:20]},
         "straggler": verdict,
         "critical_path": path_steps,
+        "bound": bound(path_steps, launches, float(np.nanmedian([rt.numbers["idle_pct"] for rt in per_rank])))
+        if gpu else None,  # a CPU-only job's path is the host's
         "critical_path_origin_ns": path_origin,
         "base_time_ns": {str(rt.rank): rt.base for rt in per_rank},
         "collective_trace": {"files": sum(res["ct_files"] for res in results), "calls": len(ct),

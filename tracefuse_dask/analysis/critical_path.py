@@ -7,19 +7,25 @@ set of anchors, always to the predecessor that finished last:
   sibling's end, a first child's for its parent's start);
 - launch -> kernel or memcpy (``args.correlation`` or the ``ac2g`` flow; a CUDA/HIP graph launch -> each of its
   kernels), and the order of each GPU stream;
-- a blocking call (``cuda*Synchronize``, ``cudaEventQuery``, ``cudaMemcpy[Async]`` and the ``hip*`` names) waits
-  for the device work launched before it that ends while it blocks; a kernel after a ``Stream Wait Event`` on its
-  stream waits for the work of the other streams that ended before it, as HolisticTraceAnalysis models them.
+- a blocking call (``vocabulary.SYNC_CALLS`` and ``BLOCKING_COPIES``, by name) does not own the time it blocks:
+  its end leads to the device work it waited for (the latest to end while it blocked among the work queued before
+  it, on the stream its ``Stream Sync`` event names if it has one; a copy: its copy), and only its time after that
+  work ended is its own (``sync overhead``); a kernel after a ``Stream Wait Event`` on its stream waits for the
+  work of the other streams queued before it that ended before it, as HolisticTraceAnalysis models them;
+- a root of a thread other than the steps' that starts after its previous root ended was set going by the steps'
+  thread (``_Walker._woken``).
 
-The anchors are each ``ProfilerStep#N``'s end and each collective call's arrival (its first NCCL/RCCL kernel's
-start; for a CPU collective such as gloo, the start of its call). A walk stops at the step's start or where it
+The anchors are each ``ProfilerStep#N``'s end, or the end of the device work launched in it when that ends later,
+and each collective call's arrival (its first NCCL/RCCL kernel's start; for a CPU collective such as gloo, the
+start of its call). A walk stops at the step's start (a call's: the earliest step whose span holds the call's
+issue, as any of them may reach it; ``stitch`` cuts each step's path at its start) or where it
 meets a collective: the end of a collective kernel, or, for a CPU collective, the wait after its call. Each walk
 gives a chain of segments; only those go to the reduce, segments shorter than a thousandth of its walk joined
 under the op they ran in (``_short_runs``: ``aten::linear (host dispatch)``, ``aten::mm (kernels)``), so that a
 walk sends as many as the ops it runs through, not its events, as codes
 into the rank's texts (``RankTables.texts``), which the reduce decodes for the walks it takes only. On a
-thread, a walk runs along the thread's Euler tour from one choice (a blocking call, a CPU collective) to the
-next without deciding each step.
+thread, a walk runs along the thread's Euler tour from one choice (a blocking call, a CPU collective, a root of
+another thread than the steps') to the next without deciding each step.
 
 Reduce (``stitch``): from the end of each step on the rank that finished last (clocks corrected), follow the
 walks; at a matched collective, the transfer runs from the last participant's arrival, and the walk goes on
@@ -43,17 +49,31 @@ import pandas as pd
 
 from ..kineto.layout import CRITICAL_PATH_PID
 from ..kineto.times import to_ns
-from ..kineto.vocabulary import STEP, is_comm_kernel, is_cpu_op_category
+from ..kineto.vocabulary import (
+    BLOCKING_COPIES,
+    KERNEL_CATEGORIES,
+    STEP,
+    STREAM_SYNC,
+    STREAM_WAIT,
+    SYNC_CALLS,
+    is_comm_kernel,
+    is_cpu_op_category,
+    kernel_category,
+    kernel_label,
+)
 from ..model import Marks
 
 __all__ = [
     "ANCHOR_COLUMNS",
+    "CATEGORIES",
+    "GPU_KINDS",
     "KINDS",
     "LABELS",
     "PATH_COLUMNS",
     "SEGMENT_COLUMNS",
     "WORK_COLUMNS",
     "WORK_KINDS",
+    "bound",
     "path_line",
     "rank_pieces",
     "stitch",
@@ -62,25 +82,28 @@ __all__ = [
     "walks_in",
 ]
 
-KINDS = ("cpu_op", "kernel", "memcpy", "launch gap", "sync wait", "collective transfer", "idle")
+# "sync wait": a stream waiting for another stream's work; "sync overhead": the part of a blocking call (a sync, a
+# blocking copy) after the device work it waited for ended, the call's own time
+KINDS = ("cpu_op", "kernel", "memcpy", "launch gap", "sync wait", "collective transfer", "idle", "sync overhead")
+GPU_KINDS = ("kernel", "memcpy", "sync wait", "collective transfer")  # with "GPU idle": the path's time on the GPU
 _KIND = {k: i for i, k in enumerate(KINDS)}
 _NONE = -(2**62)  # a segment's source when it has no event
-_BLOCKING = frozenset(f"{api}{call}" for api in ("cuda", "hip") for call in (
-    "DeviceSynchronize", "StreamSynchronize", "EventSynchronize", "EventQuery", "Memcpy", "MemcpyAsync"))
-_COPIES = frozenset({"cudaMemcpy", "cudaMemcpyAsync", "hipMemcpy", "hipMemcpyAsync"})
-_STREAM_WAIT = "Stream Wait Event"
+_BLOCKING = SYNC_CALLS | BLOCKING_COPIES
+CATEGORIES = ("", *KERNEL_CATEGORIES)  # a segment's kernel category: "" for time not of device work
 _QUEUED_NS = 50_000  # a kernel that starts this long after both its launch and the work before it on its stream
 _HANDOFF_NS = 20_000  # and this soon after work on another stream ends was waiting for that work
 _SHORT_PER_WALK = 1000  # segments shorter than a walk's length over this are joined in runs (``_short_runs``)
-ANCHOR_COLUMNS = ["anchor", "key", "at_ns", "floor_ns", "stop", "stop_call", "stop_ns", "walk"]
+# ``at_ns``: where the walk starts (a step's: its last work's end); ``host_ns``: a step's host end (its own event's)
+ANCHOR_COLUMNS = ["anchor", "key", "at_ns", "floor_ns", "stop", "stop_call", "stop_ns", "walk", "host_ns"]
 # Segments and work are codes, so that they cost the task, the transfer and the reduce little: ``kind`` into
 # ``KINDS`` or ``WORK_KINDS``, ``name``, ``cat``, ``pid`` and ``tid`` into the rank's texts (``RankTables.texts``:
 # the name, the category, the pid or tid as JSON text, "" for none); ``walk`` is the anchor's row in its rank's
 # anchors; ``event_ns`` the start of the event a segment is time of, in the file's ns (``_NONE``: none).
-SEGMENT_COLUMNS = ["walk", "kind", "name", "start_ns", "end_ns", "pid", "tid", "event_ns"]
+# ``category``: a code into ``CATEGORIES``.
+SEGMENT_COLUMNS = ["walk", "kind", "name", "start_ns", "end_ns", "pid", "tid", "event_ns", "category"]
 WORK_COLUMNS = ["call", "kind", "name", "cat", "count", "ns"]
 WORK_KINDS = ("interval", "cpu_op", "kernel", "memcpy", "idle")
-PATH_COLUMNS = ["step", "order", "rank", "kind", "name", "start_us", "dur_us", "pid", "tid", "event_ts"]
+PATH_COLUMNS = ["step", "order", "rank", "kind", "name", "start_us", "dur_us", "pid", "tid", "event_ts", "category"]
 _CAUSES = {"cpu_op": "host-bound", "launch gap": "host-bound", "idle": "host-bound", "memcpy": "memcpy or data loading",
            "sync wait": "synchronisation", "collective transfer": "synchronisation"}
 
@@ -100,6 +123,8 @@ class _Walker:
         # Per-event values the walks read one at a time are memoryviews of the arrays: a walk reads a few of
         # them, and a view gives Python ints at once where a list would make one per event first.
         order, parent, thread = tree.order, tree.parent, tree.thread
+        self.thread = memoryview(np.asarray(thread, dtype=np.int64))
+        self.main: tuple[int, Sequence[int], Sequence[int]] | None = None  # ``follow_steps``
         self.starts, ends = start[order], end[order]  # per position
         self.hs = memoryview(self.starts)
         self.he = memoryview(ends)
@@ -124,17 +149,24 @@ class _Walker:
         children = np.zeros(m, dtype=np.int64)
         np.add.at(children, up[child], dur[child])
         self.own = dur - children  # each position's time less its children's
-        work = np.flatnonzero(g.kind != "sync")
+        self.work = work = np.flatnonzero(g.kind != "sync")
         self.gs, self.ge = memoryview(g.start), memoryview(g.end)
         self.g = g
         self.gn = g.name.tolist()
-        self.is_copy = memoryview(np.isin(g.kind, ("memcpy", "memset")))
+        is_copy = np.isin(g.kind, ("memcpy", "memset"))
+        self.is_copy = memoryview(is_copy)
+        # each device event's kernel category, as a code into CATEGORIES, computed once per (name, kind)
+        key, first = np.unique(np.asarray(g.code, dtype=np.int64) * 2 + is_copy, return_index=True)
+        codes = np.array([CATEGORIES.index(kernel_category(self.gn[j], _DEVICE_KINDS[int(is_copy[j])])) for j in first],
+                         dtype=np.int64)
+        self.category = codes[np.searchsorted(key, np.asarray(g.code, dtype=np.int64) * 2 + is_copy)]
         self.stream = g.stream
         self.launch_pos = launch_pos
         self.launch = memoryview(launch_pos)  # the launching call's position, -1 when none is known
-        launched = np.full(len(launch_pos), np.iinfo(np.int64).max)  # when its call started (never: none)
-        launched[launch_pos >= 0] = self.starts[launch_pos[launch_pos >= 0]]
-        self.launch_t = memoryview(launched)
+        # when its launch started; work of no known launch was queued before the trace's host side began
+        queued = np.full(len(launch_pos), np.iinfo(np.int64).min)
+        queued[launch_pos >= 0] = self.starts[launch_pos[launch_pos >= 0]]
+        self.queued = memoryview(queued)
         by_start = work[np.lexsort((g.end[work], g.start[work]))]
         stream = g.stream_code
         by_stream = by_start[np.argsort(stream[by_start], kind="stable")]
@@ -146,9 +178,12 @@ class _Walker:
         by_end = work[np.lexsort((work, g.end[work]))]
         self.by_end, self.ends = memoryview(by_end), memoryview(g.end[by_end])
         self.waits: dict[Any, list[int]] = defaultdict(list)  # Stream Wait Event ends per stream
+        self.sync_stream: dict[int, Any] = {}  # a blocking call's position -> the stream its Stream Sync names
         for j in np.flatnonzero(g.kind == "sync").tolist():
-            if self.gn[j] == _STREAM_WAIT:
+            if self.gn[j] == STREAM_WAIT:
                 self.waits[self.stream[j]].append(self.ge[j])
+            elif self.gn[j] == STREAM_SYNC and launch_pos[j] >= 0:
+                self.sync_stream[int(launch_pos[j])] = self.stream[j]
         for v in self.waits.values():
             v.sort()
         self.times = {"ce": self.he, "cs": self.hs, "ge": self.ge, "gs": self.gs}
@@ -184,12 +219,15 @@ class _Walker:
         self.last_special: Sequence[int] = []
 
     def index(self) -> None:
-        """Mark the states where a walk has a choice to make (``_step``), once the collective calls are known: a
-        blocking call's or a CPU collective's end, the start after a CPU collective, a thread's first state."""
+        """Mark the states where a walk has a choice to make (``_step``), once the collective calls and the steps'
+        thread are known: a blocking call's or a CPU collective's end, the start after a CPU collective, a thread's
+        first state, a root's start on another thread than the steps'."""
         calls = np.array(sorted(self.cpu_call), dtype=np.int64)
         blocking = np.array([n in _BLOCKING for n in self.texts], dtype=bool)[self.hn_code]
         is_ce, tk = self.tour_ce, self.tour_k
         special = self.first | np.where(is_ce, np.isin(tk, calls) | blocking[tk], np.isin(self.prev_pos[tk], calls))
+        if self.main is not None:  # a root of another thread than the steps': it may have been woken (``_woken``)
+            special |= ~is_ce & (np.asarray(self.parent)[tk] < 0) & (np.asarray(self.thread)[tk] != self.main[0])
         last = np.maximum.accumulate(np.where(special, np.arange(len(tk)), -1))
         self.last_special = memoryview(last)
         # run_min[i]: the earliest time among states last_special[i] .. i-1, what a walk along the thread from i
@@ -210,25 +248,73 @@ class _Walker:
 
     def _waited_for(self, k: int) -> int:
         """The device work a blocking call at position ``k`` waited for: the latest to end while it blocked,
-        among the work launched before it (a copy: the work it launched); -1 when none."""
+        among the work queued before it (launched before it, or before the trace), on the stream its ``Stream
+        Sync`` event names if it has one (a copy: the work it launched); -1 when none."""
         s, e = self.hs[k], self.he[k]
-        if self.hn[k] in _COPIES:
+        if self.hn[k] in BLOCKING_COPIES:
             mine = [j for j in self.launched_by(k) if s < self.ge[j] <= e]
             return max(mine, key=lambda j: self.ge[j], default=-1)
+        stream = self.sync_stream.get(k)
         i = bisect_right(self.ends, e) - 1
         while i >= 0 and self.ends[i] > s:
             j = self.by_end[i]
-            if self.launch_t[j] < s:
+            if self.queued[j] < s and (stream is None or self.stream[j] == stream):
                 return j
             i -= 1
         return -1
 
+    def follow_steps(self, pos: int) -> None:
+        """Make the thread of the step at position ``pos`` the one a walk goes on to from a root of another thread
+        that began after its thread's previous root ended (``_woken``)."""
+        thread = np.asarray(self.thread)
+        on = np.flatnonzero(thread[self.tour_k] == thread[pos])
+        on = on[np.lexsort((on, self.tour_t[on]))]
+        self.main = (int(thread[pos]), memoryview(on), memoryview(self.tour_t[on]))
+
+    def _woken(self, x: int, t: int) -> tuple[int, tuple[Any, ...]] | None:
+        """The steps' thread's latest state by ``t``, its time and the piece to it, for the start of root ``x`` of
+        another thread (the autograd engine's backward thread, a launcher's), which began when the steps' thread
+        set it going, if its own previous root ended before that: the piece is the steps' thread's own time then
+        (what it ran, or ``CPU idle`` between its roots); None on the steps' own thread, or without steps."""
+        if self.main is None or self.thread[x] == self.main[0]:
+            return None
+        i = bisect_right(self.main[2], t) - 1
+        if i < 0:
+            return None
+        k = self.main[1][i]
+        state = "ce" if self.tour_is_end[k] else "cs", self.tour_x[k]
+        nxt = k + 1  # the thread's own time from state k on is the next state's
+        if nxt < len(self.tour_k) and self.thread[self.tour_k[nxt]] == self.main[0]:
+            src = int(self.own_src[nxt])
+            return self.main[2][i], (KINDS[self.own_kind[nxt]], self.texts[self.own_name[nxt]],
+                                     None if src == _NONE else src, *state)
+        return self.main[2][i], ("idle", "CPU idle", None, *state)
+
+    def last_of(self, state: tuple[str, int], start: int | None, end: int | None) -> tuple[str, int]:
+        """``state`` (a host event's end), or the end of the device work launched in ``[start, end)`` (any, when
+        None) that ends last, when it ends later."""
+        by, at = self._by_queued
+        mine = by if start is None else by[np.searchsorted(at, start):np.searchsorted(at, end)]
+        if not len(mine):
+            return state
+        j = int(mine[np.argmax(np.asarray(self.ge)[mine])])
+        return ("ge", j) if self.ge[j] > self._time(*state) else state
+
+    @cached_property
+    def _by_queued(self) -> tuple[np.ndarray, np.ndarray]:
+        """The device work by when it was queued (stable), and those times."""
+        queued = np.asarray(self.queued)[self.work]
+        by = np.argsort(queued, kind="stable")
+        return self.work[by], queued[by]
+
     def _other_stream(self, j: int, after: int) -> int:
-        """Work on another stream that ended last in ``(after, start of j]``, for a kernel behind a stream wait."""
+        """Work on another stream that ended last in ``(after, start of j]``, for a kernel behind a stream wait: work
+        queued before ``j`` was (what ``j`` waits for was recorded before ``j``'s launch)."""
         i = bisect_right(self.ends, self.gs[j]) - 1
+        known = self.launch[j] >= 0
         while i >= 0 and self.ends[i] > after:
             q = self.by_end[i]
-            if self.stream[q] != self.stream[j]:
+            if self.stream[q] != self.stream[j] and (not known or self.queued[q] < self.queued[j]):
                 return q
             i -= 1
         return -1
@@ -298,21 +384,22 @@ class _Walker:
         launch gaps, or that launched it, for device work (``aten::mm (kernels)``); its own name for the rest (idle
         time, a sync wait, a collective's transfer, device work of no known launch)."""
         out = name.copy()
-        kinds = np.asarray(KINDS)[kind]
-        host = np.isin(kinds, ("cpu_op", "launch gap")) & (src >= 0)
-        device = np.isin(kinds, _DEVICE_KINDS) & (src < 0) & (src != _NONE)
+        host = np.isin(kind, [_KIND["cpu_op"], _KIND["launch gap"]]) & (src >= 0)
+        device = np.isin(kind, [_KIND[k] for k in _DEVICE_KINDS]) & (src < 0) & (src != _NONE)
         at = np.full(len(src), -1, dtype=np.int64)
         at[host] = src[host]
         at[device] = self.launch_pos[-1 - src[device]]
         has = at >= 0
-        top = np.where(has, self._top_op[np.where(has, at, 0)], -1)
+        if not has.any():
+            return out
+        kind, at = kind[has], at[has]
+        top = self._top_op[at]
         op = np.where(top >= 0, top, at)
-        suffix = np.select([kinds == "launch gap", kinds == "kernel", kinds == "memcpy", top >= 0,
-                            self._is_step[np.where(has, op, 0)]], list(LABELS[:-1]), LABELS[-1])
-        if has.any():
-            suffix_code, suffixes = pd.factorize(suffix[has])
-            pairs, inverse = np.unique(np.stack([self.hn_code[op[has]], suffix_code]), axis=1, return_inverse=True)
-            out[has] = self.codes([f"{self.texts[n]}{suffixes[k]}" for n, k in pairs.T.tolist()])[inverse.ravel()]
+        suffix = np.select([kind == _KIND["launch gap"], kind == _KIND["kernel"], kind == _KIND["memcpy"], top >= 0,
+                            self._is_step[op]], [0, 1, 2, 3, 4], 5)  # into LABELS
+        n = len(LABELS)  # (name, suffix) pairs as one key: a 1-d unique, far faster than unique(axis=1)
+        pairs, inverse = np.unique(self.hn_code[op].astype(np.int64) * n + suffix, return_inverse=True)
+        out[has] = self.codes([f"{self.texts[k // n]}{LABELS[k % n]}" for k in pairs.tolist()])[inverse]
         return out
 
     def code(self, text: str) -> int:
@@ -339,15 +426,18 @@ class _Walker:
             if name in _BLOCKING:
                 j = self._waited_for(x)
                 if j >= 0 and self.ge[j] >= (self.he[c] if c >= 0 else self.hs[x]):
-                    return "sync wait", name, x, "ge", j
+                    return "sync overhead", name, x, "ge", j
             return ("cpu_op", name, x, "ce", c) if c >= 0 else ("cpu_op", name, x, "cs", x)
         if where == "cs":
             ps, p = self.prev[x], self.parent[x]
-            if ps >= 0:
-                if ps in self.cpu_call:
-                    return "call", self.cpu_call[ps]
-                return ("cpu_op", self.hn[p], p, "ce", ps) if p >= 0 else ("idle", "CPU idle", None, "ce", ps)
-            return ("cpu_op", self.hn[p], p, "cs", p) if p >= 0 else None
+            if ps >= 0 and ps in self.cpu_call:
+                return "call", self.cpu_call[ps]
+            if p >= 0:
+                return ("cpu_op", self.hn[p], p, "ce", ps) if ps >= 0 else ("cpu_op", self.hn[p], p, "cs", p)
+            woken = self._woken(x, t)  # a root: after the thread's previous root, or when another thread woke it
+            if ps >= 0 and (woken is None or woken[0] <= self.he[ps]):
+                return "idle", "CPU idle", None, "ce", ps
+            return woken[1] if woken else None
         if where == "ge":
             if x in self.gpu_call:
                 return "call", self.gpu_call[x]
@@ -369,9 +459,13 @@ class _Walker:
             q = self._other_stream(x, held if not waited else after)
             if q >= 0 and (waited or t - self.ge[q] <= _HANDOFF_NS) and (
                     best is None or (min(self.ge[q], t), 1) > best[:2]):
-                best = (min(self.ge[q], t), 1, ("sync wait", _STREAM_WAIT, None, "ge", q))
+                best = (min(self.ge[q], t), 1, ("sync wait", STREAM_WAIT, None, "ge", q))
         if launched is not None and (best is None or (min(launched, t), 0) > best[:2]):
-            best = (min(launched, t), 0, ("launch gap", self.gn[x], lp, "cs", lp))
+            if t - max(self.he[lp], after) > _QUEUED_NS:  # long after its launch returned, its stream free: the
+                # device held it (a dependency the trace does not show); the launch call's own time comes before
+                best = (min(self.he[lp], t), 0, ("idle", "GPU idle", None, "ce", lp))
+            else:
+                best = (min(launched, t), 0, ("launch gap", self.gn[x], lp, "cs", lp))
         return best[2] if best else None
 
 
@@ -432,32 +526,50 @@ def rank_pieces(start: np.ndarray, end: np.ndarray, name_code: np.ndarray, names
             if k is not None:
                 w.cpu_call[k] = int(c)
                 arrivals[int(c)] = ("cs", k)
+    if step_spans:
+        w.follow_steps(int(tree.pos[step_pos[step_spans[0][0]]]))
     w.index()
+    # a step ends when the last of its work does: its own event, or the device work launched in it that ends later
+    ends = [w.last_of(("ce", int(tree.pos[step_pos[n]])), s, e) for n, s, e in step_spans]
     starts = [s for _, s, _ in step_spans]
+    issued = {int(c): int(t) - base for c, t in zip(calls["index"], calls["cpu_start_ns"]) if pd.notna(t)}
 
-    def floor_of(t: int) -> float:
+    def floor_of(c: int) -> float:
+        """The start of the step whose host span holds call ``c``'s issue (its device work may run after)."""
+        t = issued.get(c, w._time(*arrivals[c]))
         i = bisect_right(starts, t) - 1
-        return step_spans[i][1] if i >= 0 and t < step_spans[i][2] else -np.inf
+        return starts[i] if i >= 0 and t < step_spans[i][2] else -np.inf
+
+    first, last = np.array(starts, dtype=np.int64), np.array([w._time(*e) for e in ends], dtype=np.int64)
+
+    def walk_floor(c: int) -> float:
+        """Where call ``c``'s walk stops: the start of the earliest step whose span, its device work included, holds
+        the call's issue, as any of them may reach the call (``stitch`` cuts each step's path at its start)."""
+        t = issued.get(c, w._time(*arrivals[c]))
+        holds = first[(first <= t) & (t < last)]
+        return int(holds.min()) if len(holds) else floor_of(c)
 
     anchors, walks = [], []
-    todo: list[tuple[str, int, tuple[str, int], float]] = [
-        ("step", n, ("ce", int(tree.pos[step_pos[n]])), s) for n, s, _ in step_spans]
-    if not step_spans:  # no steps: the whole trace, from the host event that ends last
-        # not Kineto's span of the whole profile
+    # (anchor, key, state, floor, the host's end of the step)
+    todo: list[tuple[str, int, tuple[str, int], float, int | None]] = [
+        ("step", n, end, s, e) for (n, s, e), end in zip(step_spans, ends)]
+    if not step_spans:  # no steps: the whole trace, from the host event (not Kineto's span of the whole profile)
+        # or the device work that ends last
         ops = np.flatnonzero(np.array([c.lower() != "trace" for c in cats], dtype=bool)[w.hc_code]).tolist()
         if ops:
-            todo.append(("step", -1, ("ce", max(ops, key=lambda k: (w.he[k], -k))), -np.inf))
-    todo += [("call", c, state, floor_of(w._time(*state))) for c, state in sorted(arrivals.items())]
-    for anchor, key, state, floor in todo:
+            last = max(ops, key=lambda k: (w.he[k], -k))
+            todo.append(("step", -1, w.last_of(("ce", last), None, None), -np.inf, w.he[last]))
+    todo += [("call", c, state, walk_floor(c), None) for c, state in sorted(arrivals.items())]
+    for anchor, key, state, floor, host_end in todo:
         pieces, (stop, call, t) = w.walk(state, floor)
         at = w._time(*state)
         anchors.append((anchor, key, at + base, floor + base if np.isfinite(floor) else None, stop, call, t + base,
-                        len(anchors)))
+                        len(anchors), None if host_end is None else host_end + base))
         walks.append((pieces, (at - t) // _SHORT_PER_WALK))
     anchors_df = pd.DataFrame(anchors, columns=ANCHOR_COLUMNS)
     # the nullable columns from the rows: pandas makes ints and None float64, which moves absolute ns (1.7e18), and
     # so each step's start on the path, by up to 128 ns
-    for c in ("floor_ns", "stop_call"):
+    for c in ("floor_ns", "stop_call", "host_ns"):
         anchors_df[c] = pd.array([row[ANCHOR_COLUMNS.index(c)] for row in anchors], dtype="Int64")
     segments = _segments(w, walks, start, pids, tids, np.concatenate([tree.order, g.index]), base)
     return (anchors_df, *_used_texts(segments, _work(w, calls, arrivals, floor_of, base), w.texts))
@@ -526,13 +638,17 @@ def _segments(w: _Walker, walks: list[tuple[list[Any], int]], start: np.ndarray,
     head = np.flatnonzero(np.concatenate([[True], ~same]))
     tail = np.append(head[1:], len(t0)) - 1
     limit = np.array([short for _, short in walks], dtype=np.int64)
-    walk, kind, name, src, t0, t1 = _short_runs(walk[head], kind[head], name[head], src[head], t0[tail], t1[head],
-                                                limit[walk[head]], w.labels(kind[head], name[head], src[head]))
+    device = (src[head] < 0) & (src[head] != _NONE) & np.isin(kind[head], [_KIND[k] for k in _DEVICE_KINDS])
+    category = np.where(device, w.category[np.where(device, -1 - src[head], 0)], 0) if len(w.gs) else \
+        np.zeros(len(head), dtype=np.int64)
+    walk, kind, name, src, t0, t1, category = _short_runs(
+        walk[head], kind[head], name[head], src[head], t0[tail], t1[head], limit[walk[head]],
+        w.labels(kind[head], name[head], src[head]), category)
     has = src != _NONE
     event = event_of[np.where(src >= 0, src, np.where(has, len(w.hs) - 1 - src, 0))]
     pid, tid = (_text_codes(w, v[event], has) for v in (pids, tids))
     return pd.DataFrame({"walk": walk, "kind": kind, "name": name, "start_ns": t0 + base, "end_ns": t1 + base,
-                         "pid": pid, "tid": tid, "event_ns": np.where(has, start[event], _NONE)},
+                         "pid": pid, "tid": tid, "event_ns": np.where(has, start[event], _NONE), "category": category},
                         columns=SEGMENT_COLUMNS)
 
 
@@ -544,28 +660,29 @@ def _text_codes(w: _Walker, values: np.ndarray, has: np.ndarray) -> np.ndarray:
 
 
 def _short_runs(walk: np.ndarray, kind: np.ndarray, name: np.ndarray, src: np.ndarray, t0: np.ndarray,
-                t1: np.ndarray, limit: np.ndarray, label: np.ndarray) -> tuple[np.ndarray, ...]:
+                t1: np.ndarray, limit: np.ndarray, label: np.ndarray, category: np.ndarray) -> tuple[np.ndarray, ...]:
     """Segments (latest first within each walk) with those shorter than their row's ``limit`` ns joined under the
     ops they ran in, so that a rank's walks stay small whatever its event count.
 
     A short segment takes its ``label`` (the op it counts for, ``_Walker.labels``), and loses its event unless that
     is its own name. Each run of consecutive short ones of one kind becomes one segment per label, with the label's
     time in the run, laid end to end from the run's end in the order the labels first come: a run of one label is
-    one segment over its span, and a run of many has as many segments as it has ops, not pieces. Each walk's time,
-    its time by kind and by label are unchanged; in a run of many labels a segment lies within the run's span, not
-    over its op's own pieces."""
+    one segment over its span, and a run of many has as many segments as it has ops, not pieces (an op's device
+    work one per kernel category). Each walk's time, its time by kind, by label and by category are unchanged; in a
+    run of many labels a segment lies within the run's span, not over its op's own pieces."""
     short = t1 - t0 < limit
     src = np.where(short & (label != name), _NONE, src)
     name = np.where(short, label, name)
     head = np.flatnonzero(np.r_[True, ~(short[1:] & short[:-1] & (kind[1:] == kind[:-1]) & (walk[1:] == walk[:-1]))])
     run = np.repeat(np.arange(len(head)), np.diff(np.append(head, len(t0))))
-    by = pd.DataFrame({"run": run, "name": name, "ns": t1 - t0}).groupby(["run", "name"], sort=False)["ns"].sum()
-    r, name = (by.index.get_level_values(i).to_numpy() for i in (0, 1))
+    by = pd.DataFrame({"run": run, "name": name, "category": category, "ns": t1 - t0}).groupby(
+        ["run", "name", "category"], sort=False)["ns"].sum()
+    r, name, category = (by.index.get_level_values(i).to_numpy() for i in (0, 1, 2))
     ns = by.to_numpy()
     first = head[r]
     end = t1[first] - (pd.Series(ns).groupby(r).cumsum().to_numpy() - ns)  # after the labels before in the run
     alone = np.bincount(run)[r] == 1
-    return walk[first], kind[first], name, np.where(alone, src[first], _NONE), end - ns, end
+    return walk[first], kind[first], name, np.where(alone, src[first], _NONE), end - ns, end, category
 
 
 def _work(w: _Walker, calls: pd.DataFrame, arrivals: Mapping[int, tuple[str, int]], floor_of: Any,
@@ -582,7 +699,7 @@ def _work(w: _Walker, calls: pd.DataFrame, arrivals: Mapping[int, tuple[str, int
     prev_end = -np.inf
     for c in sorted(arrivals):
         b = w._time(*arrivals[c])
-        a = max(prev_end, floor_of(b))
+        a = max(prev_end, floor_of(c))
         prev_end = max(prev_end, ends.get(c, b))
         if np.isfinite(a):
             spans.append((c, int(a), b))
@@ -662,9 +779,12 @@ def stitch(anchors: pd.DataFrame, segments_of: Callable[[list[tuple[int, int]]],
     -------
     path, steps, origin
         One row per segment (``PATH_COLUMNS``, ``start_us`` from ``origin``); per step ``{step, start_us,
-        duration_us, path_us, by_rank, by_kind, top}``; the absolute ns (clocks corrected) where the first step
-        starts. A step runs from its earliest start on any rank to its latest end; when the path's first rank
-        began it later, that wait is an ``idle`` segment. Step -1 is the whole trace, for ranks without steps.
+        duration_us, host_us, path_us, gpu_us, by_rank, by_kind, by_category, syncs, top}``; the absolute ns
+        (clocks corrected) where the first step starts. A step runs from its earliest start on any rank to its
+        latest end, the end of the device work launched in it included (``host_us``: to its latest host end, the
+        step's period on the host); steps whose device work runs into the next step's overlap. When the path's
+        first rank began it later, that wait is an ``idle`` segment. Step -1 is the whole trace, for ranks without
+        steps.
     """
     if anchors.empty:
         return pd.DataFrame(columns=PATH_COLUMNS), [], 0
@@ -684,10 +804,13 @@ def stitch(anchors: pd.DataFrame, segments_of: Callable[[list[tuple[int, int]]],
         members[i].append((r, c))
         instance_of[(r, c)] = i
     chains: list[tuple[int, list[Any], int | None, int]] = []  # per step: its anchors' walks and transfers
-    ends = a[a["anchor"] == "step"].assign(end=a["at_ns"] - a["shift"], floor=a["floor_ns"] - a["shift"])
+    ends = a[a["anchor"] == "step"].assign(end=a["at_ns"] - a["shift"], floor=a["floor_ns"] - a["shift"],
+                                           host=a["host_ns"] - a["shift"])
     latest = ends["end"] == ends.groupby("key")["end"].transform("max")
     by_step = pd.DataFrame({"last": ends[latest].groupby("key")["rank"].min(),
-                            "begin": ends.groupby("key")["floor"].min(), "end": ends.groupby("key")["end"].max()})
+                            "begin": ends.groupby("key")["floor"].min(), "end": ends.groupby("key")["end"].max(),
+                            "host": ends.groupby("key")["host"].max()})
+    host_end = dict(zip(by_step.index.tolist(), by_step["host"].astype("int64").tolist()))
     for step, last, begin, end in zip(by_step.index.tolist(), by_step["last"].tolist(), by_step["begin"].tolist(),
                                       by_step["end"].tolist()):
         begin = None if pd.isna(begin) else int(begin)
@@ -702,6 +825,8 @@ def stitch(anchors: pd.DataFrame, segments_of: Callable[[list[tuple[int, int]]],
             if row.stop != "call":
                 break
             c, t = int(row.stop_call), int(row.stop_ns) - row.shift
+            if begin is not None and t <= begin:  # the walk reached the step's start: the rest is cut anyway
+                break
             inst = instance_of.get((r, c))
             nxt = (r, c)
             if inst is not None:
@@ -710,15 +835,18 @@ def stitch(anchors: pd.DataFrame, segments_of: Callable[[list[tuple[int, int]]],
                     nxt = who[0][1]
             t0 = min(arrival.get(nxt, t), t)
             if t0 < t:
-                chain.append((nxt[0], "collective transfer", op_of.get((r, c), "collective"), t0, t, "", "", np.nan))
+                chain.append((nxt[0], "collective transfer", op_of.get((r, c), "collective"), t0, t, "", "", np.nan,
+                              ""))
+            if begin is not None and t0 <= begin:
+                break
             cur = (nxt[0], "call", nxt[1])
         chains.append((int(step), chain, begin, int(end)))
     wanted = sorted({(w.anchor[0], walk) for _, chain, _, _ in chains for w in chain if type(w) is _Walks
                      for walk in walks_of[w.anchor]})
     segments = segments_of(wanted) if wanted else pd.DataFrame()
     rows_of = _runs(segments["rank"].to_numpy(), segments["walk"].to_numpy()) if len(segments) else {}
-    columns = [segments[c].to_numpy() for c in ("kind", "name", "start_ns", "end_ns", "pid", "tid", "event_ns")
-               ] if len(segments) else []
+    columns = [segments[c].to_numpy() for c in ("kind", "name", "start_ns", "end_ns", "pid", "tid", "event_ns",
+                                                "category")] if len(segments) else []
 
     def segs_of(cur: tuple[int, str, int], shift: int) -> list[tuple[Any, ...]]:
         """The segments of an anchor's walks, decoded, on the rank's corrected clock. ``event_ts`` is the event's
@@ -727,8 +855,9 @@ def stitch(anchors: pd.DataFrame, segments_of: Callable[[list[tuple[int, int]]],
         idx = [rows_of[(r, walk)] for walk in walks_of[cur] if (r, walk) in rows_of]
         if not idx:
             return []
-        return [(r, KINDS[k], text[n], t0 - shift, t1 - shift, text[p], text[q], t / 1000 if t != _NONE else np.nan)
-                for k, n, t0, t1, p, q, t in zip(*(np.concatenate([v[i] for i in idx]).tolist() for v in columns))]
+        return [(r, KINDS[k], text[n], t0 - shift, t1 - shift, text[p], text[q], t / 1000 if t != _NONE else np.nan,
+                 CATEGORIES[c])
+                for k, n, t0, t1, p, q, t, c in zip(*(np.concatenate([v[i] for i in idx]).tolist() for v in columns))]
     paths: list[tuple[int, list[tuple[Any, ...]], int, int]] = []
     for step, chain, begin, end in chains:
         path: list[tuple[Any, ...]] = []
@@ -737,14 +866,16 @@ def stitch(anchors: pd.DataFrame, segments_of: Callable[[list[tuple[int, int]]],
         path.sort(key=lambda p: (p[3], p[4]))
         if begin is None:  # no steps: the whole trace, from where the path starts
             begin = path[0][3] if path else int(end)
+        # a call's walk may go back past this step's start (to an earlier step's, whose device work the call ran in)
+        path = [p if p[3] >= begin else (*p[:3], begin, *p[4:]) for p in path if p[4] > begin]
         if path and path[0][3] > begin:  # the rank where the path starts began the step after another rank did
             path.insert(0, (path[0][0], "idle", f"not yet in ProfilerStep#{step}", begin, path[0][3], "", "",
-                            np.nan))
+                            np.nan, ""))
         paths.append((step, path, begin, end))
     origin = min((b for _, _, b, _ in paths), default=0)
     rows = [(step, k, r, kind, name, (t0 - origin) / 1e3, (t1 - t0) / 1e3, *event)
             for step, path, _, _ in paths for k, (r, kind, name, t0, t1, *event) in enumerate(path)]
-    steps = [_step_summary(step, path, (b - origin) / 1e3, e - b) for step, path, b, e in paths]
+    steps = [_step_summary(step, path, (b - origin) / 1e3, e - b, host_end[step] - b) for step, path, b, e in paths]
     return pd.DataFrame(rows, columns=PATH_COLUMNS), steps, int(origin)
 
 
@@ -776,22 +907,33 @@ def _arrivals(calls: pd.DataFrame, off: Mapping[int, int]) -> dict[tuple[int, in
     return {(int(r), int(c)): int(v) - off.get(int(r), 0) for r, c, v in zip(calls["rank"], calls["index"], t)}
 
 
-def _step_summary(step: int, path: Sequence[tuple[Any, ...]], start_us: float,
-                  duration_ns: int) -> dict[str, Any]:
+def _step_summary(step: int, path: Sequence[tuple[Any, ...]], start_us: float, duration_ns: int,
+                  host_ns: int) -> dict[str, Any]:
     by_rank: dict[int, float] = defaultdict(float)
     by_kind: dict[str, float] = defaultdict(float)
     by_item: dict[tuple[int, str, str], float] = defaultdict(float)
-    for r, kind, name, t0, t1, *_ in path:
+    by_category: dict[str, float] = defaultdict(float)
+    syncs: dict[str, float] = defaultdict(float)
+    gpu = 0.0
+    for r, kind, name, t0, t1, *_, category in path:
         d = (t1 - t0) / 1e3
         by_rank[r] += d
         by_kind[kind] += d
         by_item[(r, kind, name)] += d
+        if category:
+            by_category[category] += d
+        if kind in GPU_KINDS or name == "GPU idle":
+            gpu += d
+        elif kind == "sync overhead":
+            syncs[name] += d
     total = sum(by_rank.values())
     top = sorted(by_item.items(), key=lambda kv: (-kv[1], kv[0]))[:10]
     return {"step": step, "start_us": round(start_us, 3), "duration_us": round(duration_ns / 1e3, 3),
-            "path_us": round(total, 3),
+            "host_us": round(host_ns / 1e3, 3), "path_us": round(total, 3), "gpu_us": round(gpu, 3),
             "by_rank": {str(r): round(v, 3) for r, v in sorted(by_rank.items())},
             "by_kind": {k: round(v, 3) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
+            "by_category": {k: round(v, 3) for k, v in sorted(by_category.items(), key=lambda kv: (-kv[1], kv[0]))},
+            "syncs": [k for k, _ in sorted(syncs.items(), key=lambda kv: (-kv[1], kv[0]))],
             "top": [{"rank": r, "kind": k, "name": n, "us": round(v, 3), "share": round(v / total, 4) if total else 0.0}
                     for (r, k, n), v in top]}
 
@@ -872,7 +1014,7 @@ def _cause_class(kind: str, name: str, n_mine: int, n_theirs: int) -> str:
     if kind == "kernel":
         return "more work" if n_mine > n_theirs else "slower kernels"
     if kind == "cpu_op" and name in _BLOCKING:
-        return "memcpy or data loading" if name in _COPIES else "synchronisation"
+        return "memcpy or data loading" if name in BLOCKING_COPIES else "synchronisation"
     return _CAUSES.get(kind, "host-bound")
 
 
@@ -881,7 +1023,9 @@ def _what_if(rank: int, path: pd.DataFrame, steps: Sequence[dict[str, Any]],
     """The mean step time with ``rank``'s extra work (per step, by (kind, name)) taken off its critical path."""
     if not steps:
         return None
-    mine = path[path["rank"] == rank].groupby(["step", "kind", "name"])["dur_us"].sum()
+    # a blocking call's own time on the path is its ``sync overhead``; in the work it is a cpu_op's own time
+    kind = path["kind"].replace({"sync overhead": "cpu_op"})
+    mine = path.assign(kind=kind)[path["rank"] == rank].groupby(["step", "kind", "name"])["dur_us"].sum()
     out = []
     for s in steps:
         on_path = mine.get(s["step"]) if s["step"] in mine.index.get_level_values(0) else None
@@ -939,8 +1083,53 @@ def trace_marks(path: pd.DataFrame, origin_ns: int, bases_ns: Mapping[int, int],
 def path_line(steps: list[dict[str, Any]]) -> str:
     """One line on the slowest step's critical path: its length, and what takes most of it."""
     slow = max(steps, key=lambda p: p["duration_us"])
-    step = "the whole trace" if slow["step"] < 0 else f"ProfilerStep#{slow['step']}"
-    top = ", ".join(f"`{t['name']}` on rank {t['rank']} ({t['kind']}) {t['share']:.0%}" for t in slow["top"][:3])
+    top = ", ".join(f"`{kernel_label(t['name'], 80)}` on rank {t['rank']} ({t['kind']}) {t['share']:.0%}"
+                    for t in slow["top"][:3])
     kinds = ", ".join(f"{k} {v / slow['path_us']:.0%}" for k, v in list(slow["by_kind"].items())[:3])
-    return (f"critical path of the slowest step ({step}, {slow['duration_us'] / 1e3:,.1f} ms, across ranks "
-            f"{', '.join(slow['by_rank'])}): {kinds}; most of it: {top}")
+    return (f"critical path of the slowest step ({_step_name(slow)}, {slow['duration_us'] / 1e3:,.1f} ms, across "
+            f"ranks {', '.join(slow['by_rank'])}): {kinds}; most of it: {top}")
+
+
+def bound(steps: list[dict[str, Any]], launches: Mapping[str, Any] | None,
+          idle_pct: float | None) -> dict[str, Any] | None:
+    """What bounds the slowest step, from its critical path (``summary.json``'s ``bound``): GPU-bound when most of
+    the path is GPU work (kernels, copies, collectives and the GPU's gaps between them, ``GPU_KINDS``), else
+    host-bound, with the evidence (the GPU work by kernel category, or the host's biggest items, and the blocking
+    calls that waited for the GPU); ``why``, a line where the launches (``launch_summary``) or the breakdown (the
+    median rank's GPU idle %, ``idle_pct``) seem to say otherwise. None without a path."""
+    if not steps:
+        return None
+    slow = max(steps, key=lambda p: p["duration_us"])
+    total = slow["path_us"]
+    share = slow["gpu_us"] / total if total else 0.0
+    which = f"{_step_name(slow)}, {slow['duration_us'] / 1e3:,.1f} ms"
+    delay = launches["median_launch_delay_us"] if launches else None
+    why = None
+    if share >= 0.5:
+        transfer = slow["by_kind"].get("collective transfer", 0.0)
+        gaps = slow["gpu_us"] - sum(slow["by_category"].values()) - transfer  # GPU idle between queued work, waits
+        parts = sorted([*slow["by_category"].items(), ("collectives", transfer), ("gaps between GPU work", gaps)],
+                       key=lambda kv: -kv[1])
+        work = ", ".join(f"{c} {v / total:.0%}" for c, v in parts[:3] if v > 0)
+        text = f"GPU-bound: {share:.0%} of the slowest step's critical path ({which}) is GPU work: {work}"
+        if slow["syncs"]:
+            text += f"; the host waits in `{slow['syncs'][0]}` for it"
+        if idle_pct is not None and idle_pct > 50:
+            why = (f"the GPU is idle {idle_pct:.0f}% of the trace (breakdown), yet the step waited for it: "
+                   + (f"{gaps / total:.0%} of the path is gaps between GPU work already queued, held by what the "
+                      f"trace does not show (another stream's event, the network, a copy), not by the host"
+                      if gaps / total > 0.25 else "its idle time is in other steps, or in gaps the step's end did "
+                                                   "not wait for"))
+    else:
+        host = [t for t in slow["top"] if t["kind"] not in GPU_KINDS and t["name"] != "GPU idle"][:3]
+        items = ", ".join(f"`{kernel_label(t['name'], 80)}` {t['share']:.0%}" for t in host)
+        text = f"host-bound: {1 - share:.0%} of the slowest step's critical path ({which}) is on the host: {items}"
+        if delay is not None and delay > launches["cutoffs"]["launch_delay_us"]:
+            why = (f"kernels wait {delay:,.0f} µs in their launch queues (median, launches), so the GPU is behind the "
+                   f"host at times; yet the step's end waited for the host, not for that GPU work")
+    return {"bound": "GPU" if share >= 0.5 else "host", "step": slow["step"], "gpu_share": round(share, 4),
+            "text": text, "why": why}
+
+
+def _step_name(step: Mapping[str, Any]) -> str:
+    return "the whole trace" if step["step"] < 0 else f"ProfilerStep#{step['step']}"

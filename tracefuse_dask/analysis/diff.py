@@ -1,8 +1,9 @@
 """Two runs compared (``tracefuse diff``): pure functions on two ``Analysis`` objects, no IO and no Dask.
 
 Every figure is per step, so that runs of different lengths compare: a rank's total over its trace divided by
-the run's steps (each step's length across ranks, as the critical path measures it; the whole trace counts as
-one without steps). A job-wide figure is the mean over the run's ranks (the job's total over its ranks; a rank
+the run's steps (each step's period across ranks: its earliest host start to its latest host end, ``host_us``, as
+each rank's step times measure it, not the device work it leaves running into the next step; the whole trace
+counts as one without steps). A job-wide figure is the mean over the run's ranks (the job's total over its ranks; a rank
 without the name counts 0), the job's step time the median over its steps.
 
 Noise. A run's spread is ``2 × 1.4826 × MAD / median`` of its step times (about two standard deviations for
@@ -22,7 +23,7 @@ is not one: its items are reported, and the route change is a note that names th
 
 Identity. A kernel or op is its exact name (``name_key``: only what differs between two runs of one program, an
 address or a step number, is normalised; template arguments and parameter lists are the kernel: ``…_nt_align1``
-and ``…_nn_align1`` are two GEMMs). Names are shortened for the verdict and the page only (``label``); the JSON
+and ``…_nn_align1`` are two GEMMs). Names are shortened for the verdict and the page only (``vocabulary.kernel_label``); the JSON
 and Parquet tables keep them whole. Op groups are compared as the op performance models define them (``op_perf``:
 name, input dims, input types, concrete inputs), with their time per call, TFLOP/s and % of roofline. A group's
 main kernel (the one with most time) that exists in one run only, while the other run's group has a main kernel
@@ -44,14 +45,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from ..kineto.vocabulary import is_comm_kernel, kernel_type
+from ..kineto.vocabulary import is_comm_kernel, kernel_label, kernel_type
 from .critical_path import LABELS
 from .op_perf import OP_PERF_COLUMNS
 
 if TYPE_CHECKING:
     from . import Analysis
 
-__all__ = ["BREAKDOWN", "ITEM_COLUMNS", "RUN_VARIANT", "Diff", "compare", "label", "name_key"]
+__all__ = ["BREAKDOWN", "ITEM_COLUMNS", "RUN_VARIANT", "Diff", "compare", "name_key"]
 
 MIN_CHANGE_PCT = 1.0
 MIN_SHARE = 0.01
@@ -78,7 +79,6 @@ RUN_VARIANT = (
 )
 _STEP = "ProfilerStep#"  # the step itself: its time is the step's, never a root change
 _PATH_LABEL = "(?:" + "|".join(map(re.escape, LABELS)) + ")$"  # what a critical-path name adds to its op's
-_NAMESPACES = re.compile(r"\b(?:at::native::|at::|c10::|std::|\(anonymous namespace\)::)")
 
 
 @dataclass
@@ -101,23 +101,6 @@ def name_key(name: str) -> str:
     text = str(name)
     for pattern, replacement in RUN_VARIANT:
         text = pattern.sub(replacement, text)
-    return text
-
-
-def label(name: str, length: int = 120) -> str:
-    """A kernel name shortened for reading (the verdict, the page): no ``void``, no namespaces such as
-    ``at::native::``, no trailing parameter list, at most ``length`` characters (cut in the middle)."""
-    text = _NAMESPACES.sub("", str(name).removeprefix("void "))
-    if "<" in text and text.endswith(")"):  # a template's parameter list repeats its arguments
-        depth = 0
-        for i in range(len(text) - 1, -1, -1):
-            depth += {")": 1, "(": -1}.get(text[i], 0)
-            if depth == 0:
-                text = f"{text[:i]}(…)"
-                break
-    if len(text) > length:
-        half = (length - 1) // 2
-        text = f"{text[:half]}…{text[-half:]}"
     return text
 
 
@@ -247,7 +230,9 @@ class _Side:
         self.a, self.label = a, label
         s = a.summary
         self.ranks = [int(r) for r in s["ranks"]]
-        self.steps_us = [float(p["duration_us"]) for p in s.get("critical_path") or []]
+        # a step's period on the host, as the per-rank step times (breakdown_by_step) measure it; its path also
+        # holds the device work that runs on into the next step (duration_us); a report before host_us: that
+        self.steps_us = [float(p.get("host_us", p["duration_us"])) for p in s.get("critical_path") or []]
         if not self.steps_us:
             raise ValueError(f"the {label} run has no step times (its analysis found no critical path: no host "
                              "events?)")
@@ -328,7 +313,7 @@ class _Side:
 
     def step_rows(self) -> pd.DataFrame:
         """The run's step times: the job's (rank -1) and each rank's."""
-        rows = [{"run": self.label, "rank": -1, "step": p["step"], "step_us": p["duration_us"]}
+        rows = [{"run": self.label, "rank": -1, "step": p["step"], "step_us": p.get("host_us", p["duration_us"])}
                 for p in self.a.summary["critical_path"]]
         rows += [{"run": self.label, "rank": r, "step": k, "step_us": us} for r, (ks, us_) in self.rank_steps.items()
                  for k, us in zip(ks, us_)]
@@ -418,7 +403,7 @@ def _labelled(items: pd.DataFrame, renamed: Mapping[str, str]) -> pd.DataFrame:
     and a renamed kernel's names in ``base_kernel`` and ``new_kernel``."""
     kernel = items["what"] == "kernel"
     named = kernel | (items["what"] == "critical path")
-    short = {n: label(n) for n in items.loc[named & (items["rank"] == -1), "name"]}
+    short = {n: kernel_label(n) for n in items.loc[named & (items["rank"] == -1), "name"]}
     items["label"] = items["label"].fillna(items["name"].where(~named, items["name"].map(short)))
     old = {n: o for o, n in renamed.items()}
     renamed_rows = kernel & items["name"].isin(old.keys())
@@ -591,10 +576,10 @@ def _verdict(step: dict[str, Any], root: dict[str, Any] | None, groups: list[dic
         now = "no straggler" if straggler["new"] is None else f"rank {straggler['new']}"
         text += f"; the straggler changed from {was} to {now}"
         if straggler["cause_new"]:
-            text += f", late because of `{label(straggler['cause_new'])}`"
+            text += f", late because of `{kernel_label(straggler['cause_new'])}`"
     elif straggler["cause_changed"] and straggler["new"] is not None:
-        text += (f"; rank {straggler['new']} is still the straggler, now because of `{label(straggler['cause_new'])}` "
-                 f"(was `{label(straggler['cause_base'])}`)")
+        text += (f"; rank {straggler['new']} is still the straggler, now because of "
+                 f"`{kernel_label(straggler['cause_new'])}` (was `{kernel_label(straggler['cause_base'])}`)")
     return text
 
 
@@ -608,11 +593,12 @@ def _root_text(row: dict[str, Any], sides: Sequence[_Side] | None = None) -> str
         else:  # in one run only
             text = f"op `{row['label']}` {_pct_text(row)}{where}"
         if row["base_kernel"] and row["new_kernel"] and name_key(row["base_kernel"]) != name_key(row["new_kernel"]):
-            text += f" (kernel changed: `{label(row['base_kernel'], 60)}` → `{label(row['new_kernel'], 60)}`)"
+            text += (f" (kernel changed: `{kernel_label(row['base_kernel'], 60)}` → "
+                     f"`{kernel_label(row['new_kernel'], 60)}`)")
         return text
     text = f"{row['what']} `{row['label']}` {_pct_text(row)}{where}"
     if row["what"] == "kernel" and row["base_kernel"]:
-        text += f" (renamed from `{label(row['base_kernel'])}`)"
+        text += f" (renamed from `{kernel_label(row['base_kernel'])}`)"
     return text
 
 

@@ -57,7 +57,8 @@ _CATEGORY_COLORS = {"GEMM": "#4c78a8", "attention": "#b279a2", "elementwise": "#
                     "SDPA_bwd": "#9d755d", "CONV_fwd": "#e45756", "CONV_bwd": "#ff9da6", "NORM_fwd": "#72b7b2",
                     "NORM_bwd": "#17becf", "softmax_fwd": "#eeca3b", "softmax_bwd": "#bcbd22", "triton": "#8c564b"}
 _PATH_COLORS = {"cpu_op": "#4c78a8", "kernel": "#54a24b", "memcpy": "#eeca3b", "launch gap": "#f58518",
-                "sync wait": "#b279a2", "collective transfer": "#72b7b2", "idle": "#bab0ac"}
+                "sync wait": "#b279a2", "collective transfer": "#72b7b2", "idle": "#bab0ac",
+                "sync overhead": "#9d755d"}
 _PLOT_CONFIG = {"responsive": True, "displaylogo": False}
 _BOOT = ("document.querySelectorAll('script.tf-figure').forEach(function (s) {"
          "var f = JSON.parse(s.textContent);"
@@ -283,6 +284,10 @@ def _answers(page: Page) -> str:
                      f"{float(cause['what_if_step_us']) / 1e3:,.1f} ms.")
     if steps:
         lines.append(path_line(steps))
+    if s.get("bound"):
+        lines.append(f"Bound: {s['bound']['text']}.")
+        if s["bound"]["why"]:
+            lines.append(f"Why both: {s['bound']['why']}.")
     if s.get("slow_gpu"):
         lines.append(f"GPU: {s['slow_gpu']['text']}.")
     if s.get("roofline"):

@@ -18,14 +18,19 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 __all__ = [
+    "BLOCKING_COPIES",
     "COLLECTIVE_CALL_PREFIXES",
     "COLLECTIVE_OP_PREFIXES",
+    "KERNEL_CATEGORIES",
     "KERNEL_WAIT_NS",
     "LAUNCH_CALLS",
     "QUEUE_CALLS",
     "KnownCategory",
     "KnownPhase",
     "STEP",
+    "STREAM_SYNC",
+    "STREAM_WAIT",
+    "SYNC_CALLS",
     "device_kind",
     "host_category",
     "is_collective_call",
@@ -35,6 +40,7 @@ __all__ = [
     "is_graph_launch",
     "is_op_category",
     "kernel_category",
+    "kernel_label",
     "kernel_type",
     "on_device",
 ]
@@ -86,6 +92,19 @@ LAUNCH_CALLS = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpy
 QUEUE_CALLS = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaMemcpyAsync",
                          "cudaMemsetAsync", "runFunction - job_prep_and_submit_for_execution", "hipLaunchKernel",
                          "hipExtModuleLaunchKernel", "hipMemcpyAsync", "hipMemsetAsync", "hipMemcpyWithStream"})
+# Host calls that block until the device has done something: the device work they wait for owns the time they
+# block, not the call (the critical path). The synchronisations, CUDA's and ROCm's (HTA 0.5.0's
+# ``CPGraph.BLOCKING_SYNC_CALLS`` less ``cudaEventQuery``, which returns at once)...
+SYNC_CALLS = frozenset(f"{api}{call}" for api in ("cuda", "hip")
+                       for call in ("DeviceSynchronize", "StreamSynchronize", "EventSynchronize"))
+# ... and the copies that return once their copy is done: ``cudaMemcpy``, and ``cudaMemcpyAsync`` to pageable memory
+# (``aten::item``, ``.cpu()``, ``.tolist()``), which HTA lists as blocking too; ROCm's ``hipMemcpyWithStream`` is
+# what ``aten::_local_scalar_dense`` calls there. A copy that returned before its work ended did not block.
+BLOCKING_COPIES = frozenset({"cudaMemcpy", "cudaMemcpyAsync", "hipMemcpy", "hipMemcpyAsync", "hipMemcpyWithStream"})
+# Kineto's ``cuda_sync`` events, which PyTorch writes only when its CUDA sync events are turned on: the device side
+# of a synchronisation, with the stream it waits on and the correlation of its runtime call.
+# "Stream Sync" names the stream its call waits on; "Stream Wait Event" makes a stream wait for another's work.
+STREAM_SYNC, STREAM_WAIT = "Stream Sync", "Stream Wait Event"
 
 # The finer kernel categories of the kernel summary; first match wins, names lower-cased.
 _CATEGORY_RULES = [
@@ -97,6 +116,7 @@ _CATEGORY_RULES = [
     ("elementwise", re.compile(r"elementwise|vectorized|unrolled|pointwise|triton_poi|fill|copy|cat_|index|"
                                r"scatter|gather|where|add|mul|div|sub|relu|gelu|silu|sigmoid|tanh|exp|neg")),
 ]
+KERNEL_CATEGORIES = (*(name for name, _ in _CATEGORY_RULES), "other")  # every value of ``kernel_category``
 # HTA 0.5.0's kernel classes (hta/utils/utils.py), by name alone: where parity with HTA's breakdowns needs them.
 _HTA_COMM = re.compile(r"^nccl.*Kernel")
 _HTA_MEMORY = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
@@ -104,6 +124,7 @@ _HTA_NOT_COMPUTE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
 # HTA's consecutive_kernel_delay=30, compared with µs timestamps (its docstring says ns): shorter gaps between
 # kernels of a stream are launch overhead.
 KERNEL_WAIT_NS = 30_000
+_NAMESPACES = re.compile(r"\b(?:at::native::|at::|c10::|std::|\(anonymous namespace\)::)")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -207,3 +228,20 @@ def kernel_category(name: str, kind: str) -> str:
         if rule.search(low):
             return category
     return "other"
+
+
+def kernel_label(name: str, length: int = 120) -> str:
+    """A kernel name shortened for reading (the verdict, the page): no ``void``, no namespaces such as
+    ``at::native::``, no trailing parameter list, at most ``length`` characters (cut in the middle)."""
+    text = _NAMESPACES.sub("", str(name).removeprefix("void "))
+    if "<" in text and text.endswith(")"):  # a template's parameter list repeats its arguments
+        depth = 0
+        for i in range(len(text) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(text[i], 0)
+            if depth == 0:
+                text = f"{text[:i]}(…)"
+                break
+    if len(text) > length:
+        half = (length - 1) // 2
+        text = f"{text[:half]}…{text[-half:]}"
+    return text
