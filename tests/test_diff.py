@@ -240,7 +240,7 @@ def test_the_same_model_on_two_vendors_is_compared_by_op_and_shapes(client, tmp_
 
 def test_a_self_diff_of_every_shared_set_changes_nothing(client, tmp_path):
     """Each shared job's report against itself, through the CLI: no significant change, exit 0."""
-    sets = [p for p in sorted((SHARED / "real").iterdir()) if p.is_dir()] + [shared("gloo_4ranks")]
+    sets = [p for p in sorted(shared("real").iterdir()) if p.is_dir()] + [shared("gloo_4ranks")]
     multi = 0
     for path in sets:
         analyze(str(path), str(tmp_path / path.name), client=client)
