@@ -7,6 +7,7 @@ if [ -z "${VIRTUAL_ENV:-}" ]; then
   # shellcheck disable=SC1091
   . .venv/bin/activate
 fi
+echo "scripts/test.sh: installing the project and its test extras into $VIRTUAL_ENV (a few minutes the first time)" >&2
 python -m pip install --quiet --disable-pip-version-check -e ".[test]"
 # Composer's own trace merger, the reference of tests/test_composer.py. Its dependencies pin an old torch (gigabytes);
 # the test loads only composer/profiler/json_trace_merger.py, which imports nothing but the standard library.
@@ -22,4 +23,5 @@ if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"; } >/dev/null 2>&1 \
     || echo "scripts/test.sh: could not install ${missing[*]}; the tests that need them will skip" >&2
 fi
+echo "scripts/test.sh: running the tests: python -m pytest $*" >&2
 exec python -m pytest "$@"

@@ -147,6 +147,38 @@ def test_errors_exit_cleanly_without_traceback(argv, code, message, tmp_path, mo
     assert not (tmp_path / "o.json").exists()
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("spec, message", [
+    (None, 'cannot read the file (No such file or directory); give the path of a JSON device table'),
+    ('{"devices": [', 'not JSON (line 1, column 14: Expecting value); give {"devices": '),
+    ("[]", 'not a device table: it has no "devices" list at its top; give {"devices": '),
+    ('{"devices": [{"name": "mine"}]}', 'not a device table: device 1 of 1 (mine) has no "memory_tb_s"; give '),
+    ('{"devices": [{"name": "mine", "memory_tb_s": "fast"}]}',
+     'not a device table: device 1 of 1 (mine): "matrix" and "vector" map precisions to TFLOPS and "memory_tb_s" '
+     'is a number'),
+], ids=["missing", "not-json", "no-devices", "no-bandwidth", "bad-number"])
+def test_a_bad_gpu_spec_says_what_is_wrong_with_the_file(spec, message, tmp_path, capsys):
+    """Each way a --gpu-spec file can be wrong gets its own one-line error, naming the file (no ``KeyError``, no
+    "cannot read it as JSON" for a file that is not there), before any output."""
+    write_trace(tmp_path / "rank0.json", make_trace(0, []))
+    path = tmp_path / "gpus.json"
+    if spec is not None:
+        path.write_text(spec)
+    assert main(["analyze", str(tmp_path / "rank0.json"), "-o", str(tmp_path / "rep"), "--gpu-spec", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and str(path) in err and message in err, err
+    assert err.count("\n") == 1 and "Error:" not in err and "Traceback" not in err
+    assert not (tmp_path / "rep").exists()
+
+
+@pytest.mark.integration
+def test_analyze_counts_one_rank_and_one_step_in_the_singular(tmp_path, capsys):
+    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 10}]
+    write_trace(tmp_path / "rank0.json", make_trace(0, events))
+    assert main(["analyze", str(tmp_path / "rank0.json"), "-o", str(tmp_path / "rep")]) == 0
+    assert "analysed 1 rank, 1 step in " in capsys.readouterr().err
+
+
 def test_python_dash_m_runs_the_cli():
     done = subprocess.run([sys.executable, "-m", "tracefuse_dask", "--help"], capture_output=True, text=True)
     assert done.returncode == 0 and "merge" in done.stdout and "info" in done.stdout

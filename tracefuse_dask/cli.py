@@ -22,6 +22,11 @@ class _UsageError(Exception):
     pass
 
 
+def _count(n: int, noun: str) -> str:
+    """``1 rank``, ``2,048 ranks``."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def _storage_options(text: str | None) -> dict[str, Any] | None:
     if not text:
         return None
@@ -317,7 +322,8 @@ def _analyze(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
                      kernel_sequences=args.kernel_sequences)
     if not args.quiet:
         s = result.summary
-        print(f"analysed {len(s['ranks'])} ranks, {len(s['steps'])} steps in {s['seconds']:.2f} s", file=sys.stderr)
+        print(f"analysed {_count(len(s['ranks']), 'rank')}, {_count(len(s['steps']), 'step')} in {s['seconds']:.2f} s",
+              file=sys.stderr)
         if not s["gpu"]:
             print(f"note: {s['why_no_gpu']}", file=sys.stderr)
         if s["gpu_events_left_out"] and s["gpu_events_left_out"]["count"]:

@@ -58,16 +58,29 @@ class Device:
         return False
 
 
+_TABLE = ('give {"devices": [{"name": ..., "match": [{"name": REGEX}], "matrix": {"bf16": TFLOPS}, "vector": '
+          '{"fp32": TFLOPS}, "memory_tb_s": TB_S}]} as the package\'s perf/devices.json does')
+
+
 def _devices(doc: Any, where: str) -> list[Device]:
-    try:
-        return [Device(d["name"], dict(d.get("matrix") or {}), dict(d.get("vector") or {}), float(d["memory_tb_s"]),
-                       d.get("link_gb_s"), d.get("source", where),
-                       tuple(d.get("match") or [{"name": re.escape(d["name"])}])) for d in doc["devices"]]
-    except (KeyError, TypeError, ValueError) as e:
-        raise MergeError(f"{where}: not a device table ({type(e).__name__}: {e}); give "
-                         '{"devices": [{"name": ..., "match": [{"name": REGEX}], "matrix": {"bf16": TFLOPS}, '
-                         '"vector": {"fp32": TFLOPS}, "memory_tb_s": TB_S}]} as the package\'s perf/devices.json does'
-                         ) from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("devices"), list):
+        raise MergeError(f'{where}: not a device table: it has no "devices" list at its top; {_TABLE}')
+    out = []
+    for i, d in enumerate(doc["devices"]):
+        what = f'{where}: not a device table: device {i + 1} of {len(doc["devices"])}'
+        if not isinstance(d, dict):
+            raise MergeError(f"{what} is not an object; {_TABLE}")
+        lacks = [k for k in ("name", "memory_tb_s") if k not in d]
+        if lacks:
+            raise MergeError(f'{what} ({d.get("name", "unnamed")}) has no "{lacks[0]}"; {_TABLE}')
+        try:
+            out.append(Device(d["name"], dict(d.get("matrix") or {}), dict(d.get("vector") or {}),
+                              float(d["memory_tb_s"]), d.get("link_gb_s"), d.get("source", where),
+                              tuple(d.get("match") or [{"name": re.escape(d["name"])}])))
+        except (TypeError, ValueError):
+            raise MergeError(f'{what} ({d["name"]}): "matrix" and "vector" map precisions to TFLOPS and '
+                             f'"memory_tb_s" is a number; {_TABLE}') from None
+    return out
 
 
 @functools.lru_cache(maxsize=8)
@@ -78,9 +91,15 @@ def load_devices(gpu_spec: str | None = None) -> tuple[Device, ...]:
         return tuple(own)
     try:
         with open(gpu_spec, encoding="utf-8") as f:
-            extra = json.load(f)
-    except (OSError, ValueError) as e:
-        raise MergeError(f"--gpu-spec {gpu_spec}: cannot read it as JSON ({e})") from None
+            text = f.read()
+    except OSError as e:
+        raise MergeError(f"--gpu-spec {gpu_spec}: cannot read the file ({e.strerror or e}); give the path of a "
+                         "JSON device table") from None
+    try:
+        extra = json.loads(text)
+    except ValueError as e:
+        raise MergeError(f"--gpu-spec {gpu_spec}: not JSON (line {e.lineno}, column {e.colno}: {e.msg}); "
+                         f"{_TABLE}") from None
     return tuple(_devices(extra, gpu_spec) + own)
 
 
