@@ -129,22 +129,56 @@ def test_a_reader_that_goes_away_stops_the_output_quietly():
                      id="bad-storage-options"),
         pytest.param(["merge", "missing.json", "-o", "o.json"], 1,
                      "error: missing.json: no such file or object; check the path\n", id="missing-file"),
-        pytest.param(["merge", "missing.json", "-o", "o.json", "--ranks", "5-1"], 1, "error: bad rank spec",
-                     id="bad-ranks"),
-        pytest.param(["merge", "missing.json", "-o", "o.json", "--keep", "gpu,disk"], 1, "unknown --keep preset",
-                     id="bad-keep"),
+        pytest.param(["merge", "missing.json", "-o", "o.json", "--ranks", "5-1"], 2,
+                     "tracefuse merge: error: argument --ranks: bad rank spec '5-1'", id="bad-ranks"),
+        pytest.param(["merge", "missing.json", "-o", "o.json", "--keep", "gpu,disk"], 2,
+                     "tracefuse merge: error: argument --keep: unknown --keep preset(s) disk", id="bad-keep"),
+        pytest.param(["merge", "missing.json", "-o", "o.json", "--steps", "5-1"], 2,
+                     "tracefuse merge: error: argument --steps: bad step range '5-1'", id="bad-steps"),
+        pytest.param(["merge", "missing.json", "-o", "o.json", "--window", "9:1"], 2,
+                     "tracefuse merge: error: argument --window: bad window '9:1'", id="bad-window"),
+        pytest.param(["analyze", "missing.json", "-o", "o.json", "--runtime-cutoff", "-5"], 2,
+                     "tracefuse analyze: error: argument --runtime-cutoff: -5 is not above 0; give a positive number",
+                     id="bad-cutoff"),
+        pytest.param(["analyze", "missing.json", "-o", "o.json", "--max-queue-length", "many"], 2,
+                     "tracefuse analyze: error: argument --max-queue-length: 'many' is not a number",
+                     id="bad-queue-length"),
+        pytest.param(["analyze", "x.json", "-o", "o.json", "--counters"], 2,
+                     "tracefuse analyze: error: --counters adds counter tracks", id="counters-alone"),
+        pytest.param(["analyze", "x.json", "-o", "o.json", "--storage-options", "{bad"], 2,
+                     "tracefuse analyze: error: --storage-options is not valid JSON", id="analyze-storage-options"),
         pytest.param(["merge", "x.json", "-o", "o.json", "--scheduler", "tcp://127.0.0.1:9", "--timeout", "1"], 1,
                      "could not connect to the Dask scheduler at tcp://127.0.0.1:9", id="no-scheduler"),
     ],
 )
 def test_errors_exit_cleanly_without_traceback(argv, code, message, tmp_path, monkeypatch, capsys):
+    """One convention: 2 and the command's own usage for what the command line says wrong (argparse's own errors,
+    a bad option value, options that do not go together), 1 and ``error: …`` for what the inputs or the storage
+    say wrong."""
     monkeypatch.chdir(tmp_path)
     if "x.json" in argv:
         write_trace(tmp_path / "x.json", make_trace(0, []))
     assert main(argv) == code
     err = capsys.readouterr().err
-    assert message in err and "Traceback" not in err
+    assert message in err and "Traceback" not in err, err
+    if code == 2:
+        assert err.startswith(f"usage: tracefuse {argv[0]} "), err
     assert not (tmp_path / "o.json").exists()
+
+
+@pytest.mark.integration
+def test_an_existing_output_names_the_fix_as_the_command_line_spells_it(tmp_path, capsys):
+    """The command line says --force, the API force=True, each only its own spelling."""
+    from tracefuse_dask import OutputExistsError, merge_traces
+
+    write_trace(tmp_path / "rank0.json", make_trace(0, []))
+    (tmp_path / "o.json").write_text("{}")
+    assert main(["merge", str(tmp_path / "rank0.json"), "-o", str(tmp_path / "o.json")]) == 1
+    err = capsys.readouterr().err
+    assert err == f"error: {tmp_path / 'o.json'}: the output exists; pass --force to replace it\n"
+    with pytest.raises(OutputExistsError) as raised:
+        merge_traces(str(tmp_path / "rank0.json"), str(tmp_path / "o.json"), workers=1)
+    assert str(raised.value).endswith("the output exists; pass force=True to replace it")
 
 
 @pytest.mark.integration

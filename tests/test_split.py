@@ -70,7 +70,7 @@ def test_split_is_deterministic_refuses_existing_parts_and_cleans_up(client, sev
     assert [p.rsplit("/", 1)[1] for p in a.outputs] == [p.rsplit("/", 1)[1] for p in b.outputs]
     for pa, pb in zip(a.outputs, b.outputs):
         assert open(pa, "rb").read() == open(pb, "rb").read()
-    with pytest.raises(OutputExistsError, match=r"m\.ranks-0-2\.json: the output exists; pass --force"):
+    with pytest.raises(OutputExistsError, match=r"m\.ranks-0-2\.json: the output exists; pass force=True"):
         merge_traces(str(seven), str(tmp_path / "a" / "m.json"), client=client, split=2)
     assert merge_traces(str(seven), str(tmp_path / "a" / "m.json"), client=client, split=2, force=True).outputs
     assert not list((tmp_path / "a").glob("*tracefuse-tmp*"))

@@ -12,14 +12,45 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ._version import __version__
-from .errors import TraceFuseError
-from .model import DEFAULT_RANK_REGEX
+from .errors import OutputExistsError, TraceFuseError
+from .model import DEFAULT_RANK_REGEX, parse_steps, parse_window, rank_subset
 
 __all__ = ["main"]
 
 
 class _UsageError(Exception):
     pass
+
+
+def _checked(parse: Any) -> Any:
+    """An argparse type that checks an option's text with the API's own parser and passes the text on: a bad value
+    is a usage error (exit 2, with the command's usage), as argparse's own are."""
+    def check(text: str) -> str:
+        try:
+            parse(text)
+        except (ValueError, TraceFuseError) as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return text
+    return check
+
+
+def _keep(text: str) -> None:
+    from .merge.plan import build_options
+
+    build_options(keep=text)
+
+
+def _positive(kind: type) -> Any:
+    """An argparse type for a number above 0 (HTA's cutoffs)."""
+    def check(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{text} is not above 0; give a positive number")
+        return value
+    return check
 
 
 def _count(n: int, noun: str) -> str:
@@ -76,12 +107,12 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("-o", "--output", required=True, metavar="OUT",
                    help="merged trace; gzip (one member per rank) when it ends in .gz")
     f = m.add_argument_group("selection and filters")
-    f.add_argument("--ranks", metavar="SPEC", help="merge a subset of ranks: A-B, :S stride, commas, e.g. 0-63:8,100")
+    f.add_argument("--ranks", metavar="SPEC", type=_checked(rank_subset), help="merge a subset of ranks: A-B, :S stride, commas, e.g. 0-63:8,100")
     f.add_argument("--include-pyfunc", action="store_true", help="keep python_function events (dropped by default)")
-    f.add_argument("--keep", metavar="PRESETS",
+    f.add_argument("--keep", metavar="PRESETS", type=_checked(_keep),
                    help="keep only a union of presets: gpu,comm,cpu (M events always stay)")
-    f.add_argument("--steps", metavar="A-B", help="keep ProfilerStep#A to #B inclusive; GPU events follow their launch")
-    f.add_argument("--window", metavar="START_MS:END_MS",
+    f.add_argument("--steps", metavar="A-B", type=_checked(parse_steps), help="keep ProfilerStep#A to #B inclusive; GPU events follow their launch")
+    f.add_argument("--window", metavar="START_MS:END_MS", type=_checked(parse_window),
                    help="keep events starting in this window, in ms from the earliest kept event of all ranks")
     o = m.add_argument_group("output")
     o.add_argument("--format", choices=("json", "perfetto-archive"), default="json",
@@ -129,8 +160,8 @@ def _parser() -> argparse.ArgumentParser:
     _add_input_args(a)
     a.add_argument("-o", "--output", required=True, metavar="DIR",
                    help="report folder: one file per table, summary.json, report.html")
-    a.add_argument("--ranks", metavar="SPEC", help="analyse a subset of ranks: A-B, :S stride, commas")
-    a.add_argument("--steps", metavar="A-B", help="only ProfilerStep#A to #B inclusive; GPU work follows its launch")
+    a.add_argument("--ranks", metavar="SPEC", type=_checked(rank_subset), help="analyse a subset of ranks: A-B, :S stride, commas")
+    a.add_argument("--steps", metavar="A-B", type=_checked(parse_steps), help="only ProfilerStep#A to #B inclusive; GPU work follows its launch")
     a.add_argument("--format", choices=("parquet", "csv"), default="parquet", help="table files (default: parquet)")
     a.add_argument("--critical-path-trace", metavar="OUT",
                    help="also write the merged trace (as tracefuse merge) with the critical path marked for "
@@ -145,12 +176,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="devices to add to or override the device table of op_perf's roofline, a JSON file shaped "
                         "as tracefuse_dask/perf/devices.json")
     h = a.add_argument_group("launches and queues (HTA's thresholds by default)")
-    h.add_argument("--runtime-cutoff", type=float, default=50.0, metavar="US",
+    h.add_argument("--runtime-cutoff", type=_positive(float), default=50.0, metavar="US",
                    help="a launch call longer than this is a runtime outlier (default: 50 µs)")
-    h.add_argument("--launch-delay-cutoff", type=float, default=100.0, metavar="US",
+    h.add_argument("--launch-delay-cutoff", type=_positive(float), default=100.0, metavar="US",
                    help="a kernel that starts this long after its launch call ends is a launch-delay outlier "
                         "(default: 100 µs)")
-    h.add_argument("--max-queue-length", type=int, default=1024, metavar="N",
+    h.add_argument("--max-queue-length", type=_positive(int), default=1024, metavar="N",
                    help="a stream with this many operations outstanding is full (default: CUDA's 1024)")
     h.add_argument("--kernel-sequences", metavar="OP",
                    help="find the frequent kernel sequences of the ops whose names contain OP (e.g. aten::linear) "
@@ -172,8 +203,8 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--fail-above", metavar="PCT",
                    help="exit 3 when the step time, or a figure worth 1%% or more of it, regressed significantly "
                         "by more than PCT (such as 5%%)")
-    d.add_argument("--ranks", metavar="SPEC", help="analyse a subset of ranks: A-B, :S stride, commas")
-    d.add_argument("--steps", metavar="A-B", help="only ProfilerStep#A to #B inclusive")
+    d.add_argument("--ranks", metavar="SPEC", type=_checked(rank_subset), help="analyse a subset of ranks: A-B, :S stride, commas")
+    d.add_argument("--steps", metavar="A-B", type=_checked(parse_steps), help="only ProfilerStep#A to #B inclusive")
     d.add_argument("--rank-regex", default=DEFAULT_RANK_REGEX, metavar="REGEX",
                    help="regex with a named group 'rank' for file names, as in analyze")
     d.add_argument("--format", choices=("parquet", "csv"), default="parquet", help="table files (default: parquet)")
@@ -208,7 +239,7 @@ def _handle_errors(debug: bool) -> Iterator[None]:
     except TraceFuseError as e:
         if debug:
             raise
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {e.for_cli() if isinstance(e, OutputExistsError) else e}", file=sys.stderr)
         raise SystemExit(1) from None
     except KeyboardInterrupt:
         print("interrupted: temporary files were removed", file=sys.stderr)
@@ -238,8 +269,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "--critical-path-trace OUT too, or use tracefuse merge --counters")
         so = _storage_options(getattr(args, "storage_options", None))
     except _UsageError as e:
-        parser.print_usage(sys.stderr)
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        command = parser._subparsers._group_actions[0].choices.get(args.command, parser)
+        command.print_usage(sys.stderr)
+        print(f"{command.prog}: error: {e}", file=sys.stderr)
         return 2
     except SystemExit as e:  # --help, --version and argparse's usage errors
         return int(e.code or 0)

@@ -6,6 +6,8 @@ keeps working.
 """
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "TraceFuseError",
     "TraceFormatError",
@@ -41,7 +43,18 @@ class MergeError(TraceFuseError):
 
 
 class OutputExistsError(TraceFuseError, FileExistsError):
-    """The output exists and ``force`` was not given."""
+    """The output exists and ``force`` was not given. The message names the fix as the API spells it
+    (``force=True``); ``for_cli`` as the command line does (``--force``)."""
+
+    def __init__(self, template: str) -> None:
+        self.template = template  # "{force}" where the fix goes, replaced, not formatted: paths may hold braces
+        super().__init__(template.replace("{force}", "force=True"))
+
+    def __reduce__(self) -> tuple[Any, ...]:  # raised in a worker, it keeps its template on the way back
+        return type(self), (self.template,)
+
+    def for_cli(self) -> str:
+        return self.template.replace("{force}", "--force")
 
 
 class OutputWriteError(TraceFuseError, OSError):

@@ -635,7 +635,7 @@ def check_new(out_dir: str, so: Mapping[str, Any], force: bool) -> None:
     with storage_errors(out_dir, so):
         fs, path = fsspec.core.url_to_fs(out_dir, **options_for(out_dir, so))
         if fs.exists(path) and not force:
-            raise OutputExistsError(f"{out_dir} exists; pass --force (force=True) to replace it, or choose "
+            raise OutputExistsError(f"{out_dir} exists; pass {{force}} to replace it, or choose "
                                     "another name")
 
 

@@ -58,7 +58,7 @@ def merge(urlpath: str | Iterable[str] | Mapping[int, str], request: MergeReques
     with storage_errors(out, so):
         fs, out_path = fsspec.core.url_to_fs(out, **options_for(out, so))
         if fs.exists(out_path) and not request.force:
-            raise OutputExistsError(f"{out}: the output exists; pass --force (force=True) to replace it")
+            raise OutputExistsError(f"{out}: the output exists; pass {{force}} to replace it")
     in_memory = any(url.startswith("memory://") for url in [out] + [f.path for f in files])
     report = contextlib.nullcontext()
     if performance_report:

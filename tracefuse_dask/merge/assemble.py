@@ -170,7 +170,7 @@ def _assemble_parts(c: Client, parts: list[tuple[str, list[RankResult]]], meta: 
             with storage_errors(o, so):
                 fs, path = fsspec.core.url_to_fs(o, **options_for(o, so))
                 if fs.exists(path) and not force:
-                    raise OutputExistsError(f"{o}: the output exists; pass --force (force=True) to replace it")
+                    raise OutputExistsError(f"{o}: the output exists; pass {{force}} to replace it")
     compress = gzip_out and not single_member
     ext = ".json.gz" if compress else ".json"
     jobs = []
