@@ -266,7 +266,7 @@ def test_ranks_steps_csv_and_force(client, example, tmp_path):
     assert a.breakdown["rank"].tolist() == [1, 2]
     assert a.breakdown_by_step["step"].unique().tolist() == [11]
     assert (out / "kernels.csv").is_file() and not list(out.glob("*.parquet"))
-    with pytest.raises(OutputExistsError, match="--force"):
+    with pytest.raises(OutputExistsError, match="pass force=True to replace it"):
         analyze(str(example), str(out), client=client)
     analyze(str(example), str(out), client=client, force=True)
     assert (out / "kernels.parquet").is_file() and not (out / "kernels.csv").exists()

@@ -8,6 +8,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -245,6 +246,22 @@ def test_ranks_with_and_without_clock_sync(tmp_path):
     for a, b in zip(plain["traceEvents"], synced["traceEvents"]):
         if "ts" in a:
             assert ns(b["ts"]) - ns(a["ts"]) == (shift if a["pid"] >= 2**22 + 64 else 0)
+
+
+def test_clock_sync_is_a_note_unless_its_error_bound_is_larger_than_its_shifts(tmp_path):
+    """The alignment done as asked is a note; it is a warning when the ranks' clock_sync_error_bound (4,338 µs in
+    these traces) is larger than the largest shift (20 µs): the shifts are then within the sync's error."""
+    run = tracefuse("merge", str(write_job(tmp_path / "as-made", texts())), "-o", str(tmp_path / "a.json"))
+    assert "warning: clock sync: aligned 2 ranks" in run.stderr and "note: clock sync" not in run.stderr
+    assert "the shifts are within the clock sync's error bound, so the ranks may still be up to 4,338 µs apart" \
+        in run.stderr
+    bound = re.compile(rb'("name": "clock_sync_error_bound".*?"value": )\d+')
+    files = {r: bound.sub(rb"\g<1>3", d) for r, d in texts().items()}
+    assert files != texts()
+    run = tracefuse("merge", str(write_job(tmp_path / "tight", files)), "-o", str(tmp_path / "t.json"),
+                    "--summary-json")
+    assert "note: clock sync: aligned 2 ranks" in run.stderr and "warning" not in run.stderr, run.stderr
+    assert json.loads(run.stdout)["notes"][0].startswith("clock sync: aligned 2 ranks")
 
 
 def test_the_rank_comes_from_global_rank_before_the_file_name(tmp_path):

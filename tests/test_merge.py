@@ -492,7 +492,7 @@ def test_output_exists_needs_force_and_own_outputs_are_skipped(client, tmp_path)
         write_trace(folder / f"rank{r}.json", make_trace(r, ev, world_size=2))
     out = folder / "merged.json"
     merge_traces(str(folder), str(out), client=client)
-    with pytest.raises(OutputExistsError, match="--force"):
+    with pytest.raises(OutputExistsError, match="pass force=True to replace it"):
         merge_traces(str(folder), str(out), client=client)
     (folder / "merged.json.manifest.json").write_text("{}")
     s = merge_traces(str(folder), str(out), client=client, force=True)

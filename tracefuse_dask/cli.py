@@ -326,13 +326,15 @@ def _merge(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
             print(f"ignored {path}", file=sys.stderr)
         for sk in summary.skipped:
             print(f"skipped rank {sk['rank']}: {sk['reason']}", file=sys.stderr)
+        for n in summary.notes:
+            print(f"note: {n}", file=sys.stderr)
         for w in summary.warnings:
             print(f"warning: {w}", file=sys.stderr)
         for path in summary.outputs or [summary.output]:
             print(f"wrote {path}", file=sys.stderr)
     if args.summary_json:
         keys = ("ranks", "skipped", "events_in", "events_out", "bytes_out", "seconds", "mb_per_s", "output",
-                "outputs", "status", "warnings")
+                "outputs", "status", "warnings", "notes")
         data = summary.to_json()
         print(json.dumps({k: data[k] for k in keys}))
     return 0

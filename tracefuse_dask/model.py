@@ -312,6 +312,7 @@ class MergeSummary:
     status: str
     warnings: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     rank_list: list[int] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)  # every file written: one, or the parts of --split
 

@@ -112,6 +112,7 @@ def merge(urlpath: str | Iterable[str] | Mapping[int, str], request: MergeReques
         status="ok",
         warnings=notes.warnings,
         ignored=notes.ignored,
+        notes=notes.notes,
         rank_list=[r.rank for r in results],
         outputs=outputs,
     )

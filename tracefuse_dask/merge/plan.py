@@ -142,7 +142,8 @@ class MergePlan:
 class MergeNotes:
     """What a merge has to tell, gathered across its phases."""
 
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # what needs the user's attention
+    notes: list[str] = field(default_factory=list)  # what was done as asked, worth saying
     ignored: list[str] = field(default_factory=list)
     skipped: list[dict[str, Any]] = field(default_factory=list)
 
@@ -258,7 +259,7 @@ def plan_merge(c: Client, request: MergeRequest, files: list[InputFile], unliste
         offsets = _clock_offsets(estimate(c, {r: h.path for r, h in chosen}, so), chosen, notes.warnings)
         alignment = "collectives"
     elif request.align in ("auto", "clock-sync"):
-        offsets = _clock_sync(chosen, request.align == "clock-sync", notes.warnings)
+        offsets = _clock_sync(chosen, request.align == "clock-sync", notes)
         alignment = "clock-sync" if offsets else "base"
     if offsets:  # a rank without a base keeps absolute times, which a shift of seconds leaves positive
         base_out = min([base_out] + [h.base - offsets.get(r, 0) for r, h in chosen if h.base is not None])
@@ -446,10 +447,13 @@ def _clock_offsets(summary: dict[str, Any], chosen: list[tuple[int, RankHeader]]
     return offsets
 
 
-def _clock_sync(chosen: list[tuple[int, RankHeader]], required: bool, warnings: list[str]) -> dict[int, int]:
+def _clock_sync(chosen: list[tuple[int, RankHeader]], required: bool, notes: MergeNotes) -> dict[int, int]:
     """Each rank's clock offset in ns (what to subtract) from Composer's clock sync, as its merger shifts: by
     the lowest rank's ``clock_sync_timestamp_us`` less the rank's own; {} when the ranks do not all carry one
-    (with ``required``, an error); what was done, in ``warnings``."""
+    (with ``required``, an error). What was done is a note; a warning when only some ranks carry one, or when
+    the largest ``clock_sync_error_bound`` is larger than the largest shift (the shifts are within the sync's
+    error)."""
+    warnings = notes.warnings
     stamps = {r: h.header.get("clock_sync_timestamp_us") for r, h in chosen}
     have = {r: v for r, v in stamps.items() if type(v) is int or type(v) is float}
     what = "--align clock-sync" if required else "clock sync"
@@ -470,9 +474,14 @@ def _clock_sync(chosen: list[tuple[int, RankHeader]], required: bool, warnings: 
     offsets = {r: round((v - have[ref]) * 1000) for r, v in have.items()}
     bounds = [b for _, h in chosen if type(b := h.header.get("clock_sync_error_bound")) in (int, float)]
     largest = max(offsets.values(), key=abs)
-    warnings.append(f"{what}: aligned {len(offsets)} ranks by Composer's clock_sync_timestamp_us to rank {ref}, "
-                    f"as its merger does: largest shift {-largest / 1000:+,.3f} µs; largest clock_sync_error_bound "
-                    + (f"{max(bounds):,} µs" if bounds else "not given"))
+    text = (f"{what}: aligned {len(offsets)} ranks by Composer's clock_sync_timestamp_us to rank {ref}, as its "
+            f"merger does: largest shift {-largest / 1000:+,.3f} µs; largest clock_sync_error_bound "
+            + (f"{max(bounds):,} µs" if bounds else "not given"))
+    if bounds and max(bounds) * 1000 > abs(largest):
+        warnings.append(f"{text}: the shifts are within the clock sync's error bound, so the ranks may still be "
+                        f"up to {max(bounds):,} µs apart")
+    else:
+        notes.notes.append(text)
     return offsets
 
 
