@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import SHARED, read_trace, shared, write_trace
+from conftest import SHARED, make_trace, read_trace, shared, write_trace
 
 from tracefuse_dask import MergeError, TraceFileNotFoundError, analyze, diff
 from tracefuse_dask.analysis.diff import _spread, name_key
@@ -289,6 +289,27 @@ def test_the_cli_lists_a_new_name_among_the_regressions(tmp_path, capsys):
                  "5%", "--workers", "1"])
     err = capsys.readouterr().err
     assert code == 3 and "regression above 5%: op `straggler_sleep` on the job: new" in err, err
+    assert "regression above 5%: step time on rank 1: +" in err and "`step time`" not in err, err
+
+
+def test_two_copies_of_one_report_are_the_same_run(client, tmp_path):
+    """The same run read from two places (a report and its copy elsewhere, a report and its traces) is named as
+    such, whatever the paths; a run of one step has no step-to-step spread to be within."""
+    import shutil
+
+    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 900},
+              {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": 500}]
+    write_trace(tmp_path / "job" / "rank0.json", make_trace(0, events))
+    analyze(str(tmp_path / "job"), str(tmp_path / "report"), client=client)
+    shutil.copytree(tmp_path / "report", tmp_path / "copy")
+    for new in (tmp_path / "copy", tmp_path / "job"):
+        s = diff(str(tmp_path / "report"), str(new), client=client).summary
+        assert any(w.startswith("both sides are the same run (the same inputs, ") for w in s["warnings"]), s
+        assert s["verdict"].startswith("no significant change in step time (+0.0%, below the smallest change "
+                                       "reported, 1%)"), s["verdict"]
+    write_trace(tmp_path / "other" / "rank0.json", make_trace(0, [{**events[0], "dur": 950}, events[1]]))
+    s = diff(str(tmp_path / "report"), str(tmp_path / "other"), client=client).summary
+    assert not any("same run" in w for w in s["warnings"])
 
 
 def test_runs_of_different_sizes_and_models_compare_with_a_note(client, tmp_path):

@@ -355,9 +355,27 @@ def diff(
     if _same_place(base, new):
         result.summary["warnings"].append(f"both sides are {os.fspath(base)}: a run compared with itself shows no "
                                           "change; give the other run's traces or report as NEW")
+    elif _same_run(sides["base"], sides["new"]):
+        result.summary["warnings"].append(
+            f"both sides are the same run (the same inputs, {_first_input(sides['new'])}, and the same step times), "
+            "read from two places: a run compared with itself shows no change; give the other run's traces or report "
+            "as NEW")
     if out_dir is not None:
         write_diff(result, out_dir, so, format=format)
     return result
+
+
+def _same_run(a: Analysis, b: Analysis) -> bool:
+    """Whether two analyses are of one run, wherever they were read from (two copies of a report, or a report and
+    the traces it was made of): the same inputs, base times and step times."""
+    keys = ("inputs", "base_time_ns")
+    return all(a.summary.get(k) == b.summary.get(k) for k in keys) and \
+        [p["duration_us"] for p in a.summary["critical_path"]] == [p["duration_us"] for p in b.summary["critical_path"]]
+
+
+def _first_input(a: Analysis) -> str:
+    inputs = a.summary["inputs"]
+    return f"{inputs[0]}{f' and {len(inputs) - 1:,} more' if len(inputs) > 1 else ''}"
 
 
 def _same_place(a: Any, b: Any) -> bool:

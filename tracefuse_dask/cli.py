@@ -432,8 +432,9 @@ def _diff(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
         for r in s["failing"][:10]:
             on = "the job" if r["rank"] == -1 else f"rank {r['rank']}"
             change = "new" if r["delta_pct"] is None else f"{r['delta_pct']:+.1f}%"
-            print(f"regression above {s['fail_above_pct']:g}%: {r['what']} `{r['label']}` on {on}: {change}",
-                  file=sys.stderr)
+            # the step time is what it is ("step time on rank 1", not "rank step time `step time` on rank 1")
+            what = "step time" if r["what"] in ("step time", "rank step time") else f"{r['what']} `{r['label']}`"
+            print(f"regression above {s['fail_above_pct']:g}%: {what} on {on}: {change}", file=sys.stderr)
         print(f"wrote {args.output.rstrip('/')}/diff.html", file=sys.stderr)
     return 3 if result.failed else 0
 

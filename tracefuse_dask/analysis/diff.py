@@ -567,6 +567,9 @@ def _verdict(step: dict[str, Any], root: dict[str, Any] | None, groups: list[dic
                      and r["name"] == "computation_us" and r["delta_us"] > 0), None)
         if busy is not None and step["delta_us"] > 0 and len(sides[0].ranks) > 1:
             text += f"; rank {busy['rank']}'s computation {_pct_text(busy)}"
+    elif any(len(s.steps_us) < 2 for s in sides):  # a run of one step has no spread to be within
+        text = (f"no significant change in step time ({pct:+.1f}%, below the smallest change reported, "
+                f"{MIN_CHANGE_PCT:g}%)")
     else:
         text = (f"no significant change in step time ({pct:+.1f}%, within the runs' step-to-step spread of "
                 f"{noise:.1f}% and the smallest change reported, {MIN_CHANGE_PCT:g}%)")
