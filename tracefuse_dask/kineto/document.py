@@ -106,10 +106,13 @@ def _decode(data: bytes, who: str, cut_gzip: bool, repair: bool) -> tuple[Any, s
         if "UTF-8" in e.msg:
             raise TraceFormatError(f"{who}: not UTF-8 text near byte {e.pos} ({e.msg}); the file is damaged "
                                    "or not a trace. Re-export the trace or drop this file") from None
-        what = (" The file ends early: it was probably truncated; pass --repair to recover its complete events."
-                if truncated else "")
-        raise TraceFormatError(f"{who}: not valid JSON at byte {e.pos}: {e.msg}.{what} Otherwise re-export the "
-                               "trace or drop this file") from None
+        if truncated:
+            raise TraceFormatError(f"{who}: not valid JSON: the file ends early, at byte {len(data):,} of its text: it "
+                                   "was probably truncated; pass --repair to recover its complete events, or "
+                                   "re-export the trace or drop this file") from None
+        near = data[max(0, e.pos - 24):e.pos + 24].decode("utf-8", "replace")  # what is there, not the parser's words
+        raise TraceFormatError(f"{who}: not valid JSON at byte {e.pos:,}, near {near!r}: the file is damaged or not a "
+                               "trace. Re-export the trace or drop this file") from None
 
 
 def check_document(doc: Any, who: str) -> None:
