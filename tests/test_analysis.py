@@ -292,7 +292,8 @@ def test_duplicate_ranks_and_bad_files_are_clear_errors(client, tmp_path):
         analyze(str(tmp_path / "in"), client=client)
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "rank0.json").write_bytes(b'{"traceEvents": [{"ph": "X", "ts": 1, ')
-    with pytest.raises(TraceFormatError, match=r"rank0\.json \(rank 0\): not valid JSON: the file ends early.*--repair"):
+    with pytest.raises(TraceFormatError,
+                       match=r"rank0\.json \(rank 0\): not valid JSON: the file ends early.*--repair"):
         analyze(str(tmp_path / "bad"), str(tmp_path / "out"), client=client)
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob("*tracefuse-tmp*"))
 

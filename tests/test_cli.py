@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 import subprocess
 import sys
 
@@ -179,6 +180,8 @@ def test_an_existing_output_names_the_fix_as_the_command_line_spells_it(tmp_path
     with pytest.raises(OutputExistsError) as raised:
         merge_traces(str(tmp_path / "rank0.json"), str(tmp_path / "o.json"), workers=1)
     assert str(raised.value).endswith("the output exists; pass force=True to replace it")
+    back = pickle.loads(pickle.dumps(raised.value))  # as it comes back from a worker
+    assert str(back) == str(raised.value) and back.for_cli().endswith("pass --force to replace it")
 
 
 @pytest.mark.integration

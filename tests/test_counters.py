@@ -175,3 +175,13 @@ def test_frequent_kernel_sequences_across_ranks_match_the_rule_written_out(tmp_p
             in err)
     summary = json.loads((tmp_path / "report" / "summary.json").read_text())
     assert summary["kernel_sequences"] == json.loads(json.dumps(s))
+
+
+def test_the_examples_kernels_start_after_their_launch_returns(tmp_path):
+    """``tracefuse example``'s launch latency is an idle A100's (2-6 µs after the call returns), never 0: its
+    launches line reads as a real job's."""
+    from tracefuse_dask.synth import write_example
+
+    write_example(str(tmp_path / "job"), ranks=2, rank_bytes=200_000)
+    launches = analyze(str(tmp_path / "job"), workers=1).summary["launches"]
+    assert 2 <= launches["median_launch_delay_us"] <= 6, launches

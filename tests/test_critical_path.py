@@ -195,7 +195,8 @@ HTA_STEPS = [s for s in HTA_STEPS if s[0] != "real/hta_mtia_inference"]
 
 @pytest.mark.parametrize("job,rank,step", HTA_STEPS)
 def test_the_gpu_share_of_each_step_agrees_with_hta(job, rank, step, client):
-    """HolisticTraceAnalysis 0.5.0's critical path of the same rank and step (``tests/hta/regenerate_critical_path.py``):
+    """HolisticTraceAnalysis 0.5.0's critical path of the same rank and step (stored by
+    ``tests/hta/regenerate_critical_path.py``):
     the share of the path on the GPU (kernels, copies, collectives and the GPU's gaps; HTA's ``gpu_compute_bound`` +
     ``gpu_kernel_kernel_overhead``) agrees within 10 points. HTA gives a blocking call no weight, and its longest
     path need not end at the step's end; ours sums to the step, the blocking call's time going to the work it

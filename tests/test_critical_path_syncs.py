@@ -15,7 +15,7 @@ import sys
 import pytest
 from conftest import make_trace, shared, write_trace
 
-from tracefuse_dask import analyze
+from tracefuse_dask import analyze, diff
 
 pytestmark = pytest.mark.integration
 
@@ -77,8 +77,8 @@ def test_a_stream_sync_follows_its_own_stream(client, tmp_path):
 
 
 def item_trace(names):
-    """``aten::item`` [20, 300] → ``aten::_local_scalar_dense`` → a blocking copy call [25, 290] whose device-to-host
-    copy [260, 280] follows a long kernel [30, 260] on stream 7 (launched at [10, 15])."""
+    """``aten::item`` [20, 300] → ``aten::_local_scalar_dense`` → a blocking copy call [25, 290] whose
+    device-to-host copy [260, 280] follows a long kernel [30, 260] on stream 7 (launched at [10, 15])."""
     launch, copy_call, kernel_cat = names
     return [step(310), host(launch, 10, 5, 1), host("aten::item", 20, 280, cat="cpu_op"),
             host("aten::_local_scalar_dense", 22, 276, cat="cpu_op"), host(copy_call, 25, 265, 2),
@@ -152,11 +152,14 @@ def test_a_stream_sync_event_names_the_stream_when_another_ends_later_in_the_blo
 
 def test_a_step_ends_when_the_device_work_it_launched_ends(client, tmp_path):
     """A step whose host part ends at 50 µs while the kernel it launched runs to 200: the step lasts 200 µs, and
-    its path ends with the kernel."""
+    its path ends with the kernel; its period on the host (``host_us``) stays 50 µs, and that is the step time
+    ``diff`` compares, as it compares each rank's step times (``breakdown_by_step``)."""
     events = [step(50), host("cudaLaunchKernel", 10, 5, 1), device("gemm", 20, 180, 7, 1)]
     got, summary = path_of(tmp_path, events, client)
     assert got == [("cpu_op", "ProfilerStep#1", 10.0), ("launch gap", "gemm", 10.0), ("kernel", "gemm", 180.0)]
-    assert summary["critical_path"][0]["duration_us"] == 200.0
+    assert (summary["critical_path"][0]["duration_us"], summary["critical_path"][0]["host_us"]) == (200.0, 50.0)
+    s = diff(str(tmp_path / "rank0.json"), str(tmp_path / "rank0.json"), client=client).summary
+    assert s["step_time"]["base"] == s["step_time"]["new"] == 50.0
 
 
 @pytest.mark.parametrize("name,sync", [("tracelens_h100_qwen", "cudaDeviceSynchronize"),
@@ -191,3 +194,17 @@ def test_a_thread_set_going_by_the_steps_thread_continues_there(client, tmp_path
     got, _ = path_of(tmp_path, events, client)
     assert got == [("cpu_op", "ProfilerStep#1", 10.0), ("cpu_op", "aten::backward", 40.0), ("cpu_op", "bw_op", 10.0),
                    ("cpu_op", "cudaLaunchKernel", 10.0), ("idle", "GPU idle", 90.0), ("kernel", "gemm", 240.0)]
+
+
+@pytest.mark.parametrize("name, bound, why", [
+    ("hta_negative_queue_length", "GPU", "the GPU is idle 69% of the trace (breakdown), yet the step waited for it: "
+                                         "66% of the path is gaps between GPU work already queued"),
+    ("kineto_2021_resnet50", "host", "kernels wait 9,488 µs in their launch queues (median, launches), so the GPU is "
+                                     "behind the host at times; yet the step's end waited for the host"),
+])
+def test_where_the_launches_or_the_breakdown_seem_to_disagree_the_verdict_says_why(name, bound, why, client):
+    """One consistent story on two real traces whose other lines seem to say the opposite of the path: a GPU
+    mostly idle yet on the path (its queued work held by what the trace does not show), and long launch queues on a
+    step whose end waits for the host (the single-process data loader)."""
+    got = analyze(str(shared("real", name)), client=client).summary
+    assert got["bound"]["bound"] == bound and got["bound"]["why"].startswith(why), got["bound"]

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ._version import __version__
-from .errors import OutputExistsError, TraceFuseError
+from .errors import TraceFuseError
 from .model import DEFAULT_RANK_REGEX, parse_steps, parse_window, rank_subset
 
 __all__ = ["main"]
@@ -107,11 +107,13 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("-o", "--output", required=True, metavar="OUT",
                    help="merged trace; gzip (one member per rank) when it ends in .gz")
     f = m.add_argument_group("selection and filters")
-    f.add_argument("--ranks", metavar="SPEC", type=_checked(rank_subset), help="merge a subset of ranks: A-B, :S stride, commas, e.g. 0-63:8,100")
+    f.add_argument("--ranks", metavar="SPEC", type=_checked(rank_subset),
+                   help="merge a subset of ranks: A-B, :S stride, commas, e.g. 0-63:8,100")
     f.add_argument("--include-pyfunc", action="store_true", help="keep python_function events (dropped by default)")
     f.add_argument("--keep", metavar="PRESETS", type=_checked(_keep),
                    help="keep only a union of presets: gpu,comm,cpu (M events always stay)")
-    f.add_argument("--steps", metavar="A-B", type=_checked(parse_steps), help="keep ProfilerStep#A to #B inclusive; GPU events follow their launch")
+    f.add_argument("--steps", metavar="A-B", type=_checked(parse_steps),
+                   help="keep ProfilerStep#A to #B inclusive; GPU events follow their launch")
     f.add_argument("--window", metavar="START_MS:END_MS", type=_checked(parse_window),
                    help="keep events starting in this window, in ms from the earliest kept event of all ranks")
     o = m.add_argument_group("output")
@@ -160,8 +162,10 @@ def _parser() -> argparse.ArgumentParser:
     _add_input_args(a)
     a.add_argument("-o", "--output", required=True, metavar="DIR",
                    help="report folder: one file per table, summary.json, report.html")
-    a.add_argument("--ranks", metavar="SPEC", type=_checked(rank_subset), help="analyse a subset of ranks: A-B, :S stride, commas")
-    a.add_argument("--steps", metavar="A-B", type=_checked(parse_steps), help="only ProfilerStep#A to #B inclusive; GPU work follows its launch")
+    a.add_argument("--ranks", metavar="SPEC", type=_checked(rank_subset),
+                   help="analyse a subset of ranks: A-B, :S stride, commas")
+    a.add_argument("--steps", metavar="A-B", type=_checked(parse_steps),
+                   help="only ProfilerStep#A to #B inclusive; GPU work follows its launch")
     a.add_argument("--format", choices=("parquet", "csv"), default="parquet", help="table files (default: parquet)")
     a.add_argument("--critical-path-trace", metavar="OUT",
                    help="also write the merged trace (as tracefuse merge) with the critical path marked for "
@@ -203,7 +207,8 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--fail-above", metavar="PCT",
                    help="exit 3 when the step time, or a figure worth 1%% or more of it, regressed significantly "
                         "by more than PCT (such as 5%%)")
-    d.add_argument("--ranks", metavar="SPEC", type=_checked(rank_subset), help="analyse a subset of ranks: A-B, :S stride, commas")
+    d.add_argument("--ranks", metavar="SPEC", type=_checked(rank_subset),
+                   help="analyse a subset of ranks: A-B, :S stride, commas")
     d.add_argument("--steps", metavar="A-B", type=_checked(parse_steps), help="only ProfilerStep#A to #B inclusive")
     d.add_argument("--rank-regex", default=DEFAULT_RANK_REGEX, metavar="REGEX",
                    help="regex with a named group 'rank' for file names, as in analyze")
@@ -239,7 +244,7 @@ def _handle_errors(debug: bool) -> Iterator[None]:
     except TraceFuseError as e:
         if debug:
             raise
-        print(f"error: {e.for_cli() if isinstance(e, OutputExistsError) else e}", file=sys.stderr)
+        print(f"error: {e.for_cli()}", file=sys.stderr)
         raise SystemExit(1) from None
     except KeyboardInterrupt:
         print("interrupted: temporary files were removed", file=sys.stderr)

@@ -25,6 +25,10 @@ __all__ = [
 class TraceFuseError(Exception):
     """Base class for tracefuse_dask errors."""
 
+    def for_cli(self) -> str:
+        """The message as the command line says it (where the API's spelling of a fix differs from the option's)."""
+        return str(self)
+
 
 class TraceFormatError(TraceFuseError, ValueError):
     """A trace file is not a readable Kineto Chrome trace (bad JSON, bad field types)."""

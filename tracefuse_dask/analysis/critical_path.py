@@ -534,19 +534,21 @@ def rank_pieces(start: np.ndarray, end: np.ndarray, name_code: np.ndarray, names
     starts = [s for _, s, _ in step_spans]
     issued = {int(c): int(t) - base for c, t in zip(calls["index"], calls["cpu_start_ns"]) if pd.notna(t)}
 
+    def issue(c: int) -> int:
+        """When call ``c`` was issued on the host (its arrival when the trace has no host call)."""
+        return issued.get(c, w._time(*arrivals[c]))
+
     def floor_of(c: int) -> float:
         """The start of the step whose host span holds call ``c``'s issue (its device work may run after)."""
-        t = issued.get(c, w._time(*arrivals[c]))
-        i = bisect_right(starts, t) - 1
+        i = bisect_right(starts, t := issue(c)) - 1
         return starts[i] if i >= 0 and t < step_spans[i][2] else -np.inf
 
-    first, last = np.array(starts, dtype=np.int64), np.array([w._time(*e) for e in ends], dtype=np.int64)
+    step_start, step_end = np.array(starts, dtype=np.int64), np.array([w._time(*e) for e in ends], dtype=np.int64)
 
     def walk_floor(c: int) -> float:
         """Where call ``c``'s walk stops: the start of the earliest step whose span, its device work included, holds
         the call's issue, as any of them may reach the call (``stitch`` cuts each step's path at its start)."""
-        t = issued.get(c, w._time(*arrivals[c]))
-        holds = first[(first <= t) & (t < last)]
+        holds = step_start[(step_start <= (t := issue(c))) & (t < step_end)]
         return int(holds.min()) if len(holds) else floor_of(c)
 
     anchors, walks = [], []
@@ -557,8 +559,8 @@ def rank_pieces(start: np.ndarray, end: np.ndarray, name_code: np.ndarray, names
         # or the device work that ends last
         ops = np.flatnonzero(np.array([c.lower() != "trace" for c in cats], dtype=bool)[w.hc_code]).tolist()
         if ops:
-            last = max(ops, key=lambda k: (w.he[k], -k))
-            todo.append(("step", -1, w.last_of(("ce", last), None, None), -np.inf, w.he[last]))
+            final = max(ops, key=lambda k: (w.he[k], -k))
+            todo.append(("step", -1, w.last_of(("ce", final), None, None), -np.inf, w.he[final]))
     todo += [("call", c, state, walk_floor(c), None) for c, state in sorted(arrivals.items())]
     for anchor, key, state, floor, host_end in todo:
         pieces, (stop, call, t) = w.walk(state, floor)

@@ -23,8 +23,8 @@ is not one: its items are reported, and the route change is a note that names th
 
 Identity. A kernel or op is its exact name (``name_key``: only what differs between two runs of one program, an
 address or a step number, is normalised; template arguments and parameter lists are the kernel: ``…_nt_align1``
-and ``…_nn_align1`` are two GEMMs). Names are shortened for the verdict and the page only (``vocabulary.kernel_label``); the JSON
-and Parquet tables keep them whole. Op groups are compared as the op performance models define them (``op_perf``:
+and ``…_nn_align1`` are two GEMMs). Names are shortened for the verdict and the page only
+(``vocabulary.kernel_label``); the JSON and Parquet tables keep them whole. Op groups are compared as the op performance models define them (``op_perf``:
 name, input dims, input types, concrete inputs), with their time per call, TFLOP/s and % of roofline. A group's
 main kernel (the one with most time) that exists in one run only, while the other run's group has a main kernel
 of its own that exists in the other run only, was renamed (a new cuBLAS, hipBLASLt or Triton build): the kernel
