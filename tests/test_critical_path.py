@@ -35,6 +35,7 @@ from tracefuse_dask.analysis.critical_path import (
     GPU_KINDS,
     KINDS,
     LABELS,
+    WHAT_IF_TID,
     _runs,
     _short_runs,
     _used_texts,
@@ -145,7 +146,8 @@ def test_the_gloo_straggler_sleep_is_on_every_step_path_and_is_the_cause(client,
     assert cause["top"][0]["extra_us"] == pytest.approx(40_000, rel=0.1)
     assert cause["extra_us"] == pytest.approx(40_000, rel=0.1)
     assert cause["kind"] == "host-bound" and "because of `straggler_sleep` (user annotation)" in cause["verdict"]
-    assert cause["what_if_step_us"] < min(s["duration_us"] for s in got.summary["critical_path"]) - 30_000
+    assert got.summary["straggler"]["what_if_step_us"] < min(s["duration_us"] for s in got.summary["critical_path"]) \
+        - 30_000
     written = json.loads((tmp_path / "report" / "summary.json").read_text())
     assert written["straggler"]["cause"] == cause and written["critical_path"] == got.summary["critical_path"]
     table = pd.read_parquet(tmp_path / "report" / "critical_path.parquet")
@@ -176,7 +178,7 @@ def test_a_synthetic_straggler_is_found_with_its_cause_and_what_if(rank, undistu
     assert_chain(got.critical_path, got.summary["critical_path"])
     cause = got.summary["straggler"]["cause"]
     assert cause["rank"] == rank and cause["top"][0]["name"] == "straggler_sleep"
-    assert cause["what_if_step_us"] == pytest.approx(undisturbed, rel=0.1)
+    assert got.summary["straggler"]["what_if_step_us"] == pytest.approx(undisturbed, rel=0.1)
     assert "its GPU was idle" in cause["verdict"]
 
 
@@ -309,14 +311,25 @@ def test_the_critical_path_trace_marks_the_path_and_changes_no_other_event(name,
     assert rest == load_exact(tmp_path / "plain.json.gz")["traceEvents"]
     pid_rank = assert_perfetto_rules({"traceEvents": rest + flows})  # arrows never cross ranks
     path = got.critical_path
-    slices = [e for e in track if e["ph"] == "X"]
+    slices = [e for e in track if e["ph"] == "X" and e["tid"] != WHAT_IF_TID]
     assert len(slices) == len(path) == got.summary["critical_path_trace"]["slices"]
+    # the straggler's late steps, as the summary says them, on the "straggler what-if" thread
+    st = got.summary["straggler"]
+    what_if = [(e["args"]["rank"], e["args"]["step"], float(e["args"]["predicted_us"]), e["name"]) for e in track
+               if e["ph"] == "X" and e["tid"] == WHAT_IF_TID]
+    assert sorted(what_if) == sorted((n["rank"], w["step"], w["predicted_us"], f"straggler rank {n['rank']} "
+                                      f"({n['pattern']}): {w['measured_us'] / 1e3:,.1f} ms, "
+                                      f"{w['predicted_us'] / 1e3:,.1f} ms without it")
+                                     for n in st["ranks"] for w in st["what_if"]["steps"] if w["step"] in n["late_steps"])
+    assert len(what_if) == got.summary["critical_path_trace"]["what_if_slices"]
+    assert bool(what_if) == (name == "gloo_4ranks")  # its rank 2 sleeps 40 ms in each of 2 steps
     for s in got.summary["critical_path"]:
         mine = [e for e in slices if e["args"]["step"] == s["step"]]
         assert float(sum(e["dur"] for e in mine)) == pytest.approx(s["path_us"], abs=0.01)
         assert {e["tid"] for e in mine} == {int(r) for r in s["by_rank"]}
     names = {e["args"]["name"] for e in track if e["ph"] == "M" and e["name"] in ("process_name", "thread_name")}
-    assert names == {"critical path"} | {f"rank {r}" for r in set(path["rank"])}
+    assert names == {"critical path"} | {f"rank {r}" for r in set(path["rank"])} | (
+        {"straggler what-if"} if what_if else set())
     # each arrow joins two different events of the path on one rank, and Perfetto finds a slice at both ends
     assert len(flows) == 2 * got.summary["critical_path_trace"]["arrows"] > 0
     ends = bound_to(flows, rest)
@@ -355,11 +368,16 @@ def test_tracefuse_analyze_writes_the_critical_path_trace_from_a_fresh_process(t
     assert "why: rank 2 is late" in done.stderr
     assert "bound:" not in done.stderr  # a CPU-only job: its path is the host's, no verdict to give
     assert re.search(r"wrote .*path\.json\.gz: the merged trace with the critical path marked \([\d,]+ slices on the "
-                     r"'critical path' track, [\d,]+ arrows\)", done.stderr), done.stderr
+                     r"'critical path' track, 2 on its 'straggler what-if' thread, [\d,]+ arrows\)", done.stderr), \
+        done.stderr
     assert json.loads((tmp_path / "rep" / "summary.json").read_text())["bound"] is None
     written = json.loads((tmp_path / "rep" / "summary.json").read_text())["critical_path_trace"]
     track, flows, _ = trace_parts(tmp_path / "path.json.gz")
-    assert written["slices"] == sum(e["ph"] == "X" for e in track) and written["arrows"] * 2 == len(flows)
+    assert written["slices"] + written["what_if_slices"] == sum(e["ph"] == "X" for e in track)
+    assert written["arrows"] * 2 == len(flows)
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    assert f"what-if: {summary['straggler']['what_if_text']}\n" in done.stderr
+    assert done.stderr.index("collectives: ") < done.stderr.index("why: ") < done.stderr.index("what-if: ")
     # a second run stops before any work: the trace exists
     done = subprocess.run([*cmd[:6], str(tmp_path / "new"), *cmd[7:]], capture_output=True, text=True, timeout=300,
                           check=False)

@@ -258,8 +258,12 @@ def collective_tables(n_ranks: int = 4, straggler: int = 2) -> tuple[dict[str, p
     waits = pd.DataFrame([{"instance": i, "rank": r, "arrival_us": 0.0 if r == straggler else 100.0 * (r + 1),
                            "wait_us": 0.0 if r == straggler else 1000.0} for i in range(3) for r in range(n_ranks)])
     instances = pd.DataFrame({"instance": range(3), "op": [HOSTILE, "allreduce", "barrier"]})
+    what_if = {"steps": [{"step": s, "start_ns": 0, "measured_us": 30_000.0, "predicted_us": 10_000.0,
+                          "gain_us": 20_000.0, "by_rank": {str(straggler): 20_000.0}} for s in (5, 6)],
+               "bar_us": 4500.0, "assumes": "assumes"}
     summary = make_summary(n_ranks) | {"straggler": {"rank": straggler, "confidence": 0.9,
-                                                      "evidence": f"rank {straggler} is the straggler: {HOSTILE_OP}"},
+                                                      "evidence": f"rank {straggler} is the straggler: {HOSTILE_OP}",
+                                                      "what_if": what_if, "what_if_text": f"what if {HOSTILE_OP}"},
                                         "clock_offset_us": {"0": 0.0, "1": 12.5}, "clock_offset_spread_us":
                                             {"0": 0.0, "1": 0.4},
                                         "collectives": {"problem_examples": [f"unmatched {HOSTILE}"]}}
@@ -270,7 +274,9 @@ def test_collectives_section_states_the_verdict_and_plots_waits():
     tables, summary = collective_tables()
     page = render_report(tables, summary)
     assert_safe(page)
-    assert f"<b>rank 2 is the straggler: {html.escape(HOSTILE_OP)}</b> (confidence 0.90)" in page
+    assert f"<b>rank 2 is the straggler: {html.escape(HOSTILE_OP)}</b></p>" in page
+    assert f"What-if: what if {html.escape(HOSTILE_OP)}. Each step replayed" in page and "(the bar)" in page
+    assert "<tr><td>5</td><td>30,000.0</td><td>10,000.0</td><td>20,000.0</td></tr>" in page  # the what-if, by step
     assert len(figures(page)) == 5 + 2  # the wait heatmap and the arrival bars
     assert "Clock offsets" in page and "Unmatched or inconsistent collectives" in page
 

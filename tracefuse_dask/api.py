@@ -226,7 +226,7 @@ def analyze(
     """
     from .analysis import analyze as analyze_ranks
     from .analysis import check_new, write_report
-    from .analysis.critical_path import trace_marks
+    from .analysis.critical_path import WHAT_IF_TID, trace_marks
     from .cluster import connect
 
     cluster = {"scheduler": scheduler, "scheduler_file": scheduler_file, "workers": workers, "timeout": timeout}
@@ -251,7 +251,7 @@ def analyze(
                              "analyse the per-rank traces it was merged from")
         marks = trace_marks(result.critical_path, s["critical_path_origin_ns"],
                             {int(r): b for r, b in s["base_time_ns"].items()},
-                            {int(r): us * 1e3 for r, us in s["clock_offset_us"].items()})
+                            {int(r): us * 1e3 for r, us in s["clock_offset_us"].items()}, s["straggler"])
         request = MergeRequest(out=critical_path_trace,
                                options=build_options(steps=options.get("steps"), counters=counters),
                                storage_options=so, ranks=None, rank_regex=DEFAULT_RANK_REGEX, gzip_members="rank",
@@ -261,7 +261,10 @@ def analyze(
         merged = merge(inputs, request, client=c)
     s["critical_path_trace"] = {"output": merged.output, "ranks": merged.ranks, "bytes": merged.bytes_out,
                                 "arrows": sum(len(m.flows) for m in marks.values()) // 2,
-                                "slices": sum(ev["ph"] == "X" for m in marks.values() for ev in m.track),
+                                "slices": sum(ev["ph"] == "X" and ev["tid"] != WHAT_IF_TID for m in marks.values()
+                                              for ev in m.track),
+                                "what_if_slices": sum(ev["ph"] == "X" and ev["tid"] == WHAT_IF_TID
+                                                      for m in marks.values() for ev in m.track),
                                 "warnings": merged.warnings}
     if out_dir is not None:
         write_report(result, out_dir, so, format=options.get("format", "parquet"))

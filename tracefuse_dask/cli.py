@@ -394,10 +394,9 @@ def _analyze(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
             if s["bound"]["why"]:
                 print(f"why both: {s['bound']['why']}", file=sys.stderr)
         if s["straggler"].get("cause"):
-            cause = s["straggler"]["cause"]
-            mean = sum(p["duration_us"] for p in s["critical_path"]) / len(s["critical_path"])
-            print(f"why: {cause['verdict']}; with the median rank's work a step would take "
-                  f"{cause['what_if_step_us'] / 1e3:,.1f} ms instead of {mean / 1e3:,.1f} ms", file=sys.stderr)
+            print(f"why: {s['straggler']['cause']['verdict']}", file=sys.stderr)
+        if s["straggler"].get("what_if_text"):
+            print(f"what-if: {s['straggler']['what_if_text']}", file=sys.stderr)
         if s["slow_gpu"]:
             print(f"gpu: {s['slow_gpu']['text']}", file=sys.stderr)
         if s["launches"]:
@@ -418,7 +417,9 @@ def _analyze(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
         if args.critical_path_trace:
             cpt = s["critical_path_trace"]
             print(f"wrote {cpt['output']}: the merged trace with the critical path marked ({cpt['slices']:,} slices "
-                  f"on the 'critical path' track, {cpt['arrows']:,} arrows)", file=sys.stderr)
+                  f"on the 'critical path' track, "
+                  + (f"{cpt['what_if_slices']:,} on its 'straggler what-if' thread, " if cpt["what_if_slices"] else "")
+                  + f"{cpt['arrows']:,} arrows)", file=sys.stderr)
     return 0
 
 

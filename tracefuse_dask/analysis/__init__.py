@@ -28,6 +28,9 @@ from .collective_trace import looks_like_collective_trace, parse_collective_trac
 from .counters import Cutoffs, launch_summary, rank_metrics
 from .collectives import clock_offsets, group_members, instance_metrics, match_collectives, op_summary, straggler
 from .critical_path import bound, stitch, straggler_cause, walks_in
+from .what_if import stragglers as what_ifs
+from .what_if import timeline as replay_graph
+from .what_if import verdict as straggler_verdict
 from .diff import Diff
 from .efficiency import gpu_speed, link_use, node_of
 from .op_perf import by_category, roofline_summary
@@ -55,6 +58,7 @@ _NAMES = re.compile(r"\.json(\.gz)?$|\.gz$|\.csv$|\.log(-\d+)?$|\.txt$", re.IGNO
 _COMBINE = 64  # the results of this many tasks are joined by one reduce task on the cluster (fewer: by the client,
 # which saves their results a hop: 0.4-0.5 s of 4.4-5.1 s for 8 ranks of 50 MB of the A100 shape)
 _MAD_LIMIT = 3.0
+_CANDIDATES = 8  # the ranks that caused most waiting, each replayed without its extra work (``what_if``)
 _MIN_REL_DEVIATION = 0.10
 _BOOKKEEPING = ("gpu_events_left_out", "kernels_clipped")  # breakdown columns that rank_stats leaves out
 
@@ -518,8 +522,15 @@ def _reduce(results: list[dict[str, Any]], segments_of: Callable[[list[tuple[int
     path, path_steps, path_origin = stitch(pieces["path_anchors"], segments_of, tables["collectives"], matched,
                                            offsets, texts)
     speed, slow_gpu = gpu_speed(tables["op_perf"])
-    verdict["cause"] = straggler_cause(verdict["rank"], instances, matched, pieces["path_work"], path, path_steps,
-                                       gpu, texts)
+    graph = replay_graph(matched, pieces["path_anchors"], offsets)
+    candidates = stragglers.sort_values(["wait_caused_us", "rank"], ascending=[False, True])["rank"]
+    what_if = what_ifs(graph, candidates.astype(int).tolist()[:_CANDIDATES])
+    # a rank late in a few steps is late for what it did in those: its cause is found there
+    named = [(n["rank"], n["late_steps"] if n["pattern"] == "transient" else None) for n in what_if["ranks"]] \
+        if what_if else [(verdict["rank"], None)]
+    causes = {r: straggler_cause(r, instances, matched, pieces["path_work"], len(late or path_steps), gpu, texts, late)
+              for r, late in named if r is not None}
+    verdict = straggler_verdict(verdict, stragglers, what_if, causes)
     ct = _one_source_per_rank(pd.concat(ct_calls, ignore_index=True), warnings) if ct_calls \
         else pd.DataFrame(columns=CT_COLUMNS)
     ct_summary, ct_hints, ct_verdict = summarize(ct)

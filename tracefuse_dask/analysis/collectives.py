@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+from collections import defaultdict
 from collections.abc import Mapping, Set
 from typing import Any
 
@@ -32,7 +33,7 @@ ITEMSIZE = {"float": 4, "float32": 4, "bfloat16": 2, "half": 2, "float16": 2, "d
 _OP_PREFIX = re.compile("^(" + "|".join(map(re.escape, COLLECTIVE_OP_PREFIXES)) + ")")
 CALL_COLUMNS = ["index", "op", "name", "pg_name", "pg_desc", "group_ranks", "group_size", "dtype", "in_nelems",
                 "out_nelems", "in_bytes", "out_bytes", "input_dims", "seq", "comms_id", "step", "tid",
-                "cpu_start_ns", "cpu_end_ns", "gpu_start_ns", "gpu_end_ns", "stream"]
+                "cpu_start_ns", "cpu_end_ns", "gpu_start_ns", "gpu_end_ns", "stream", "done_ns"]
 
 
 def canonical_op(name: str) -> str:
@@ -99,6 +100,10 @@ def rank_collectives(name_code: np.ndarray, names: np.ndarray, tids: np.ndarray,
     thread is the execution of a ``c10d::*`` call, not a call, when the rank has ``c10d::*`` calls.
     Only the chains' events are read, not the whole rank's.
 
+    ``done_ns`` is when the collective was done on this rank: its last kernel's end; for a gloo call, the end of
+    its execution (the first unpaired ``gloo:*`` of its op that starts after it, in order: gloo runs a group's
+    work in the order it was queued), as ``c10d::*`` returns once the work is queued; else the call's end.
+
     Parameters
     ----------
     name_code, names
@@ -130,10 +135,13 @@ def rank_collectives(name_code: np.ndarray, names: np.ndarray, tids: np.ndarray,
         chain.append((int(order[k]), int(order[top])))
     has_c10d = any(names[name_code[i]].startswith("c10d::") for i, _ in chain)
     calls: dict[int, dict[str, Any]] = {}  # by the root's event
+    runs: dict[str, list[tuple[int, int]]] = defaultdict(list)  # gloo's executions, by op: (start, end)
     for i, r in chain:
         if r not in calls:
             name = names[name_code[r]]
             if has_c10d and name.startswith("gloo:"):
+                if i == r:
+                    runs[canonical_op(name)].append((int(start[r]) + base, int(end[r]) + base))
                 continue
             calls[r] = {"name": name, "tid": tids[r], "cpu_start_ns": int(start[r]) + base,
                         "cpu_end_ns": int(end[r]) + base}
@@ -149,8 +157,15 @@ def rank_collectives(name_code: np.ndarray, names: np.ndarray, tids: np.ndarray,
             c["stream"] = gpu.stream[j]
     rows = []
     sizes = {pg: len(group_members(spec)) for pg, spec in pg_config.items()}
+    for run in runs.values():
+        run.sort(reverse=True)
     for k, r in enumerate(sorted(calls, key=lambda r: (calls[r]["cpu_start_ns"], r))):
         c = calls[r]
+        op = canonical_op(c.get("collective") or c.get("op_name") or c["name"])
+        run = runs.get(op, [])
+        while run and run[-1][0] < c["cpu_start_ns"]:  # an execution of work queued before the trace began
+            run.pop()
+        done = c.get("gpu_end_ns") or (run.pop()[1] if run else c["cpu_end_ns"])
         pg = c.get("pg_name")
         text = c.get("group_ranks")
         # Kineto writes the first 30 ranks of a bigger group and "...": then pg_config has them all
@@ -158,7 +173,7 @@ def rank_collectives(name_code: np.ndarray, names: np.ndarray, tids: np.ndarray,
         itemsize = ITEMSIZE.get(str(c.get("dtype", "")).lower())
         in_n, out_n = c.get("in_nelems"), c.get("out_nelems")
         rows.append({
-            "index": k, "op": canonical_op(c.get("collective") or c.get("op_name") or c["name"]),
+            "index": k, "op": op,
             "name": c["name"], "pg_name": pg, "pg_desc": c.get("pg_desc"), "group_ranks": ranks,
             "group_size": c.get("group_size") or sizes.get(pg),
             "dtype": c.get("dtype"), "in_nelems": in_n, "out_nelems": out_n,
@@ -168,13 +183,14 @@ def rank_collectives(name_code: np.ndarray, names: np.ndarray, tids: np.ndarray,
             "step": _step_of(steps, c["cpu_start_ns"] - base), "tid": str(c["tid"]),
             "cpu_start_ns": c["cpu_start_ns"], "cpu_end_ns": c["cpu_end_ns"],
             "gpu_start_ns": c.get("gpu_start_ns"), "gpu_end_ns": c.get("gpu_end_ns"), "stream": c.get("stream"),
+            "done_ns": done,
         })
     df = pd.DataFrame(rows, columns=CALL_COLUMNS)
     # From the rows, not from the frame: pandas makes a column of ints and None float64, where absolute ns (1.7e18)
     # lose up to 128 ns to a float's 53 bits; a call's GPU start then fell after its first kernel's start, so that
     # ``critical_path.rank_pieces`` did not find the call's kernels, and the path stopped at its arrival.
     for col in ("group_size", "in_nelems", "out_nelems", "in_bytes", "out_bytes", "seq", "step", "gpu_start_ns",
-                "gpu_end_ns", "stream"):
+                "gpu_end_ns", "stream", "done_ns"):
         df[col] = pd.array([r[col] for r in rows], dtype="Int64")
     for col in ("op", "name", "pg_name", "pg_desc", "group_ranks", "dtype", "input_dims", "comms_id", "tid"):
         df[col] = df[col].astype("string")
@@ -342,11 +358,12 @@ def op_summary(instances: pd.DataFrame) -> pd.DataFrame:
 
 
 def straggler(instances: pd.DataFrame, waits: pd.DataFrame, matched: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
-    """Per rank: times last, wait caused, own wait, compute before collectives; and the verdict.
+    """Per rank: times last, wait caused, own wait, compute before collectives; and the verdict from the waiting.
 
     The verdict names the rank that caused most of the waiting when its share stands out:
     ``confidence`` rescales its share of all caused waiting from ``1/ranks`` (nobody stands
-    out) to 1 (all of it); a rank is named at 0.5 and above.
+    out) to 1 (all of it); a rank is named at 0.5 and above. ``what_if.verdict`` replaces the naming with
+    what fixing each rank is worth wherever the ranks share a step; this one stands without steps.
     """
     cols = ["rank", "collectives", "last_count", "wait_caused_us", "own_wait_us", "compute_before_us"]
     if instances.empty:

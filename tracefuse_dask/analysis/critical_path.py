@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections import defaultdict, namedtuple
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import cached_property
 from itertools import compress
 from typing import Any
@@ -47,7 +47,7 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from ..kineto.layout import CRITICAL_PATH_PID
+from ..kineto.layout import CRITICAL_PATH_PID, MAX_RANK
 from ..kineto.times import to_ns
 from ..kineto.vocabulary import (
     BLOCKING_COPIES,
@@ -65,6 +65,7 @@ from ..model import Marks
 
 __all__ = [
     "ANCHOR_COLUMNS",
+    "CAUSE_SHARE",
     "CATEGORIES",
     "GPU_KINDS",
     "KINDS",
@@ -89,6 +90,9 @@ GPU_KINDS = ("kernel", "memcpy", "sync wait", "collective transfer")  # with "GP
 _KIND = {k: i for i, k in enumerate(KINDS)}
 _NONE = -(2**62)  # a segment's source when it has no event
 _BLOCKING = SYNC_CALLS | BLOCKING_COPIES
+CAUSE_SHARE = 0.2
+WHAT_IF_TID = MAX_RANK + 1  # the critical-path process's thread of the straggler what-if, after every rank's
+"""An op is a straggler's cause when it accounts for at least this share of the straggler's extra time."""
 CATEGORIES = ("", *KERNEL_CATEGORIES)  # a segment's kernel category: "" for time not of device work
 _QUEUED_NS = 50_000  # a kernel that starts this long after both its launch and the work before it on its stream
 _HANDOFF_NS = 20_000  # and this soon after work on another stream ends was waiting for that work
@@ -941,21 +945,25 @@ def _step_summary(step: int, path: Sequence[tuple[Any, ...]], start_us: float, d
 
 
 def straggler_cause(rank: int | None, instances: pd.DataFrame, matched: pd.DataFrame, work: pd.DataFrame,
-                    path: pd.DataFrame, steps: Sequence[dict[str, Any]], gpu: bool,
-                    texts: Mapping[int, Sequence[str]]) -> dict[str, Any] | None:
-    """Why ``rank`` is late: its work before the collectives it reached last, against the median rank's, by name.
+                    steps: int, gpu: bool, texts: Mapping[int, Sequence[str]],
+                    late_steps: Collection[int] | None = None) -> dict[str, Any] | None:
+    """Why ``rank`` is late: its work before the collectives it reached last (in ``late_steps``, when given),
+    against the median rank's, by name.
 
     For each such collective, the median rank is the other participant whose time since its previous collective
     is the median one. ``extra_us`` is how much longer ``rank`` took to reach those collectives (never less
-    than 0 per collective), per step; the differences by (kind, name) are ranked, and the cause's kind is the
-    class of the largest ones (host-bound, slower kernels, more work, memcpy or data loading, synchronisation).
-    The what-if step time removes from each step's critical path the time it spent on ``rank`` in the work
-    that ``rank`` did more of, up to that work's extra per step. ``work`` is every rank's ``rank_pieces`` work,
-    with a leading ``rank`` column; ``texts`` each rank's texts (``RankTables.texts``).
+    than 0 per collective), per step (of ``steps``); the differences by (kind, name) are ranked, and the cause's
+    kind is the class of the largest ones (host-bound, slower kernels, more work, memcpy or data loading,
+    synchronisation). An op is the cause only when its difference is at least ``CAUSE_SHARE`` of the extra time;
+    else the verdict says that no single op explains it. ``work`` is every rank's ``rank_pieces`` work, with a
+    leading ``rank`` column; ``texts`` each rank's texts (``RankTables.texts``).
     """
     if rank is None or instances.empty or work.empty:
         return None
-    late = instances.loc[instances["last_rank"] == rank, "instance"].astype(int).tolist()
+    mine = instances["last_rank"] == rank
+    if late_steps is not None:
+        mine &= instances["step"].isin(list(late_steps)).to_numpy(dtype=bool)
+    late = instances.loc[mine, "instance"].astype(int).tolist()
     call_of = {(int(i), int(r)): int(c) for i, r, c in zip(matched["instance"], matched["rank"], matched["index"])}
     parts = work.groupby(["rank", "call"], sort=False).indices
     columns = [work[c].to_numpy() for c in ("kind", "name", "cat", "count", "ns")]
@@ -988,28 +996,34 @@ def straggler_cause(rank: int | None, instances: pd.DataFrame, matched: pd.DataF
                 counts[(kind, name)][side] += int(n)
                 cat_of.setdefault((kind, name), cat)
     positive = sorted(((v, k) for k, v in diff.items() if v > 0), key=lambda x: (-x[0], x[1]))
-    if not positive:
+    if not positive or not extra:
         return None
-    n_steps = max(1, len(steps))
-    total = sum(v for v, _ in positive)
+    n_steps = max(1, steps)
     classes: dict[str, float] = defaultdict(float)
     top = []
     for v, key in positive[:10]:
         cls = _cause_class(*key, *counts[key])
         classes[cls] += v
         top.append({"name": key[1], "kind": key[0], "cause": cls, "extra_us": round(v / 1e3 / n_steps, 3),
-                    "share": round(v / total, 4)})
+                    "share": round(min(1.0, v / extra), 4)})
     kind = max(classes.items(), key=lambda kv: kv[1])[0]
     lead = top[0]
-    label = (cat_of.get((lead["kind"], lead["name"])) or lead["kind"]).replace("_", " ")
-    verdict = (f"rank {rank} is late to {len(late)} of {len(instances)} collectives because of `{lead['name']}` "
-               f"({label}): {lead['extra_us'] / 1e3:,.1f} ms per step more than the median rank; {kind}")
+    per_step = extra / 1e3 / n_steps
+    where = "" if late_steps is None else " (in " + ", ".join(f"ProfilerStep#{s}" for s in sorted(late_steps)) + ")"
+    if lead["share"] >= CAUSE_SHARE:
+        label = (cat_of.get((lead["kind"], lead["name"])) or lead["kind"]).replace("_", " ")
+        verdict = (f"rank {rank} is late to {len(late)} of {len(instances)} collectives{where} because of `{lead['name']}` "
+                   f"({label}): {lead['extra_us'] / 1e3:,.1f} ms per step more than the median rank, "
+                   f"{lead['share']:.0%} of its {per_step / 1e3:,.1f} ms of extra time; {kind}")
+    else:
+        verdict = (f"rank {rank} is late to {len(late)} of {len(instances)} collectives{where} by {per_step / 1e3:,.1f} ms "
+                   f"per step, and no single op explains it: the most, `{lead['name']}`, accounts for "
+                   f"{lead['share']:.0%} ({lead['extra_us'] / 1e3:,.1f} ms); {kind}")
     if gpu and span:
         verdict += f": its GPU was idle {100 * idle / span:.0f}% of that time"
     return {"rank": rank, "compared_with": int(pd.Series(medians).mode().min()), "collectives_late": len(late),
-            "extra_us": round(extra / 1e3 / n_steps, 3), "kind": kind, "top": top,
-            "what_if_step_us": _what_if(rank, path, steps, {k: v / n_steps for v, k in positive}),
-            "verdict": verdict}
+            "extra_us": round(per_step, 3), "kind": kind, "op": lead["name"] if lead["share"] >= CAUSE_SHARE else None,
+            "top": top, "verdict": verdict}
 
 
 def _cause_class(kind: str, name: str, n_mine: int, n_theirs: int) -> str:
@@ -1020,33 +1034,17 @@ def _cause_class(kind: str, name: str, n_mine: int, n_theirs: int) -> str:
     return _CAUSES.get(kind, "host-bound")
 
 
-def _what_if(rank: int, path: pd.DataFrame, steps: Sequence[dict[str, Any]],
-             extra_ns: Mapping[tuple[str, str], float]) -> float | None:
-    """The mean step time with ``rank``'s extra work (per step, by (kind, name)) taken off its critical path."""
-    if not steps:
-        return None
-    # a blocking call's own time on the path is its ``sync overhead``; in the work it is a cpu_op's own time
-    kind = path["kind"].replace({"sync overhead": "cpu_op"})
-    mine = path.assign(kind=kind)[path["rank"] == rank].groupby(["step", "kind", "name"])["dur_us"].sum()
-    out = []
-    for s in steps:
-        on_path = mine.get(s["step"]) if s["step"] in mine.index.get_level_values(0) else None
-        cut = 0.0
-        if on_path is not None:
-            cut = sum(min(us, extra_ns.get(key, 0.0) / 1e3) for key, us in on_path.items())
-        out.append(s["duration_us"] - cut)
-    return round(float(np.mean(out)), 3)
-
-
-def trace_marks(path: pd.DataFrame, origin_ns: int, bases_ns: Mapping[int, int],
-                offsets_ns: Mapping[int, float]) -> dict[int, Marks]:
+def trace_marks(path: pd.DataFrame, origin_ns: int, bases_ns: Mapping[int, int], offsets_ns: Mapping[int, float],
+                straggler: Mapping[str, Any] | None = None) -> dict[int, Marks]:
     """What ``analyze --critical-path-trace`` adds to each rank's events in the merged trace.
 
     ``flows``: an arrow (``s``/``f``, cat and name ``critical_path``) from each event of the path to the next
     one on the same rank, bound to both events (at their ``ts``, as they are in the file), so that Perfetto draws
     the chain; arrows never cross ranks. ``track``: the path's segments as slices of the "critical path" process
     (``CRITICAL_PATH_PID``), one thread per rank, on that rank's own clock, so that each slice lies over the work
-    it names. Times are ns in each rank's file's frame (``Marks``).
+    it names. ``straggler`` (``summary.json``'s): each named straggler's late steps, as slices of that process's
+    "straggler what-if" thread (``WHAT_IF_TID``) over the step, named by the rank and what fixing it would save,
+    the what-if's figures in their args. Times are ns in each rank's file's frame (``Marks``).
     """
     off = {int(r): round(v) for r, v in offsets_ns.items()}
     flows: dict[int, list[dict[str, Any]]] = defaultdict(list)
@@ -1075,6 +1073,24 @@ def trace_marks(path: pd.DataFrame, origin_ns: int, bases_ns: Mapping[int, int],
                     "args": {"name": f"rank {r}"}},
                    {"ph": "M", "name": "thread_sort_index", "pid": CRITICAL_PATH_PID, "tid": r,
                     "args": {"sort_index": r}}]
+    what_if = (straggler or {}).get("what_if") or {}
+    for n in (straggler or {}).get("ranks") or []:
+        r = int(n["rank"])
+        for st in what_if["steps"]:
+            if st["step"] in n["late_steps"]:
+                track[r].append({
+                    "ph": "X", "cat": "critical_path", "pid": CRITICAL_PATH_PID, "tid": WHAT_IF_TID,
+                    "name": f"straggler rank {r} ({n['pattern']}): {st['measured_us'] / 1e3:,.1f} ms, "
+                            f"{st['predicted_us'] / 1e3:,.1f} ms without it",
+                    "ts": st["start_ns"] + off.get(r, 0) - bases_ns[r], "dur": st["measured_us"],
+                    "args": {"step": st["step"], "rank": r, "pattern": n["pattern"], "measured_us": st["measured_us"],
+                             "predicted_us": st["predicted_us"], "gain_us": st["by_rank"].get(str(r), st["gain_us"]),
+                             "assumes": what_if["assumes"]}})
+        if r == int(straggler["ranks"][0]["rank"]):
+            track[r] += [{"ph": "M", "name": "thread_name", "pid": CRITICAL_PATH_PID, "tid": WHAT_IF_TID,
+                          "args": {"name": "straggler what-if"}},
+                         {"ph": "M", "name": "thread_sort_index", "pid": CRITICAL_PATH_PID, "tid": WHAT_IF_TID,
+                          "args": {"sort_index": -1}}]
     if track:
         track[min(track)] += [
             {"ph": "M", "name": "process_name", "pid": CRITICAL_PATH_PID, "args": {"name": "critical path"}},

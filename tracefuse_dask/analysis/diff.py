@@ -531,8 +531,12 @@ def _stats(values: Iterable[float]) -> dict[str, float]:
 
 
 def _cause_name(summary: dict[str, Any]) -> str | None:
+    """The op the straggler's cause names (None: none explains it); a report written before ``op`` was, its top."""
     cause = summary["straggler"].get("cause")
-    return name_key(cause["top"][0]["name"]) if cause and cause.get("top") else None
+    if not cause or not cause.get("top"):
+        return None
+    op = cause["op"] if "op" in cause else cause["top"][0]["name"]
+    return None if op is None else name_key(op)
 
 
 def _straggler(sides: Sequence[_Side]) -> dict[str, Any]:

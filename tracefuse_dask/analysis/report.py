@@ -278,10 +278,10 @@ def _answers(page: Page) -> str:
     straggler = s.get("straggler") or {}
     if straggler.get("evidence"):
         lines.append(str(straggler["evidence"]))
-    cause = straggler.get("cause")
-    if cause:
-        lines.append(f"Why: {cause['verdict']}; with the median rank's work a step would take "
-                     f"{float(cause['what_if_step_us']) / 1e3:,.1f} ms.")
+    if straggler.get("cause"):
+        lines.append(f"Why: {straggler['cause']['verdict']}.")
+    if straggler.get("what_if_text"):
+        lines.append(f"What-if: {straggler['what_if_text']}.")
     if steps:
         lines.append(path_line(steps))
     if s.get("bound"):
@@ -479,8 +479,15 @@ def _collectives(page: Page) -> str:
     parts = ["<h2>Collectives and stragglers</h2>"]
     if verdict.get("evidence"):
         cls = "note" if verdict.get("rank") is not None else "caption"
-        parts.append(f'<p class="{cls}"><b>{html.escape(str(verdict["evidence"]))}</b> '
-                     f'(confidence {float(verdict.get("confidence", 0)):.2f})</p>')
+        parts.append(f'<p class="{cls}"><b>{html.escape(str(verdict["evidence"]))}</b></p>')
+    what_if = verdict.get("what_if")
+    if what_if:
+        parts.append(f'<p class="caption">What-if: {html.escape(str(verdict.get("what_if_text") or what_if["assumes"]))}'
+                     '. Each step replayed across ranks from its collectives, with the named ranks doing the '
+                     'median other rank\'s work where they did more; a rank is named when its fix saves '
+                     f'{what_if["bar_us"] / 1e3:,.1f} ms per step or more (the bar).</p>')
+        parts.append(_html_table(pd.DataFrame([{k: v for k, v in st.items() if k not in ("by_rank", "start_ns")}
+                                               for st in what_if["steps"]]), "step", ascending=True, what="steps"))
     if not waits.empty:
         instances = page.table("collective_instances")
         shown = sorted(waits["instance"].unique())[:MAX_HEATMAP_COLUMNS]
@@ -530,8 +537,7 @@ def _critical_path(page: Page) -> str:
               "finished last; at a collective, to the rank that arrived last.</p>")]
     cause = (page.summary.get("straggler") or {}).get("cause")
     if cause:
-        parts.append(f'<p class="note"><b>{html.escape(str(cause["verdict"]))}</b>. With the median rank\'s work '
-                     f"a step would take {float(cause['what_if_step_us']) / 1e3:,.1f} ms.</p>")
+        parts.append(f'<p class="note"><b>{html.escape(str(cause["verdict"]))}</b>.</p>')
         parts.append(_html_table(pd.DataFrame(cause["top"]), "extra_us", what="differences"))
     slow = max(steps, key=lambda p: p["duration_us"])
     seg = path[path["step"] == slow["step"]].nlargest(MAX_PATH_BARS, "dur_us")

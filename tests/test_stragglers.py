@@ -1,0 +1,122 @@
+"""The straggler verdict and its what-if, on real gloo jobs with an injected straggler and their clean twins.
+
+The jobs are made here (``tests/gloo_job.py``, torch from the test extras), once for the module: ``CASES``, a
+rank late in every step or in one, in the forward pass, the backward pass or the optimizer step, on 2, 3, 4 and 8
+ranks, and one clean twin per size.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gloo_job import CASES, case_name, measured_gain, predicted_gain, step_times
+from tracefuse_dask import analyze
+from tracefuse_dask.analysis.what_if import NOISE, SIGNIFICANT
+
+pytest.importorskip("torch", reason="the gloo jobs need torch (a test extra: pip install -e '.[test]')")
+pytestmark = pytest.mark.integration
+
+GENERATOR = Path(__file__).with_name("gloo_job.py")
+
+
+def make(out: Path, ws: int, rank: int = -1, ms: float = 0, placement: str = "forward",
+         late: list[int] | None = None) -> Path:
+    """One job, in a fresh interpreter (torch's spawn re-imports the main module); once more if gloo fails to
+    start, which is the machine, not the job."""
+    cmd = [sys.executable, str(GENERATOR), "--out", str(out), "--world-size", str(ws), "--slow-rank", str(rank),
+           "--slow-ms", str(ms), "--placement", placement]
+    if late is not None:
+        cmd += ["--late-steps", *map(str, late)]
+    for attempt in range(2):
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+        if done.returncode == 0:
+            return out
+    raise AssertionError(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory, client):
+    """Each case and clean twin: (its folder, its clean twin's folder, its straggler verdict)."""
+    root = tmp_path_factory.mktemp("gloo")
+    got = {}
+    for ws in sorted({c[0] for c in CASES}):  # each size's twin first, then its cases, back to back
+        clean = make(root / f"clean{ws}", ws)
+        got[case_name(ws)] = (clean, clean, analyze(str(clean), client=client).summary["straggler"])
+        for case in (c for c in CASES if c[0] == ws):
+            out = make(root / "_".join(map(str, case[:4])), *case)
+            got[case_name(*case)] = (out, clean, analyze(str(out), client=client).summary["straggler"])
+    return got
+
+
+def test_the_late_rank_is_named_chronic_or_transient_with_its_cause(jobs):
+    missed = []
+    for case in CASES:
+        ws, rank, ms, placement, late = case
+        _, _, s = jobs[case_name(*case)]
+        pattern = "chronic" if late is None else "transient"
+        if (s["rank"], s["pattern"]) != (rank, pattern) or s["cause"]["op"] != "straggler_sleep":
+            missed.append((case_name(*case), s["evidence"], (s["cause"] or {}).get("verdict")))
+            continue
+        first = min(st["step"] for st in s["what_if"]["steps"])
+        assert s["late_steps"] == ([first + late[0]] if late else list(range(first, first + 10))) or \
+            late is None and len(s["late_steps"]) >= 5, s["evidence"]
+        assert s["evidence"].startswith(f"rank {rank} is " + ("the straggler, chronic: late in" if late is None else
+                                                               "a straggler in 1 of 10 steps only, transient: "))
+    assert len(missed) <= 0.05 * len(CASES), "\n".join(map(str, missed))
+
+
+# Two clean runs of one size differ by up to 2 ms in their median step here: a gain under 15 ms cannot be measured
+# within 30% against a twin (docs/stragglers.md shows those cases too). The what-if keeps the other ranks' work as it
+# was; with more ranks than cores they did it faster while the late rank slept, so the twin gains less than the
+# sleep: 25-40% less with 3 ranks on these 2 cores. Those jobs are held to 50%.
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] <= 4 and c[2] >= 15], ids=lambda c: case_name(*c))
+def test_the_what_if_predicts_the_clean_twin_within_30_percent(case, jobs):
+    out, clean, s = jobs[case_name(*case)]
+    measured, predicted = measured_gain(str(out), str(clean)), predicted_gain(str(out), s)
+    own_core = case[0] <= len(os.sched_getaffinity(0))
+    assert predicted == pytest.approx(measured, rel=0.3 if own_core else 0.5), (s["what_if_text"], measured)
+
+
+@pytest.mark.parametrize("ws", sorted({c[0] for c in CASES}))
+def test_a_clean_twin_names_no_straggler_and_shows_why(ws, jobs):
+    _, _, s = jobs[case_name(ws)]
+    w = s["what_if"]
+    assert s["rank"] is None and s["ranks"] == [] and s["cause"] is None and s["what_if_text"] is None
+    assert w["most"]["gain_us"] < w["bar_us"] == pytest.approx(max(SIGNIFICANT * w["step_us"], NOISE * w["spread_us"]),
+                                                                abs=0.002)
+    assert s["evidence"] == (
+        f"no straggler: fixing any one rank would save at most {w['most']['gain_us'] / 1e3:,.1f} ms per step (rank "
+        f"{w['most']['rank']}; {w['most']['most_us'] / 1e3:,.1f} ms in its worst step), under the bar: "
+        f"{w['bar_us'] / 1e3:,.1f} ms, 15% of the {w['step_us'] / 1e3:,.1f} ms median step and 2.5× its "
+        f"step-to-step spread of {w['spread_us'] / 1e3:,.1f} ms")
+
+
+def test_replayed_as_measured_the_graph_gives_back_every_step_time(jobs, client):
+    """The replay with nothing fixed is the job: each step's slowest rank, from the raw ProfilerStep events."""
+    for name in (case_name(4), case_name(*next(c for c in CASES if c[0] == 4))):
+        out, _, s = jobs[name]
+        raw = step_times(str(out))
+        assert {st["step"]: st["measured_us"] for st in s["what_if"]["steps"]} == pytest.approx(raw, abs=0.002)
+
+
+def test_the_cli_report_and_overlay_say_the_same(jobs, tmp_path):
+    out, _, _ = jobs[case_name(*next(c for c in CASES if c[0] == 3 and c[4]))]
+    cmd = [sys.executable, "-m", "tracefuse_dask", "analyze", str(out), "-o", str(tmp_path / "rep"),
+           "--critical-path-trace", str(tmp_path / "path.json.gz"), "--workers", "1"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    s = json.loads((tmp_path / "rep" / "summary.json").read_text())["straggler"]
+    assert s["what_if_step_us"] == s["what_if"]["what_if_step_us"] and s["pattern"] == "transient"
+    for line in (s["evidence"], f"why: {s['cause']['verdict']}", f"what-if: {s['what_if_text']}"):
+        assert line in done.stderr
+    page = (tmp_path / "rep" / "report.html").read_text()
+    import html
+
+    assert html.escape(s["evidence"]) in page and html.escape(s["what_if_text"]) in page
+    assert "ProfilerStep#4 would take" in s["what_if_text"] and "`straggler_sleep`" in s["what_if_text"]
+    assert "1 on its 'straggler what-if' thread" in done.stderr

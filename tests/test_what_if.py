@@ -1,0 +1,45 @@
+"""The what-if's replay and the straggler rules, on hand-built jobs (pure functions; the real gloo jobs are in
+test_stragglers.py)."""
+from __future__ import annotations
+
+import pandas as pd
+
+from tracefuse_dask.analysis.what_if import replay, stragglers, timeline
+
+
+def hand_built(late_ns: dict[int, int], steps: int = 3):
+    """A job of one collective per step, 100 ms apart: each rank arrives 20 ms into the step plus its lateness,
+    the collective takes 2 ms after the last arrival, and the step ends 3 ms after it."""
+    rows, anchors = [], []
+    last = max(late_ns.values())
+    for step in range(steps):
+        t0 = step * 100_000_000
+        for r, late in late_ns.items():
+            arrive = t0 + 20_000_000 + late
+            done = t0 + 20_000_000 + last + 2_000_000
+            rows.append({"rank": r, "index": step, "instance": step, "cpu_start_ns": arrive, "cpu_end_ns": arrive + 1,
+                         "gpu_start_ns": pd.NA, "done_ns": done})
+            anchors.append({"rank": r, "anchor": "step", "key": step, "floor_ns": t0, "host_ns": done + 3_000_000})
+    matched = pd.DataFrame(rows).astype({"gpu_start_ns": "Int64"})
+    return timeline(matched, pd.DataFrame(anchors), {})
+
+
+def test_the_replay_gives_a_late_rank_the_median_other_ranks_work():
+    tl = hand_built({0: 0, 1: 0, 2: 0, 3: 10_000_000, 4: 20_000_000})
+    assert replay(tl) == {s: 45_000_000 for s in range(3)}
+    assert replay(tl, {4}) == {s: 35_000_000 for s in range(3)}  # rank 3 is now the last, 10 ms late
+    assert replay(tl, {3}) == replay(tl)  # rank 4 still holds the collective
+    assert replay(tl, {3, 4}) == {s: 25_000_000 for s in range(3)}
+
+
+def test_a_second_late_rank_behind_the_first_is_found_and_the_gain_split():
+    got = stragglers(hand_built({0: 0, 1: 0, 2: 0, 3: 10_000_000, 4: 20_000_000}), [4, 3, 2, 1, 0])
+    assert [(n["rank"], n["pattern"], n["gain_us"]) for n in got["ranks"]] == [(4, "chronic", 10_000.0),
+                                                                             (3, "chronic", 10_000.0)]
+    assert all(st["by_rank"] == {"4": 10_000.0, "3": 10_000.0} and st["gain_us"] == 20_000.0 for st in got["steps"])
+    assert got["what_if_step_us"] == 25_000.0 and got["step_us"] == 45_000.0
+
+
+def test_a_rank_late_within_the_noise_is_not_named():
+    got = stragglers(hand_built({0: 0, 1: 0, 2: 3_000_000}), [2, 1, 0])  # 3 ms of a 28 ms step: under 15%
+    assert got["ranks"] == [] and got["most"] == {"rank": 2, "gain_us": 3000.0, "most_us": 3000.0}
