@@ -319,7 +319,7 @@ def test_the_critical_path_trace_marks_the_path_and_changes_no_other_event(name,
                if e["ph"] == "X" and e["tid"] == WHAT_IF_TID]
     assert sorted(what_if) == sorted((n["rank"], w["step"], w["predicted_us"], f"straggler rank {n['rank']} "
                                       f"({n['pattern']}): {w['measured_us'] / 1e3:,.1f} ms, "
-                                      f"{w['predicted_us'] / 1e3:,.1f} ms without it")
+                                      f"what-if {w['predicted_us'] / 1e3:,.1f} ms")
                                      for n in st["ranks"] for w in st["what_if"]["steps"] if w["step"] in n["late_steps"])
     assert len(what_if) == got.summary["critical_path_trace"]["what_if_slices"]
     assert bool(what_if) == (name == "gloo_4ranks")  # its rank 2 sleeps 40 ms in each of 2 steps

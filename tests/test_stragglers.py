@@ -10,13 +10,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from gloo_job import CASES, case_name, measured_gain, predicted_gain, step_times
 from tracefuse_dask import analyze
-from tracefuse_dask.analysis.what_if import NOISE, SIGNIFICANT
+from tracefuse_dask.analysis.what_if import NOISE, SIGNIFICANT, TRANSIENT
 
 pytest.importorskip("torch", reason="the gloo jobs need torch (a test extra: pip install -e '.[test]')")
 pytestmark = pytest.mark.integration
@@ -25,18 +26,32 @@ GENERATOR = Path(__file__).with_name("gloo_job.py")
 
 
 def make(out: Path, ws: int, rank: int = -1, ms: float = 0, placement: str = "forward",
-         late: list[int] | None = None) -> Path:
+         late: list[int] | None = None, also: tuple[int, float] | None = None) -> Path:
     """One job, in a fresh interpreter (torch's spawn re-imports the main module); once more if gloo fails to
     start, which is the machine, not the job."""
     cmd = [sys.executable, str(GENERATOR), "--out", str(out), "--world-size", str(ws), "--slow-rank", str(rank),
            "--slow-ms", str(ms), "--placement", placement]
     if late is not None:
         cmd += ["--late-steps", *map(str, late)]
+    if also is not None:
+        cmd += ["--also", *map(str, also)]
     for attempt in range(2):
+        quiet()
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
         if done.returncode == 0:
             return out
     raise AssertionError(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
+
+
+def quiet(limit: float = 25.0, wait: float = 60.0) -> None:
+    """Wait (up to ``wait`` s) until the machine's CPUs are at most ``limit``% busy over half a second: a server
+    that an earlier test stopped can still be exiting, and a job made meanwhile has a slow rank of the machine's
+    making, not the job's."""
+    import psutil
+
+    end = time.monotonic() + wait
+    while psutil.cpu_percent(interval=0.5) > limit and time.monotonic() < end:
+        pass
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +74,7 @@ def test_the_late_rank_is_named_chronic_or_transient_with_its_cause(jobs):
         ws, rank, ms, placement, late = case
         _, _, s = jobs[case_name(*case)]
         pattern = "chronic" if late is None else "transient"
-        if (s["rank"], s["pattern"]) != (rank, pattern) or s["cause"]["op"] != "straggler_sleep":
+        if (s["rank"], s["pattern"]) != (rank, pattern) or (s["cause"] or {}).get("op") != "straggler_sleep":
             missed.append((case_name(*case), s["evidence"], (s["cause"] or {}).get("verdict")))
             continue
         first = min(st["step"] for st in s["what_if"]["steps"])
@@ -89,11 +104,14 @@ def test_a_clean_twin_names_no_straggler_and_shows_why(ws, jobs):
     assert s["rank"] is None and s["ranks"] == [] and s["cause"] is None and s["what_if_text"] is None
     assert w["most"]["gain_us"] < w["bar_us"] == pytest.approx(max(SIGNIFICANT * w["step_us"], NOISE * w["spread_us"]),
                                                                 abs=0.002)
+    one = w["most_in_a_step"]
+    assert one["gain_us"] < w["transient_us"] == pytest.approx(max(w["bar_us"], TRANSIENT * w["step_us"]), abs=0.002)
     assert s["evidence"] == (
         f"no straggler: fixing any one rank would save at most {w['most']['gain_us'] / 1e3:,.1f} ms per step (rank "
-        f"{w['most']['rank']}; {w['most']['most_us'] / 1e3:,.1f} ms in its worst step), under the bar: "
-        f"{w['bar_us'] / 1e3:,.1f} ms, 15% of the {w['step_us'] / 1e3:,.1f} ms median step and 2.5× its "
-        f"step-to-step spread of {w['spread_us'] / 1e3:,.1f} ms")
+        f"{w['most']['rank']}), under the bar: {w['bar_us'] / 1e3:,.1f} ms, 15% of the {w['step_us'] / 1e3:,.1f} ms "
+        f"median step and 2.5× its step-to-step spread of {w['spread_us'] / 1e3:,.1f} ms; and at most "
+        f"{one['gain_us'] / 1e3:,.1f} ms in one step (rank {one['rank']}, ProfilerStep#{one['step']}), under the "
+        f"{w['transient_us'] / 1e3:,.1f} ms a one-step straggler must save (40% of the median step)")
 
 
 def test_replayed_as_measured_the_graph_gives_back_every_step_time(jobs, client):
@@ -120,3 +138,20 @@ def test_the_cli_report_and_overlay_say_the_same(jobs, tmp_path):
     assert html.escape(s["evidence"]) in page and html.escape(s["what_if_text"]) in page
     assert "ProfilerStep#4 would take" in s["what_if_text"] and "`straggler_sleep`" in s["what_if_text"]
     assert "1 on its 'straggler what-if' thread" in done.stderr
+
+
+def test_two_late_ranks_are_both_named_and_the_gain_split_by_rank_and_op(jobs, client, tmp_path):
+    """Ranks 1 and 3 of 4 sleep 30 and 15 ms in every forward pass: fixing rank 1 alone saves only what rank 3
+    does not hold up (15 ms), and rank 3, found behind it, the rest; the sum is what the clean twin saves."""
+    out = make(tmp_path / "two", 4, 1, 30, "forward", also=(3, 15))
+    s = analyze(str(out), client=client).summary["straggler"]
+    assert [(n["rank"], n["pattern"]) for n in s["ranks"]] == [(1, "chronic"), (3, "chronic")], s["evidence"]
+    for n, share in zip(s["ranks"], (15_000, 15_000)):
+        assert n["gain_us"] == pytest.approx(share, rel=0.3)
+        assert [o["name"] for o in n["by_op"]] == ["straggler_sleep"]
+    for st in s["what_if"]["steps"]:
+        assert sum(st["by_rank"].values()) == pytest.approx(st["gain_us"], abs=0.01)
+    clean, _, _ = jobs[case_name(4)]
+    assert predicted_gain(str(out), s) == pytest.approx(measured_gain(str(out), str(clean)), rel=0.5)
+    assert "; also rank 3, chronic: late in " in s["evidence"] and "fixing it as well would save" in s["evidence"]
+    assert "by rank: rank 1 " in s["what_if_text"] and ", rank 3 " in s["what_if_text"]

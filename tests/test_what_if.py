@@ -7,14 +7,16 @@ import pandas as pd
 from tracefuse_dask.analysis.what_if import replay, stragglers, timeline
 
 
-def hand_built(late_ns: dict[int, int], steps: int = 3):
-    """A job of one collective per step, 100 ms apart: each rank arrives 20 ms into the step plus its lateness,
-    the collective takes 2 ms after the last arrival, and the step ends 3 ms after it."""
+def hand_built(late_ns: dict[int, int], steps: int = 3, only: int | None = None):
+    """A job of one collective per step, 100 ms apart: each rank arrives 20 ms into the step plus its lateness
+    (in step ``only`` alone, when given), the collective takes 2 ms after the last arrival, and the step ends 3 ms
+    after it."""
     rows, anchors = [], []
-    last = max(late_ns.values())
     for step in range(steps):
         t0 = step * 100_000_000
-        for r, late in late_ns.items():
+        lateness = {r: v if only in (None, step) else 0 for r, v in late_ns.items()}
+        last = max(lateness.values())
+        for r, late in lateness.items():
             arrive = t0 + 20_000_000 + late
             done = t0 + 20_000_000 + last + 2_000_000
             rows.append({"rank": r, "index": step, "instance": step, "cpu_start_ns": arrive, "cpu_end_ns": arrive + 1,
@@ -42,4 +44,13 @@ def test_a_second_late_rank_behind_the_first_is_found_and_the_gain_split():
 
 def test_a_rank_late_within_the_noise_is_not_named():
     got = stragglers(hand_built({0: 0, 1: 0, 2: 3_000_000}), [2, 1, 0])  # 3 ms of a 28 ms step: under 15%
-    assert got["ranks"] == [] and got["most"] == {"rank": 2, "gain_us": 3000.0, "most_us": 3000.0}
+    assert got["ranks"] == [] and got["most"] == {"rank": 2, "gain_us": 3000.0}
+    assert got["most_in_a_step"] == {"rank": 2, "step": 2, "gain_us": 3000.0}
+
+
+def test_a_rank_late_in_one_step_is_transient_with_that_step():
+    got = stragglers(hand_built({0: 0, 1: 0, 2: 20_000_000}, steps=5, only=3), [2, 1, 0])
+    assert [(n["rank"], n["pattern"], n["late_steps"], n["gain_us"]) for n in got["ranks"]] == [
+        (2, "transient", [3], 20_000.0)]
+    assert [st["gain_us"] for st in got["steps"]] == [0.0, 0.0, 0.0, 20_000.0, 0.0]
+    assert got["gain_us"] == 0.0 and got["what_if_step_us"] == got["step_us"] == 25_000.0

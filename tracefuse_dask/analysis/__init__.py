@@ -528,8 +528,9 @@ def _reduce(results: list[dict[str, Any]], segments_of: Callable[[list[tuple[int
     # a rank late in a few steps is late for what it did in those: its cause is found there
     named = [(n["rank"], n["late_steps"] if n["pattern"] == "transient" else None) for n in what_if["ranks"]] \
         if what_if else [(verdict["rank"], None)]
-    causes = {r: straggler_cause(r, instances, matched, pieces["path_work"], len(late or path_steps), gpu, texts, late)
-              for r, late in named if r is not None}
+    causes = {r: straggler_cause(r, instances, matched, pieces["path_work"], len(late or path_steps), gpu, texts, late,
+                                 behind=k > 0)  # the ranks after the first: held up behind it, seldom the last
+              for k, (r, late) in enumerate(named) if r is not None}
     verdict = straggler_verdict(verdict, stragglers, what_if, causes)
     ct = _one_source_per_rank(pd.concat(ct_calls, ignore_index=True), warnings) if ct_calls \
         else pd.DataFrame(columns=CT_COLUMNS)

@@ -91,8 +91,8 @@ _KIND = {k: i for i, k in enumerate(KINDS)}
 _NONE = -(2**62)  # a segment's source when it has no event
 _BLOCKING = SYNC_CALLS | BLOCKING_COPIES
 CAUSE_SHARE = 0.2
-WHAT_IF_TID = MAX_RANK + 1  # the critical-path process's thread of the straggler what-if, after every rank's
 """An op is a straggler's cause when it accounts for at least this share of the straggler's extra time."""
+WHAT_IF_TID = MAX_RANK + 1  # the critical-path process's thread of the straggler what-if, after every rank's
 CATEGORIES = ("", *KERNEL_CATEGORIES)  # a segment's kernel category: "" for time not of device work
 _QUEUED_NS = 50_000  # a kernel that starts this long after both its launch and the work before it on its stream
 _HANDOFF_NS = 20_000  # and this soon after work on another stream ends was waiting for that work
@@ -946,9 +946,10 @@ def _step_summary(step: int, path: Sequence[tuple[Any, ...]], start_us: float, d
 
 def straggler_cause(rank: int | None, instances: pd.DataFrame, matched: pd.DataFrame, work: pd.DataFrame,
                     steps: int, gpu: bool, texts: Mapping[int, Sequence[str]],
-                    late_steps: Collection[int] | None = None) -> dict[str, Any] | None:
-    """Why ``rank`` is late: its work before the collectives it reached last (in ``late_steps``, when given),
-    against the median rank's, by name.
+                    late_steps: Collection[int] | None = None, behind: bool = False) -> dict[str, Any] | None:
+    """Why ``rank`` is late: its work before the collectives it reached last (``behind``: after the median rank,
+    as for a second straggler, which another one hides; in ``late_steps``, when given), against the median
+    rank's, by name.
 
     For each such collective, the median rank is the other participant whose time since its previous collective
     is the median one. ``extra_us`` is how much longer ``rank`` took to reach those collectives (never less
@@ -960,7 +961,7 @@ def straggler_cause(rank: int | None, instances: pd.DataFrame, matched: pd.DataF
     """
     if rank is None or instances.empty or work.empty:
         return None
-    mine = instances["last_rank"] == rank
+    mine = (instances["last_rank"] == rank) | behind
     if late_steps is not None:
         mine &= instances["step"].isin(list(late_steps)).to_numpy(dtype=bool)
     late = instances.loc[mine, "instance"].astype(int).tolist()
@@ -974,13 +975,19 @@ def straggler_cause(rank: int | None, instances: pd.DataFrame, matched: pd.DataF
     cat_of: dict[tuple[str, str], str] = {}
     extra = idle = span = 0.0
     medians = []
+    kept = []
     for inst in late:
+        if (inst, rank) not in call_of:
+            continue
         mine = (rank, call_of[(inst, rank)])
         others = sorted((length[(r, c)], r) for (i, r), c in call_of.items()
                         if i == inst and r != rank and (r, c) in length)
         if mine not in parts or not others:
             continue
         med_len, med = others[(len(others) - 1) // 2]
+        if behind and length[mine] <= med_len:
+            continue
+        kept.append(inst)
         medians.append(med)
         extra += max(0.0, length[mine] - med_len)
         span += length[mine]
@@ -1012,16 +1019,16 @@ def straggler_cause(rank: int | None, instances: pd.DataFrame, matched: pd.DataF
     where = "" if late_steps is None else " (in " + ", ".join(f"ProfilerStep#{s}" for s in sorted(late_steps)) + ")"
     if lead["share"] >= CAUSE_SHARE:
         label = (cat_of.get((lead["kind"], lead["name"])) or lead["kind"]).replace("_", " ")
-        verdict = (f"rank {rank} is late to {len(late)} of {len(instances)} collectives{where} because of `{lead['name']}` "
+        verdict = (f"rank {rank} is late to {len(kept)} of {len(instances)} collectives{where} because of `{lead['name']}` "
                    f"({label}): {lead['extra_us'] / 1e3:,.1f} ms per step more than the median rank, "
                    f"{lead['share']:.0%} of its {per_step / 1e3:,.1f} ms of extra time; {kind}")
     else:
-        verdict = (f"rank {rank} is late to {len(late)} of {len(instances)} collectives{where} by {per_step / 1e3:,.1f} ms "
+        verdict = (f"rank {rank} is late to {len(kept)} of {len(instances)} collectives{where} by {per_step / 1e3:,.1f} ms "
                    f"per step, and no single op explains it: the most, `{lead['name']}`, accounts for "
                    f"{lead['share']:.0%} ({lead['extra_us'] / 1e3:,.1f} ms); {kind}")
     if gpu and span:
         verdict += f": its GPU was idle {100 * idle / span:.0f}% of that time"
-    return {"rank": rank, "compared_with": int(pd.Series(medians).mode().min()), "collectives_late": len(late),
+    return {"rank": rank, "compared_with": int(pd.Series(medians).mode().min()), "collectives_late": len(kept),
             "extra_us": round(per_step, 3), "kind": kind, "op": lead["name"] if lead["share"] >= CAUSE_SHARE else None,
             "top": top, "verdict": verdict}
 
@@ -1081,7 +1088,7 @@ def trace_marks(path: pd.DataFrame, origin_ns: int, bases_ns: Mapping[int, int],
                 track[r].append({
                     "ph": "X", "cat": "critical_path", "pid": CRITICAL_PATH_PID, "tid": WHAT_IF_TID,
                     "name": f"straggler rank {r} ({n['pattern']}): {st['measured_us'] / 1e3:,.1f} ms, "
-                            f"{st['predicted_us'] / 1e3:,.1f} ms without it",
+                            f"what-if {st['predicted_us'] / 1e3:,.1f} ms",
                     "ts": st["start_ns"] + off.get(r, 0) - bases_ns[r], "dur": st["measured_us"],
                     "args": {"step": st["step"], "rank": r, "pattern": n["pattern"], "measured_us": st["measured_us"],
                              "predicted_us": st["predicted_us"], "gain_us": st["by_rank"].get(str(r), st["gain_us"]),

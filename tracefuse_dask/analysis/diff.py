@@ -585,8 +585,9 @@ def _verdict(step: dict[str, Any], root: dict[str, Any] | None, groups: list[dic
         if straggler["cause_new"]:
             text += f", late because of `{kernel_label(straggler['cause_new'])}`"
     elif straggler["cause_changed"] and straggler["new"] is not None:
-        text += (f"; rank {straggler['new']} is still the straggler, now because of "
-                 f"`{kernel_label(straggler['cause_new'])}` (was `{kernel_label(straggler['cause_base'])}`)")
+        now, was = (f"`{kernel_label(c)}`" if c else "no single op" for c in (straggler["cause_new"],
+                                                                               straggler["cause_base"]))
+        text += f"; rank {straggler['new']} is still the straggler, now because of {now} (was {was})"
     return text
 
 

@@ -482,10 +482,11 @@ def _collectives(page: Page) -> str:
         parts.append(f'<p class="{cls}"><b>{html.escape(str(verdict["evidence"]))}</b></p>')
     what_if = verdict.get("what_if")
     if what_if:
-        parts.append(f'<p class="caption">What-if: {html.escape(str(verdict.get("what_if_text") or what_if["assumes"]))}'
-                     '. Each step replayed across ranks from its collectives, with the named ranks doing the '
-                     'median other rank\'s work where they did more; a rank is named when its fix saves '
-                     f'{what_if["bar_us"] / 1e3:,.1f} ms per step or more (the bar).</p>')
+        said = f"What-if: {html.escape(str(verdict['what_if_text']))}. " if verdict.get("what_if_text") else ""
+        parts.append(f'<p class="caption">{said}Each step replayed across ranks from its collectives, with a rank '
+                     'doing the median other rank\'s work where it did more; a rank is named when its fix saves '
+                     f'{what_if["bar_us"] / 1e3:,.1f} ms per step or more in most steps (the bar), or 40% of a step '
+                     'and the bar in a few.</p>')
         parts.append(_html_table(pd.DataFrame([{k: v for k, v in st.items() if k not in ("by_rank", "start_ns")}
                                                for st in what_if["steps"]]), "step", ascending=True, what="steps"))
     if not waits.empty:

@@ -5,8 +5,9 @@ The replay is a dependency graph of each rank's timeline. A rank's *nodes* are i
 corrected). Each node waits for its *predecessor*, the later of the rank's previous node and the latest end of a
 collective on the rank before it (``done_ns``: a collective's last kernel, gloo's execution, else the call), and
 then works for ``work``, its time since that predecessor. A collective starts when the last of its ranks arrives
-and ends on each rank as long after that as it did. Replayed as measured, the graph gives back every step's time
-exactly.
+and ends as long after that as it did on the first rank to end it (gloo's threads end late on a busy machine; the
+ranks that go on before their own end show when it really ended). Replayed as measured, the graph gives back every
+step's time exactly.
 
 A what-if gives a rank's nodes the work the other ranks did: each node's work, where it is more than the median of
 the other ranks' work at the same node (the same collective, or the same step's start or end), becomes that
@@ -35,11 +36,11 @@ SIGNIFICANT = 0.15
 """A straggler's fix must save this share of the median step time (and ``NOISE`` times the step-to-step spread)."""
 NOISE = 2.5
 """... and this many times the step-to-step spread (the median absolute deviation of the step times)."""
-TRANSIENT = 0.5
+TRANSIENT = 0.4
 """A rank late in a few steps only must save this share of the median step time in each."""
 ASSUMES = ("assumes the late ranks do the median other rank's work between collectives, and that every collective "
            "and every other rank's work takes as long as it did")
-_START, _ARRIVE, _END = 0, 1, 2  # node kinds, in the order they sort at one time
+_END, _START, _ARRIVE = 0, 1, 2  # node kinds, in the order they sort at one time: a step ends before the next starts
 
 
 @dataclass
@@ -56,6 +57,7 @@ class Timeline:
     members: dict[int, list[int]]  # instance: its ranks
     arrival: dict[tuple[int, int], int]  # (instance, rank): the node of its arrival
     transfer: dict[int, int]  # instance: its end (on the first rank to end it) after its last arrival
+    start: dict[int, int]  # instance: its last arrival
     bounds: dict[tuple[int, int], tuple[int, int]]  # (rank, step): its start and end nodes
     # (rank, node): the median other rank's work at the same slot, and its predecessor in this rank's terms
     others: dict[tuple[int, int], tuple[int, tuple[str, int] | None]]
@@ -66,6 +68,8 @@ def timeline(matched: pd.DataFrame, anchors: pd.DataFrame, offsets_ns: Mapping[i
     matched into instances (``collectives.match_collectives``, with ``done_ns``); ``anchors``, every rank's
     ``critical_path.rank_pieces`` anchors with a leading ``rank`` column (a step's start, ``floor_ns``, and its
     end on the host, ``host_ns``); ``offsets_ns``, each rank's clock offset (what to subtract)."""
+    if anchors.empty or matched.empty:
+        return None
     off = {int(r): round(v) for r, v in offsets_ns.items()}
     s = anchors[(anchors["anchor"] == "step") & (anchors["key"] >= 0)].dropna(subset=["floor_ns", "host_ns"])
     by_rank: dict[int, dict[int, tuple[int, int]]] = defaultdict(dict)
@@ -76,7 +80,6 @@ def timeline(matched: pd.DataFrame, anchors: pd.DataFrame, offsets_ns: Mapping[i
         return None
     steps, ranks = sorted(shared), sorted(by_rank)
     nodes: dict[int, list[tuple[int, int, int]]] = {r: [] for r in ranks}  # (time, kind, step or instance)
-    ends: dict[int, list[tuple[int, int]]] = {r: [] for r in ranks}  # (done, instance)
     for r in ranks:
         for step in steps:
             a, b = by_rank[r][step]
@@ -96,7 +99,9 @@ def timeline(matched: pd.DataFrame, anchors: pd.DataFrame, offsets_ns: Mapping[i
             last[i], done[i] = max(last.get(i, a), a), min(done.get(i, d), d)
     for i, t in last.items():
         done[i] = max(t, done[i])  # a collective ends after it starts
-    tl = Timeline(steps, ranks, [], {}, {}, {}, {}, {i: sorted(v) for i, v in members.items()}, {}, {}, {}, {})
+    tl = Timeline(steps, ranks, order=[], time={}, work={}, pred={}, slot={},
+                  members={i: sorted(v) for i, v in members.items()}, arrival={},
+                  transfer={i: done[i] - t for i, t in last.items()}, start=dict(last), bounds={}, others={})
     for r in ranks:
         nodes[r].sort()
         ends = sorted((done[i], i) for _, kind, i in nodes[r] if kind == _ARRIVE)
@@ -114,11 +119,9 @@ def timeline(matched: pd.DataFrame, anchors: pd.DataFrame, offsets_ns: Mapping[i
             tl.order.append((t, 0, r, n))
             if kind == _ARRIVE:
                 tl.arrival[(ref, r)] = n
-            elif kind == _START:
-                tl.bounds[(r, ref)] = (n, -1)
             else:
-                tl.bounds[(r, ref)] = (tl.bounds[(r, ref)][0], n)
-    tl.transfer = {i: done[i] - t for i, t in last.items()}
+                bound = tl.bounds.setdefault((r, ref), (-1, -1))
+                tl.bounds[(r, ref)] = (n, bound[1]) if kind == _START else (bound[0], n)
     tl.order += [(t, 1, -1, i) for i, t in last.items()] + [(t, 2, -1, i) for i, t in done.items()]
     tl.order.sort()
     by_slot: dict[tuple[int, int], list[tuple[int, int, int]]] = defaultdict(list)
@@ -143,7 +146,11 @@ def _translated(tl: Timeline, theirs: tuple[int, int], r: int, n: int) -> tuple[
     mine = (r, n - back)
     if mine not in tl.slot or tl.slot[mine][0] != tl.slot[(q, k - back)][0]:
         return None
-    return ("node", n - back) if kind == "node" else ("end", tl.slot[mine][1])
+    if kind == "node":
+        return ("node", n - back)
+    # the end of a collective this rank had not seen end by then is not what it waited for
+    end = tl.slot[mine][1]
+    return ("end", end) if tl.start[end] + tl.transfer[end] < tl.time[(r, n)] else None
 
 
 def replay(tl: Timeline, fix: Collection[int] = ()) -> dict[int, float]:
@@ -162,21 +169,21 @@ def _times(tl: Timeline, fix: Collection[int]) -> dict[tuple[Any, ...], float]:
     def inputs(item: tuple[Any, ...]) -> tuple[list[tuple[Any, ...]], Any]:
         """What ``item`` waits for, and how its time follows from theirs."""
         if item[0] == "start":
-            return [("node", q, tl.arrival[(item[1], q)]) for q in tl.members[item[1]]], max
+            return [("node", q, tl.arrival[(item[1], q)]) for q in tl.members[item[1]]], lambda *t: max(t)
         if item[0] == "end":
             d = tl.transfer[item[1]]
             return [("start", item[1])], lambda t: t + d
         _, r, n = item
         pred, work = tl.pred[(r, n)], tl.work[(r, n)]
-        if r in fix and (r, n) in tl.others and tl.others[(r, n)][0] < work:
-            work, theirs = tl.others[(r, n)]
-            pred = theirs or pred
+        if r in fix and (r, n) in tl.others and tl.others[(r, n)][0] < work and tl.others[(r, n)][1]:
+            work, pred = tl.others[(r, n)]  # the other rank's work, from the same predecessor
         if pred is None:
             return [], lambda: tl.time[(r, n)]
         return [("node", r, pred[1]) if pred[0] == "node" else ("end", pred[1])], lambda t: t + work
 
     for t, what, r, x in tl.order:  # in measured time order, so that the walk back is short
         stack = [("node", r, x) if what == 0 else ("start", x) if what == 1 else ("end", x)]
+        waiting: set[tuple[Any, ...]] = set()
         while stack:
             item = stack[-1]
             if item in value:
@@ -185,9 +192,12 @@ def _times(tl: Timeline, fix: Collection[int]) -> dict[tuple[Any, ...], float]:
             deps, rule = inputs(item)
             todo = [d for d in deps if d not in value]
             if todo:
+                if item in waiting:  # never: every input lies before its item in measured time
+                    raise RuntimeError(f"the what-if's graph has a cycle through {item}")
+                waiting.add(item)
                 stack += todo
                 continue
-            value[item] = rule(*[value[d] for d in deps]) if item[0] != "start" else max(value[d] for d in deps)
+            value[item] = rule(*[value[d] for d in deps])
             stack.pop()
     return value
 
@@ -204,7 +214,8 @@ def stragglers(tl: Timeline | None, candidates: Sequence[int]) -> dict[str, Any]
     found, and each named rank's part of the gain is what it adds (``by_rank``). The last replay is the what-if.
     None without a timeline.
     """
-    if tl is None:
+    candidates = [r for r in candidates if r in tl.ranks] if tl is not None else []
+    if not candidates:
         return None
     measured = replay(tl)
     times = np.array([measured[s] for s in tl.steps], dtype=float)
@@ -220,14 +231,16 @@ def stragglers(tl: Timeline | None, candidates: Sequence[int]) -> dict[str, Any]
             gain = {s: now[s] - fixed[s] for s in tl.steps}
             if not named:
                 first[r] = gain
-            typical = float(np.median(list(gain.values())))
+            typical, total = float(np.median(list(gain.values()))), sum(gain.values())
+            if bar <= 0:
+                continue
             if typical >= bar:
-                found.append((typical, -r, "chronic", [s for s in tl.steps if gain[s] >= bar], fixed, gain))
+                found.append((total, -r, typical, "chronic", [s for s in tl.steps if gain[s] >= bar], fixed, gain))
             elif late := [s for s in tl.steps if gain[s] >= max(bar, TRANSIENT * median)]:
-                found.append((float(np.median([gain[s] for s in late])), -r, "transient", late, fixed, gain))
+                found.append((total, -r, float(np.median([gain[s] for s in late])), "transient", late, fixed, gain))
         if not found:
             break
-        typical, r, pattern, late, now, gain = max(found, key=lambda f: f[:2])
+        _, r, typical, pattern, late, now, gain = max(found, key=lambda f: f[:2])  # the one that saves most in all
         named.append({"rank": -r, "pattern": pattern, "late_steps": late, "gain_us": _us(typical),
                       "by_step": {s: gain[s] for s in tl.steps}})
     steps = [{"step": s, "start_ns": min(tl.time[(r, tl.bounds[(r, s)][0])] for r in tl.ranks),
@@ -235,13 +248,15 @@ def stragglers(tl: Timeline | None, candidates: Sequence[int]) -> dict[str, Any]
               "by_rank": {str(n["rank"]): _us(n["by_step"][s]) for n in named}} for s in tl.steps]
     for n in named:
         del n["by_step"]
-    best = max(sorted(first.items()), key=lambda kv: float(np.median(list(kv[1].values()))), default=None)
+    best = max(sorted(first.items()), key=lambda kv: float(np.median(list(kv[1].values()))))
+    worst = max(((g, -r, s) for r, gain in first.items() for s, g in gain.items()))  # the most in any one step
     return {"ranks": named, "steps": steps, "step_us": _us(median),
             "what_if_step_us": _us(float(np.median([now[s] for s in tl.steps]))),
             "gain_us": _us(float(np.median([measured[s] - now[s] for s in tl.steps]))),
             "bar_us": _us(bar), "spread_us": _us(spread),
-            "most": None if best is None else {"rank": best[0], "gain_us": _us(float(np.median(list(best[1].values())))),
-                                                "most_us": _us(max(best[1].values()))},
+            "most": {"rank": best[0], "gain_us": _us(float(np.median(list(best[1].values()))))},
+            "most_in_a_step": {"rank": -worst[1], "step": worst[2], "gain_us": _us(worst[0])},
+            "transient_us": _us(max(bar, TRANSIENT * median)),
             "assumes": ASSUMES}
 
 
@@ -265,45 +280,57 @@ def verdict(waiting: dict[str, Any], table: pd.DataFrame, what_if: dict[str, Any
     bar = (f"the bar: {what_if['bar_us'] / 1e3:,.1f} ms, {SIGNIFICANT:.0%} of the {step / 1e3:,.1f} ms median "
            f"step and {NOISE:g}× its step-to-step spread of {what_if['spread_us'] / 1e3:,.1f} ms")
     for n in named:
-        n["by_op"] = _by_op(n, causes.get(n["rank"]), what_if["steps"])
+        n["by_op"] = _by_op(n, causes.get(n["rank"]))
     if not named:
-        most = what_if["most"] or {"rank": None, "gain_us": 0.0, "most_us": 0.0}
+        most, one = what_if["most"], what_if["most_in_a_step"]
         text = (f"no straggler: fixing any one rank would save at most {most['gain_us'] / 1e3:,.1f} ms per step "
-                f"(rank {most['rank']}; {most['most_us'] / 1e3:,.1f} ms in its worst step), under {bar}")
+                f"(rank {most['rank']}), under {bar}; and at most {one['gain_us'] / 1e3:,.1f} ms in one step (rank "
+                f"{one['rank']}, ProfilerStep#{one['step']}), under the {what_if['transient_us'] / 1e3:,.1f} ms a "
+                f"one-step straggler must save ({TRANSIENT:.0%} of the median step)")
         return {**waiting, "rank": None, "pattern": None, "late_steps": [], "ranks": [], "what_if": what_if,
                 "what_if_step_us": None, "what_if_text": None, "evidence": text, "cause": None}
     top = named[0]
+    # the waiting figures of the named rank, which need not be the one that caused most waiting
+    row = table.set_index("rank").loc[top["rank"]]
+    total = float(table["wait_caused_us"].sum())
+    share = float(row["wait_caused_us"]) / total if total else 0.0
+    waiting = {**waiting, "last_count": int(row["last_count"]), "wait_caused_ms": round(float(row["wait_caused_us"])
+                                                                                         / 1e3, 3),
+               "share_of_wait": round(share, 3),
+               "confidence": round(max(0.0, (share - 1 / len(table)) / (1 - 1 / len(table))), 3) if len(table) > 1
+               else 0.0}
     text = f"{_named(top, n_steps, step, what_if['steps'])}; last to arrive in {last.get(top['rank'], 0)} of " \
            f"{waiting['collectives']} collectives ({bar})"
     if len(named) > 1:
-        text += "; also " + ", ".join(_named(n, n_steps, step, what_if["steps"]) for n in named[1:])
+        text += "; also " + "; also ".join(_named(n, n_steps, step, what_if["steps"], first=False)
+                                           for n in named[1:])
     return {**waiting, "rank": top["rank"], "pattern": top["pattern"], "late_steps": top["late_steps"],
             "ranks": named, "what_if": what_if, "what_if_step_us": what_if["what_if_step_us"],
             "what_if_text": _what_if_text(named, what_if), "evidence": text, "cause": causes.get(top["rank"])}
 
 
-def _named(n: Mapping[str, Any], n_steps: int, step_us: float, steps: Sequence[Mapping[str, Any]]) -> str:
-    """One named rank, as the verdict says it."""
+def _named(n: Mapping[str, Any], n_steps: int, step_us: float, steps: Sequence[Mapping[str, Any]],
+           first: bool = True) -> str:
+    """One named rank, as the verdict says it; after the first, what fixing it saves on top of the ones before."""
+    fix = "fixing it" if first else "fixing it as well"
     if n["pattern"] == "chronic":
-        return (f"rank {n['rank']} is the straggler, chronic: late in {len(n['late_steps'])} of {n_steps} steps; "
-                f"fixing it would save {n['gain_us'] / 1e3:,.1f} ms per step (median), "
-                f"{n['gain_us'] / step_us:.0%} of the step")
+        return (f"rank {n['rank']}{' is the straggler' if first else ''}, chronic: late in "
+                f"{len(n['late_steps'])} of {n_steps} steps; {fix} would save {n['gain_us'] / 1e3:,.1f} ms per step "
+                f"(median), {n['gain_us'] / step_us:.0%} of the step")
     which = ", ".join(f"ProfilerStep#{s}" for s in n["late_steps"])
     measured = {st["step"]: st["measured_us"] for st in steps}
-    return (f"rank {n['rank']} is a straggler in {len(n['late_steps'])} of {n_steps} steps only, transient: "
-            f"{which}, where fixing it would save {n['gain_us'] / 1e3:,.1f} ms of a "
+    return (f"rank {n['rank']}{' is a straggler' if first else ''} in {len(n['late_steps'])} of {n_steps} steps "
+            f"only, transient: {which}, where {fix} would save {n['gain_us'] / 1e3:,.1f} ms of a "
             f"{max(measured[s] for s in n['late_steps']) / 1e3:,.1f} ms step")
 
 
-def _by_op(n: Mapping[str, Any], cause: Mapping[str, Any] | None,
-           steps: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """A named rank's part of the what-if's gain (per late step, median) split over the ops of its extra time, by
-    their shares of it (``straggler_cause``'s ``top``); ops that explain under ``CAUSE_SHARE`` are left out."""
-    gains = [st["by_rank"].get(str(n["rank"]), 0.0) for st in steps if st["step"] in n["late_steps"]]
-    if not cause or not gains:
+def _by_op(n: Mapping[str, Any], cause: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """A named rank's gain (``gain_us``) split over the ops of its extra time by their shares of it
+    (``straggler_cause``'s ``top``, scaled to add up to at most 1); ops under ``CAUSE_SHARE`` are left out."""
+    if not cause:
         return []
-    gain = float(np.median(gains))
-    return [{"name": t["name"], "kind": t["kind"], "gain_us": round(gain * t["share"], 3)}
+    scale = max(1.0, sum(t["share"] for t in cause["top"]))
+    return [{"name": t["name"], "kind": t["kind"], "gain_us": round(n["gain_us"] * t["share"] / scale, 3)}
             for t in cause["top"] if t["share"] >= CAUSE_SHARE]
 
 
