@@ -57,7 +57,7 @@ def test_info_json(capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["ranks"] == [0, 1, 2, 3] and report["world_size"] == 4
     assert report["per_rank"][2]["flows"]["ids"] == 20 and report["categories"]["cpu_op"] > 0
-    assert any("generation_info.json" in s for s in report["skipped"])
+    assert any("generation_info.json" in s for s in report["ignored"])
 
 
 @pytest.mark.integration
@@ -108,7 +108,7 @@ def test_info_of_a_merged_trace_describes_each_rank(tmp_path, capsys):
     assert main(["info", str(job), "--json", "--workers", "1"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert listed["ranks"] == [0, 1] and listed["files"] == 2
-    assert [s for s in listed["skipped"] if "merged.json.gz" in s]
+    assert [s for s in listed["ignored"] if "merged.json.gz" in s]
 
 
 @pytest.mark.integration

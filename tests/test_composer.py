@@ -196,7 +196,7 @@ def test_a_file_cut_in_the_middle_of_an_event_is_truncated_and_repair_recovers_i
         assert not (tmp_path / "m.json").exists() and not (tmp_path / "report").exists()
     run = tracefuse("merge", str(folder), "-o", str(tmp_path / "m.json"), "--repair")
     whole = cut[: cut.rindex(b"},") + 1] + b"]"
-    assert f"recovered {len(events_of(whole))} complete events" in run.stderr
+    assert f"recovered {len(events_of(whole)):,} complete events" in run.stderr
     merged = load_exact(tmp_path / "m.json")
     pid_rank = assert_perfetto_rules(merged)
     assert sum(pid_rank[e["pid"]] == 1 and e["ph"] != "M" for e in merged["traceEvents"]) == sum(
@@ -357,7 +357,7 @@ def test_a_cut_gzip_of_an_array_is_repaired_and_says_so(tmp_path):
     assert run.returncode == 1 and "corrupt or truncated gzip" in run.stderr
     run = tracefuse("merge", str(folder), "-o", str(tmp_path / "m.json"), "--repair")
     n = len(events_of(text.rstrip().rstrip(b",") + b"]"))
-    assert "repaired a truncated trace: the gzip stream ends early" in run.stderr and f"recovered {n} complete" \
+    assert "repaired a truncated trace: the gzip stream ends early" in run.stderr and f"recovered {n:,} complete" \
         in run.stderr
 
 

@@ -139,6 +139,69 @@ def test_repair_assumes_the_job_base_when_it_was_after_the_cut(client, tmp_path)
     assert load_exact(tmp_path / "m.json")["baseTimeNanoseconds"] == base
 
 
+@pytest.fixture
+def job_with_a_cut_rank(tmp_path):
+    """The real gloo_4ranks job with rank 3 cut at 60% of its text, as a job killed while it wrote its trace."""
+    job = tmp_path / "job"
+    job.mkdir()
+    for r in range(4):
+        data = gzip.decompress((shared("gloo_4ranks") / f"rank{r}.json.gz").read_bytes())
+        (job / f"rank{r}.json").write_bytes(cut(data) if r == 3 else data)
+    return job
+
+
+def _reading(command, job, out):
+    return {"analyze": ["analyze", str(job), "-o", str(out)], "info": ["info", str(job), "--json"],
+            "diff": ["diff", str(job), str(job), "-o", str(out)]}[command]
+
+
+@pytest.mark.parametrize("command", ["analyze", "info", "diff"])
+def test_every_command_that_reads_traces_takes_the_repair_its_error_suggests(command, job_with_a_cut_rank, tmp_path,
+                                                                             client, capsys):
+    """One truncated rank of four: each command stops and says to pass --repair; --on-error skip goes on without
+    the rank and lists it, --repair recovers its complete events and says so, as merge does."""
+    out = tmp_path / "out"
+    argv = [*_reading(command, job_with_a_cut_rank, out), "--scheduler", client.scheduler.address]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "rank3.json (rank 3)" in err and "pass --repair" in err and "Traceback" not in err, err
+    assert not out.exists()
+
+    assert main([*argv, "--on-error", "skip"]) == 0
+    captured = capsys.readouterr()
+    skipped = "skipped rank 3: " + str(job_with_a_cut_rank / "rank3.json (rank 3): not valid JSON")
+    if command == "info":
+        report = json.loads(captured.out)
+        assert report["ranks"] == [0, 1, 2] and [sk["rank"] for sk in report["skipped"]] == [3]
+        assert "truncated" in report["skipped"][0]["reason"]
+    elif command == "analyze":
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["ranks"] == [0, 1, 2] and [sk["rank"] for sk in summary["skipped"]] == [3]
+        assert skipped in captured.err and "skipped rank 3: " in (out / "report.html").read_text()
+    else:
+        warnings = json.loads((out / "diff.json").read_text())["warnings"]
+        assert [w.split(":")[0] for w in warnings if "skipped rank 3: " in w] == ["the base run", "the new run"]
+        assert f"warning: the base run: {skipped}" in captured.err
+
+    assert main([*argv, "--repair", "--force"] if command != "info" else [*argv, "--repair"]) == 0
+    captured = capsys.readouterr()
+    if command == "info":
+        report = json.loads(captured.out)
+        assert report["ranks"] == [0, 1, 2, 3] and not report["skipped"]
+        (note,) = report["repaired"]
+    elif command == "analyze":
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["ranks"] == [0, 1, 2, 3] and not summary["skipped"]
+        (note,) = summary["repaired"]
+        assert f"warning: {note}" in captured.err
+    else:
+        notes = [w for w in json.loads((out / "diff.json").read_text())["warnings"] if "repaired" in w]
+        assert len(notes) == 2
+        note = notes[0].removeprefix("the base run: ")
+    assert note.startswith(f"{job_with_a_cut_rank / 'rank3.json'} (rank 3): repaired a truncated trace")
+    assert int(note.split("recovered ")[1].split(" ")[0].replace(",", "")) > 0
+
+
 def test_disk_full_is_a_clear_error_and_leaves_nothing(client, tmp_path, capsys):
     small = tmp_path / "small"
     small.mkdir()

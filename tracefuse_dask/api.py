@@ -206,7 +206,7 @@ def analyze(
         ``critical_path_trace`` the embedded cluster has worker processes whatever the size.
     **options
         As ``tracefuse_dask.analysis.analyze``: ``ranks``, ``steps``, ``rank_regex``, ``format``,
-        ``keep_unlaunched_gpu``, ``gpu_spec``, ``cutoffs``, ``kernel_sequences``.
+        ``keep_unlaunched_gpu``, ``gpu_spec``, ``cutoffs``, ``kernel_sequences``, ``on_error``, ``repair``.
     critical_path_trace
         Also merge the analysed ranks into this trace (as ``merge_traces`` with ``align="base"``), with the
         critical path marked for Perfetto: an arrow (flow ``critical_path``) from each of the path's events to
@@ -255,7 +255,7 @@ def analyze(
         request = MergeRequest(out=critical_path_trace,
                                options=build_options(steps=options.get("steps"), counters=counters),
                                storage_options=so, ranks=None, rank_regex=DEFAULT_RANK_REGEX, gzip_members="rank",
-                               on_error="raise", repair=False, align="base", split=None, format="json", force=force,
+                               on_error="raise", repair=options.get("repair", False), align="base", split=None, format="json", force=force,
                                skip_if_unchanged=False, show_progress=show_progress, marks=marks,
                                counter_series=_counter_series(counters))
         merged = merge(inputs, request, client=c)
@@ -305,7 +305,8 @@ def diff(
         As in ``analyze``; the embedded cluster has worker processes whatever the size.
     **options
         Passed to ``analyze`` for a side given as traces: ``ranks``, ``steps``, ``rank_regex``,
-        ``keep_unlaunched_gpu``.
+        ``keep_unlaunched_gpu``, ``on_error``, ``repair``; the ranks a side skipped, and what was repaired, are
+        among the warnings.
 
     Returns
     -------
@@ -355,6 +356,11 @@ def diff(
         result = compare(sides["base"], sides["new"], fail_above=threshold)
     except ValueError as e:
         raise MergeError(str(e)) from None
+    for label in traces:
+        s = sides[label].summary
+        result.summary["warnings"] += [f"the {label} run: skipped rank {sk['rank']}: {sk['reason']}"
+                                       for sk in s["skipped"]]
+        result.summary["warnings"] += [f"the {label} run: {note}" for note in s["repaired"]]
     if _same_place(base, new):
         result.summary["warnings"].append(f"both sides are {os.fspath(base)}: a run compared with itself shows no "
                                           "change; give the other run's traces or report as NEW")

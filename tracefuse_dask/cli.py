@@ -92,6 +92,14 @@ def _add_input_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
 
 
+def _add_bad_input_args(p: argparse.ArgumentParser) -> None:
+    b = p.add_argument_group("bad input")
+    b.add_argument("--on-error", choices=("raise", "skip"), default="raise",
+                   help="stop at the first bad rank (default), or go on without bad ranks and list them")
+    b.add_argument("--repair", action="store_true",
+                   help="recover the complete events of truncated files, and report what was recovered")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tracefuse",
@@ -144,11 +152,7 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--skip-if-unchanged", action="store_true",
                    help="do nothing when OUT.manifest.json shows the same inputs, options and version; "
                         "otherwise rebuild (implies --force) and write the manifest")
-    b = m.add_argument_group("bad input")
-    b.add_argument("--on-error", choices=("raise", "skip"), default="raise",
-                   help="stop at the first bad rank (default), or go on without bad ranks and list them")
-    b.add_argument("--repair", action="store_true",
-                   help="recover the complete events of truncated files, and report what was recovered")
+    _add_bad_input_args(m)
     r = m.add_argument_group("reporting")
     r.add_argument("--summary-json", action="store_true", help="print one JSON summary line on stdout")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary on stderr")
@@ -190,6 +194,7 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument("--kernel-sequences", metavar="OP",
                    help="find the frequent kernel sequences of the ops whose names contain OP (e.g. aten::linear) "
                         "on every rank, as HTA's get_frequent_cuda_kernel_sequences does on one")
+    _add_bad_input_args(a)
     a.add_argument("-f", "--force", action="store_true", help="replace an existing report folder")
     a.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary on stderr")
     a.add_argument("-v", "--verbose", action="store_true", help="log what happens on stderr")
@@ -214,6 +219,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="regex with a named group 'rank' for file names, as in analyze")
     d.add_argument("--format", choices=("parquet", "csv"), default="parquet", help="table files (default: parquet)")
     d.add_argument("--storage-options", metavar="JSON", help="fsspec storage options as a JSON object")
+    _add_bad_input_args(d)
     d.add_argument("-f", "--force", action="store_true", help="replace an existing output folder")
     d.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no verdict on stderr")
     d.add_argument("-v", "--verbose", action="store_true", help="log what happens on stderr")
@@ -225,6 +231,7 @@ def _parser() -> argparse.ArgumentParser:
                                    "pids and flows. Nothing is written.")
     _add_input_args(i)
     i.add_argument("--json", action="store_true", help="print JSON for machines instead of a table")
+    _add_bad_input_args(i)
     _add_cluster_args(i, "; without it, inputs of up to 64 MiB of trace run in this process")
 
     e = sub.add_parser("example", help="write a small realistic multi-rank example to merge",
@@ -358,7 +365,7 @@ def _analyze(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
                      counters=args.counters,
                      gpu_spec=args.gpu_spec, cutoffs=Cutoffs(args.runtime_cutoff, args.launch_delay_cutoff,
                                                              args.max_queue_length),
-                     kernel_sequences=args.kernel_sequences)
+                     kernel_sequences=args.kernel_sequences, on_error=args.on_error, repair=args.repair)
     if not args.quiet:
         s = result.summary
         print(f"analysed {_count(len(s['ranks']), 'rank')}, {_count(len(s['steps']), 'step')} in {s['seconds']:.2f} s",
@@ -411,7 +418,9 @@ def _analyze(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
             print(f"roofline: {s['roofline']['text']}", file=sys.stderr)
         for path in s["ignored"]:
             print(f"ignored {path}", file=sys.stderr)
-        for w in s["warnings"]:
+        for sk in s["skipped"]:
+            print(f"skipped rank {sk['rank']}: {sk['reason']}", file=sys.stderr)
+        for w in (*s["repaired"], *s["warnings"]):
             print(f"warning: {w}", file=sys.stderr)
         print(f"wrote {args.output.rstrip('/')}/report.html", file=sys.stderr)
         if args.critical_path_trace:
@@ -429,7 +438,8 @@ def _diff(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
     result = diff(args.base, args.new, args.output, fail_above=args.fail_above, storage_options=so, ranks=args.ranks,
                   steps=args.steps, rank_regex=args.rank_regex, format=args.format, force=args.force,
                   workers=args.workers, scheduler=args.scheduler, scheduler_file=args.scheduler_file,
-                  timeout=args.timeout, show_progress=not args.quiet and sys.stderr.isatty())
+                  timeout=args.timeout, show_progress=not args.quiet and sys.stderr.isatty(),
+                  on_error=args.on_error, repair=args.repair)
     s = result.summary
     if not args.quiet:
         for line in (*s["notes"], *(f"warning: {w}" for w in s["warnings"])):
@@ -450,7 +460,8 @@ def _info(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
     from .analysis.info import format_table
 
     report = describe_traces(args.inputs, storage_options=so, rank_regex=args.rank_regex, workers=args.workers,
-                             scheduler=args.scheduler, scheduler_file=args.scheduler_file, timeout=args.timeout)
+                             scheduler=args.scheduler, scheduler_file=args.scheduler_file, timeout=args.timeout,
+                             on_error=args.on_error, repair=args.repair)
     print(json.dumps(report, indent=1) if args.json else format_table(report))
     return 0
 

@@ -19,6 +19,7 @@ __all__ = [
     "SchedulerConnectionError",
     "StorageAccessError",
     "StorageConnectionError",
+    "SKIPPABLE",
 ]
 
 
@@ -75,3 +76,8 @@ class StorageAccessError(TraceFuseError, PermissionError):
 
 class StorageConnectionError(TraceFuseError, ConnectionError):
     """The storage endpoint could not be reached."""
+
+
+# What ``on_error="skip"`` skips a rank for: its own file is bad, missing or unreadable. Everything else (storage
+# unreachable, no credentials, a bad option) concerns every rank and still stops the run.
+SKIPPABLE = (TraceFormatError, TraceFileNotFoundError, MergeError, PermissionError)

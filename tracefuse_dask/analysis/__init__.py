@@ -18,7 +18,7 @@ from distributed import progress
 from pandas.api.types import union_categoricals
 
 from .._version import __version__
-from ..errors import MergeError, OutputExistsError, RankError, TraceFormatError
+from ..errors import SKIPPABLE, MergeError, OutputExistsError, RankError, TraceFormatError
 from ..storage.files import (options_for, read_bytes, read_start, retry_unreachable,
                              storage_errors)
 from ..cluster import batches, connect
@@ -41,6 +41,7 @@ from ..kineto.array_form import COMPOSER_MERGED, MERGED_BY_COMPOSER
 from ..kineto.document import check_document, decode_json, paused_gc
 from ..perf.devices import Device, load_devices
 from ..kineto.layout import is_merged, split_merged
+from ..merge.plan import ranges
 from ..storage.inputs import TRACE_NAME, expand_inputs, rank_from_name, resolve_rank
 from ..storage.output import open_write
 from ..storage.runs import commit_folder, run_folder
@@ -101,17 +102,18 @@ class Analysis:
 
 def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps: tuple[int, int] | None,
                   subset: Any, rank_regex: str, keep_unlaunched_gpu: bool, devices: tuple[Device, ...],
-                  cutoffs: Cutoffs, sequences_of: str | None) -> dict[str, Any]:
+                  cutoffs: Cutoffs, sequences_of: str | None, repair: bool) -> dict[str, Any]:
     """Task: parse one file and analyse each rank it holds (one, or all of a merged trace).
 
-    A collective_trace log or CSV export (recognised by its content) gives its calls instead.
+    A collective_trace log or CSV export (recognised by its content) gives its calls instead. With ``repair``, a
+    truncated trace gives its complete events, and a note says what was recovered.
     """
     if looks_like_collective_trace(read_start(f.path, storage_options)):
         return {"ct_calls": _collective_trace_calls(f, storage_options, rank_regex)}
     if f.listed and not TRACE_NAME.search(f.path):
         return {"ignored": f"{f.path}: neither a trace nor a collective_trace log or CSV"}
     with paused_gc():
-        data, _ = read_bytes(f.path, storage_options)
+        data, cut_gzip = read_bytes(f.path, storage_options, repair=repair)
         # A merged trace is split per rank on the orjson path; ours say so in their first bytes.
         trace = None if data.find(_MERGED_HEAD, 0, 256) >= 0 else decode_trace(data)
         if trace is not None and not is_merged(trace.metadata):
@@ -122,9 +124,9 @@ def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps
                                     header=header, keep_unlaunched_gpu=keep_unlaunched_gpu, devices=devices,
                                     cutoffs=cutoffs, sequences_of=sequences_of)
                      ] if subset is None or rank in subset else []
-            return {"ranks": ranks, "world_size": world_size, "notes": [note] if note else []}
+            return {"ranks": ranks, "world_size": world_size, "notes": [note] if note else [], "repaired": []}
         del trace
-        doc, _, _ = decode_json(data, f.path, rank=f.rank_hint)
+        doc, _, repaired = decode_json(data, f.path, rank=f.rank_hint, cut_gzip=cut_gzip, repair=repair)
         del data
         if f.listed and isinstance(doc, dict) and "traceEvents" not in doc:
             return {"ignored": f"{f.path}: a JSON file without traceEvents, not a trace"}
@@ -143,7 +145,7 @@ def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps
         if is_merged(meta):
             parts = split_merged(doc["traceEvents"])
             world_size = None
-            notes.append(f"{f.path}: a merged trace; analysed per rank ({len(parts)} ranks)")
+            notes.append(f"{f.path}: a merged trace; analysed per rank ({len(parts):,} ranks)")
             by_rank = meta["tracefuse"].get("ranks") if isinstance(meta["tracefuse"], dict) else None
             headers = {int(r): h for r, h in by_rank.items()} if isinstance(by_rank, dict) else {}
         else:
@@ -156,17 +158,26 @@ def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps
                               keep_unlaunched_gpu=keep_unlaunched_gpu, devices=devices, cutoffs=cutoffs,
                               sequences_of=sequences_of)
                  for rank, events in sorted(parts.items()) if subset is None or rank in subset]
-        return {"ranks": ranks, "world_size": world_size, "notes": notes}
+        return {"ranks": ranks, "world_size": world_size, "notes": notes, "repaired": [repaired] if repaired else []}
 
 
 @retry_unreachable
 def _analyze_files(files: list[InputFile], storage_options: Mapping[str, Any] | None,
                    steps: tuple[int, int] | None, subset: Any, rank_regex: str,
                    keep_unlaunched_gpu: bool, devices: tuple[Device, ...], cutoffs: Cutoffs,
-                   sequences_of: str | None) -> dict[str, Any]:
-    """Task: ``_analyze_file`` of consecutive files; small ones share a task (``cluster.batches``)."""
-    return _batch([_analyze_file(f, storage_options, steps, subset, rank_regex, keep_unlaunched_gpu, devices,
-                                 cutoffs, sequences_of) for f in files])
+                   sequences_of: str | None, repair: bool, on_error: str) -> dict[str, Any]:
+    """Task: ``_analyze_file`` of consecutive files; small ones share a task (``cluster.batches``). With
+    ``on_error="skip"``, a bad file gives why instead (``{"skipped": {rank, path, reason}}``), as in merge."""
+    results = []
+    for f in files:
+        try:
+            results.append(_analyze_file(f, storage_options, steps, subset, rank_regex, keep_unlaunched_gpu,
+                                         devices, cutoffs, sequences_of, repair))
+        except SKIPPABLE as e:
+            if on_error != "skip":
+                raise
+            results.append({"skipped": {"rank": f.rank_hint, "path": f.path, "reason": str(e)}})
+    return _batch(results)
 
 
 def _batch(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -174,15 +185,18 @@ def _batch(results: list[dict[str, Any]]) -> dict[str, Any]:
     ~10 kB whatever its rows)."""
     ranks: list[RankTables] = []
     ct: list[pd.DataFrame] = []
-    out: dict[str, Any] = {"notes": [], "world_sizes": [], "ignored": []}
+    out: dict[str, Any] = {"notes": [], "world_sizes": [], "ignored": [], "skipped": [], "repaired": []}
     for res in results:
         if "ignored" in res:
             out["ignored"].append(res["ignored"])
+        elif "skipped" in res:
+            out["skipped"].append(res["skipped"])
         elif "ct_calls" in res:
             ct.append(res["ct_calls"])
         else:
             ranks += res["ranks"]
             out["notes"] += res["notes"]
+            out["repaired"] += res["repaired"]
             out["world_sizes"].append(res["world_size"])
     out["tables"] = {name: rows_for(ranks, name) for name in (*TABLES, *PIECES)}
     out["ranks"] = [replace(rt, tables={}) for rt in ranks]
@@ -196,7 +210,7 @@ def _combine(parts: list[dict[str, Any]], coded: bool = False) -> dict[str, Any]
     client gets one DataFrame per table for many tasks; ``coded``: with their text columns as categoricals
     (``_coded``), for the trip to the client."""
     out: dict[str, Any] = {key: [v for p in parts for v in p[key]] for key in ("notes", "world_sizes", "ignored",
-                                                                           "ranks")}
+                                                                           "skipped", "repaired", "ranks")}
     out["tables"] = {name: _joined([p["tables"][name] for p in parts]) for name in (*TABLES, *PIECES)}
     if coded:
         out["tables"] = {name: _coded(table) for name, table in out["tables"].items()}
@@ -347,6 +361,8 @@ def analyze(
     gpu_spec: str | None = None,
     cutoffs: Cutoffs | None = None,
     kernel_sequences: str | None = None,
+    on_error: str = "raise",
+    repair: bool = False,
 ) -> Analysis:
     """Analyse per-rank traces, one Dask task per file, and reduce the small per-rank tables.
 
@@ -387,6 +403,12 @@ def analyze(
         An operator (``"aten::linear"``) whose frequent kernel sequences to find on every rank, as HTA's
         ``get_frequent_cuda_kernel_sequences`` does on one: the ``kernel_sequences`` table and
         ``summary["kernel_sequences"]``.
+    on_error
+        ``"raise"`` (default) stops at the first bad rank; ``"skip"`` goes on without the ranks whose file is
+        bad, missing or unreadable and lists them in ``summary["skipped"]`` (rank, path, reason), as
+        ``merge_traces`` does.
+    repair
+        Recover the complete events of truncated files; ``summary["warnings"]`` says what was recovered.
 
     Returns
     -------
@@ -400,6 +422,8 @@ def analyze(
     started = time.perf_counter()
     if format not in ("parquet", "csv"):
         raise MergeError(f"format={format!r}; use 'parquet' or 'csv'")
+    if on_error not in ("raise", "skip"):
+        raise MergeError(f"on_error={on_error!r}; use 'raise' or 'skip'")
     try:
         subset = rank_subset(ranks)
         step_range = parse_steps(steps) if isinstance(steps, str) else steps
@@ -416,7 +440,7 @@ def analyze(
         futures = c.map(_analyze_files, [files[b.start:b.stop] for b in batches([f.trace_bytes for f in files])],
                         storage_options=so, steps=step_range, subset=subset, rank_regex=rank_regex,
                         keep_unlaunched_gpu=keep_unlaunched_gpu, devices=devices, cutoffs=cutoffs or Cutoffs(),
-                        sequences_of=kernel_sequences or None, pure=False)
+                        sequences_of=kernel_sequences or None, repair=repair, on_error=on_error, pure=False)
         if show_progress:
             with contextlib.redirect_stdout(sys.stderr):
                 progress(futures, scheduler=c.scheduler.address)
@@ -473,6 +497,8 @@ def _reduce(results: list[dict[str, Any]], segments_of: Callable[[list[tuple[int
     world_sizes = set()
     where: dict[int, str] = {}
     ct_calls: list[pd.DataFrame] = []
+    skipped = sorted((sk for res in results for sk in res["skipped"]),
+                     key=lambda sk: (sk["rank"] is None, sk["rank"] or 0, sk["path"]))
     for res in results:
         ignored += res["ignored"]
         if res["ct_calls"] is not None:
@@ -486,6 +512,9 @@ def _reduce(results: list[dict[str, Any]], segments_of: Callable[[list[tuple[int
             where[rt.rank] = rt.path
             per_rank.append(rt)
     if not per_rank and not ct_calls:
+        if skipped:
+            raise RankError(f"every rank failed; the first: {skipped[0]['reason']}"
+                            + (f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""))
         if ignored and not subset:
             raise RankError(f"no traces to analyse: {'; '.join(ignored[:3])}"
                             f"{f' and {len(ignored) - 3} more' if len(ignored) > 3 else ''}; give Kineto traces "
@@ -493,9 +522,13 @@ def _reduce(results: list[dict[str, Any]], segments_of: Callable[[list[tuple[int
         raise RankError("no ranks to analyse after --ranks; check the inputs and --ranks")
     per_rank.sort(key=lambda rt: rt.rank)
     if len(world_sizes) == 1:
-        missing = sorted(set(range(world_sizes.pop())) - set(where))
+        world_size = world_sizes.pop()
+        missing = sorted(set(range(world_size)) - set(where))
         if missing:
-            warnings.append(f"{len(missing)} ranks of the world size are not in the inputs")
+            bad = sorted(set(missing) & {sk["rank"] for sk in skipped})
+            warnings.append(f"{len(missing):,} of the world size's {world_size:,} ranks "
+                            f"{'is' if len(missing) == 1 else 'are'} not analysed: rank(s) {ranges(missing)}"
+                            + (f" ({ranges(bad)} skipped as bad)" if bad else ""))
     elif len(world_sizes) > 1:
         warnings.append(f"the inputs report different world sizes {sorted(world_sizes)}: several jobs mixed?")
     # each table's parts are dropped once joined, so that the client holds each table about once
@@ -588,6 +621,8 @@ def _reduce(results: list[dict[str, Any]], segments_of: Callable[[list[tuple[int
         **clocks,
         "warnings": warnings,
         "ignored": ignored,
+        "skipped": skipped,
+        "repaired": [note for res in results for note in res["repaired"]],
     }
     return Analysis(**tables, rank_stats=stats, collective_instances=instances, collective_waits=waits,
                     collective_summary=op_summary(instances), straggler_ranks=stragglers, critical_path=path,

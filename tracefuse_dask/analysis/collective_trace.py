@@ -191,7 +191,7 @@ def summarize(calls: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, dict[str
     n = len(hints)
     confidence = max(0.0, (share - 1 / n) / (1 - 1 / n)) if n > 1 else 0.0
     r = int(top["rank"])
-    numbers = (f"it had the shortest duration in {int(top['shortest_count'])} of {len(m)} matched calls; the other "
+    numbers = (f"it had the shortest duration in {int(top['shortest_count']):,} of {len(m):,} matched calls; the other "
                f"ranks spent {top['others_waited_us'] / 1e3:,.1f} ms longer in them ({share:.0%} of all such time)")
     if confidence >= 0.5:
         text = f"rank {r} probably arrives last (durations only; perf_counter times are not comparable): {numbers}"

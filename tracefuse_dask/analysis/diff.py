@@ -129,7 +129,7 @@ def compare(base: Analysis, new: Analysis, *, fail_above: float | None = None) -
     same_ranks = sides[0].ranks == sides[1].ranks
     notes: list[str] = []
     if not same_ranks:
-        notes.append(f"the runs have different ranks ({len(sides[0].ranks)} and {len(sides[1].ranks)}): compared by "
+        notes.append(f"the runs have different ranks ({len(sides[0].ranks):,} and {len(sides[1].ranks):,}): compared by "
                      "job-wide figures (means over ranks); the per-rank rows are left out")
     few = [s for s in sides if len(s.steps_us) < 2]
     notes += [f"the {s.label} run has {len(s.steps_us)} step: its step-to-step spread is unknown, so a change "

@@ -5,7 +5,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..errors import RankError, TraceFormatError
+from ..errors import SKIPPABLE, MergeError, RankError, TraceFormatError
 from ..storage.files import parse_json, retry_unreachable
 from ..cluster import batches, connect
 from ..model import DEFAULT_RANK_REGEX, InputFile
@@ -21,10 +21,11 @@ __all__ = ["describe_traces", "format_table"]
 _U32 = 1 << 32
 
 
-def _describe(f: InputFile, storage_options: Mapping[str, Any] | None) -> tuple[int, list[dict[str, Any]]] | None:
-    """The file's uncompressed size and a row per rank it holds: its own, or each rank of a trace that
-    tracefuse merged; None for a listed file that is not a per-rank trace."""
-    doc, nbytes, _ = parse_json(f.path, storage_options)
+def _describe(f: InputFile, storage_options: Mapping[str, Any] | None,
+              repair: bool) -> tuple[int, list[dict[str, Any]], str | None] | None:
+    """The file's uncompressed size, a row per rank it holds (its own, or each rank of a trace that tracefuse
+    merged) and what ``repair`` recovered; None for a listed file that is not a per-rank trace."""
+    doc, nbytes, repaired = parse_json(f.path, storage_options, rank=f.rank_hint, repair=repair)
     if isinstance(doc, dict) and COMPOSER_MERGED in doc:
         if f.listed:
             return None
@@ -42,7 +43,7 @@ def _describe(f: InputFile, storage_options: Mapping[str, Any] | None) -> tuple[
             rank, world_size = None, None
         return nbytes, [{"rank": rank, "path": f.path, "bytes": f.size, "bytes_uncompressed": nbytes,
                          "world_size": world_size, "host_name": doc.get("host_name"),
-                         **_stats(doc["traceEvents"], base)}]
+                         **_stats(doc["traceEvents"], base)}], repaired
     parts = split_merged(doc["traceEvents"])
     block = doc["metadata"]["tracefuse"]
     entries = block.get("ranks") if isinstance(block, dict) and isinstance(block.get("ranks"), dict) else {}
@@ -56,7 +57,7 @@ def _describe(f: InputFile, storage_options: Mapping[str, Any] | None) -> tuple[
         rows.append({"rank": rank, "path": f.path, "source": entry.get("source"), "bytes": None,
                      "bytes_uncompressed": None, "world_size": info.get("world_size"),
                      "host_name": entry.get("host_name"), **_stats(events, base)})
-    return nbytes, rows
+    return nbytes, rows, repaired
 
 
 def _stats(events: list[Any], base: int | None) -> dict[str, Any]:
@@ -110,11 +111,20 @@ def _stats(events: list[Any], base: int | None) -> dict[str, Any]:
 
 
 @retry_unreachable
-def _describe_ranks(files: list[InputFile],
-                    storage_options: Mapping[str, Any] | None) -> list[tuple[int, list[dict[str, Any]]] | None]:
-    """Task: describe several small files (or one big one)."""
+def _describe_ranks(files: list[InputFile], storage_options: Mapping[str, Any] | None, repair: bool,
+                    on_error: str) -> list[Any]:
+    """Task: describe several small files (or one big one); with ``on_error="skip"``, a bad file gives why
+    (``{rank, path, reason}``), as in merge."""
+    out: list[Any] = []
     with paused_gc():
-        return [_describe(f, storage_options) for f in files]
+        for f in files:
+            try:
+                out.append(_describe(f, storage_options, repair))
+            except SKIPPABLE as e:
+                if on_error != "skip":
+                    raise
+                out.append({"rank": f.rank_hint, "path": f.path, "reason": str(e)})
+    return out
 
 
 def describe_traces(
@@ -127,29 +137,46 @@ def describe_traces(
     scheduler: str | None = None,
     scheduler_file: str | None = None,
     timeout: float = 10.0,
+    on_error: str = "raise",
+    repair: bool = False,
 ) -> dict[str, Any]:
     """Describe trace files without rewriting or writing anything.
 
     A merged trace that tracefuse wrote, named on its own, is described rank by rank
     (its ranks told apart by the pid layout, with their sources); in a folder it is
-    skipped, as ``merge`` skips it.
+    ignored, as ``merge`` ignores it.
+
+    Parameters
+    ----------
+    on_error, repair
+        As in ``merge_traces``: ``"skip"`` goes on without the ranks whose file is bad, missing or unreadable
+        and lists them in ``skipped``; ``repair`` recovers the complete events of truncated files and says so in
+        ``repaired``.
 
     Returns
     -------
     dict
         ``files``, ``ranks``, ``world_size``, ``bytes``, ``events``, ``categories``,
-        ``start_ns``/``end_ns``/``span_ms`` over all ranks, ``skipped`` and ``per_rank``.
+        ``start_ns``/``end_ns``/``span_ms`` over all ranks, ``ignored`` (files that are not per-rank traces),
+        ``skipped`` (bad ranks: rank, path, reason), ``repaired`` and ``per_rank``.
     """
-    files, skipped = expand_inputs(urlpath, storage_options=storage_options, rank_regex=rank_regex)
+    if on_error not in ("raise", "skip"):
+        raise MergeError(f"on_error={on_error!r}; use 'raise' or 'skip'")
+    files, ignored = expand_inputs(urlpath, storage_options=storage_options, rank_regex=rank_regex)
     so = dict(storage_options or {})
     with connect(client, scheduler=scheduler, scheduler_file=scheduler_file, workers=workers,
                  timeout=timeout, inputs=files) as c:
         groups = [[files[i] for i in b] for b in batches([f.trace_bytes for f in files])]
-        described = [d for group in c.gather(c.map(_describe_ranks, groups, storage_options=so, pure=False))
+        described = [d for group in c.gather(c.map(_describe_ranks, groups, storage_options=so, repair=repair,
+                                                   on_error=on_error, pure=False))
                      for d in group]
-    skipped += [f"{f.path} (not a per-rank trace)" for f, d in zip(files, described) if d is None]
-    kept = [(f, d) for f, d in zip(files, described) if d is not None]
-    per_rank = [row for _, (_, rows) in kept for row in rows]
+    ignored += [f"{f.path} (not a per-rank trace)" for f, d in zip(files, described) if d is None]
+    skipped = [d for d in described if isinstance(d, dict)]
+    kept = [(f, d) for f, d in zip(files, described) if isinstance(d, tuple)]
+    if skipped and not kept:
+        raise RankError(f"every rank failed; the first: {skipped[0]['reason']}"
+                        + (f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""))
+    per_rank = [row for _, (_, rows, _) in kept for row in rows]
     per_rank.sort(key=lambda r: (r["rank"] is None, r["rank"] if r["rank"] is not None else 0, r["path"]))
     cats: Counter[str] = Counter()
     for r in per_rank:
@@ -162,13 +189,15 @@ def describe_traces(
         "ranks": [r["rank"] for r in per_rank],
         "world_size": sizes[0] if len(sizes) == 1 else sizes or None,
         "bytes": sum(f.size or 0 for f, _ in kept),
-        "bytes_uncompressed": sum(nbytes for _, (nbytes, _) in kept),
+        "bytes_uncompressed": sum(nbytes for _, (nbytes, _, _) in kept),
         "events": sum(r["events"] for r in per_rank),
         "categories": dict(sorted(cats.items())),
         "start_ns": min(starts, default=None),
         "end_ns": max(ends, default=None),
         "span_ms": (max(ends) - min(starts)) / 1e6 if starts and ends else None,
+        "ignored": ignored,
         "skipped": skipped,
+        "repaired": [note for _, (_, _, note) in kept if note],
         "per_rank": per_rank,
     }
 
@@ -176,7 +205,7 @@ def describe_traces(
 def format_table(report: dict[str, Any]) -> str:
     """A human-readable table of ``describe_traces``'s report."""
     lines = [
-        f"{report['files']} files, ranks {report['ranks']}, world size {report['world_size']}, "
+        f"{report['files']:,} file{'' if report['files'] == 1 else 's'}, ranks {report['ranks']}, world size {report['world_size']}, "
         f"{report['bytes'] / 1e6:,.1f} MB ({report['bytes_uncompressed'] / 1e6:,.1f} MB uncompressed), "
         f"{report['events']:,} events, span {report['span_ms'] or 0:,.3f} ms",
         "",
@@ -195,6 +224,7 @@ def format_table(report: dict[str, Any]) -> str:
         )
     lines.append("")
     lines.append("events per category: " + ", ".join(f"{k} {v:,}" for k, v in report["categories"].items()))
-    for s in report["skipped"]:
-        lines.append(f"skipped: {s}")
+    lines += [f"ignored {path}" for path in report["ignored"]]
+    lines += [f"skipped rank {sk['rank']}: {sk['reason']}" for sk in report["skipped"]]
+    lines += [f"warning: {note}" for note in report["repaired"]]
     return "\n".join(lines)

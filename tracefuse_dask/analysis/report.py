@@ -257,7 +257,8 @@ def _header(page: Page) -> str:
     if begin_end.get("unclosed"):
         parts.append(f'<p class="note">{begin_end["unclosed"]:,} B events without their E: '
                      f'{html.escape(str(begin_end.get("why", "")))}.</p>')
-    warnings = [str(w) for w in s.get("warnings") or []]
+    warnings = [*(f"skipped rank {sk['rank']}: {sk['reason']}" for sk in s.get("skipped") or []),
+                *(str(w) for w in (*(s.get("repaired") or []), *(s.get("warnings") or [])))]
     if warnings:
         items = "".join(f"<li>{html.escape(w)}</li>" for w in warnings[:MAX_LISTED])
         more = f"<li>and {len(warnings) - MAX_LISTED:,} more</li>" if len(warnings) > MAX_LISTED else ""

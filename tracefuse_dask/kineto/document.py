@@ -68,11 +68,11 @@ def _repair(data: bytes, who: str, array: bool) -> tuple[Any, str]:
             continue
         events = doc if array else doc.get("traceEvents") if isinstance(doc, dict) else None
         if isinstance(events, list):
-            note = (f"{who}: repaired a truncated trace: the data ends at byte {len(data)}; recovered "
-                    f"{len(events)} complete events up to byte {cut}")
+            note = (f"{who}: repaired a truncated trace: the data ends at byte {len(data):,}; recovered "
+                    f"{len(events):,} complete events up to byte {cut:,}")
             return doc, note
     raise TraceFormatError(f"{who}: truncated, and no complete event could be recovered near the cut at byte "
-                           f"{len(data)}. Re-export the trace or drop this file")
+                           f"{len(data):,}. Re-export the trace or drop this file")
 
 
 def decode_json(data: bytes, path: str, *, rank: int | None = None, cut_gzip: bool = False,
@@ -95,8 +95,8 @@ def _decode(data: bytes, who: str, cut_gzip: bool, repair: bool) -> tuple[Any, s
         if array:
             with contextlib.suppress(orjson.JSONDecodeError):
                 doc = orjson.loads(close_array(data))  # the format lets the array lack its "]"
-                return doc, (f"{who}: repaired a truncated trace: the gzip stream ends early, at byte {len(data)} of "
-                             f"its text; recovered {len(doc)} complete events" if cut_gzip else None)
+                return doc, (f"{who}: repaired a truncated trace: the gzip stream ends early, at byte {len(data):,} of "
+                             f"its text; recovered {len(doc):,} complete events" if cut_gzip else None)
         truncated = cut_gzip or e.pos >= len(data.rstrip()) - 1
         if repair and truncated:
             return _repair(data, who, array)
@@ -104,7 +104,7 @@ def _decode(data: bytes, who: str, cut_gzip: bool, repair: bool) -> tuple[Any, s
             raise TraceFormatError(f"{who}: a TAR archive, not a JSON trace (`--format perfetto-archive` writes "
                                    "these: open it in Perfetto v58+); give the per-rank traces instead") from None
         if "UTF-8" in e.msg:
-            raise TraceFormatError(f"{who}: not UTF-8 text near byte {e.pos} ({e.msg}); the file is damaged "
+            raise TraceFormatError(f"{who}: not UTF-8 text near byte {e.pos:,} ({e.msg}); the file is damaged "
                                    "or not a trace. Re-export the trace or drop this file") from None
         if truncated:
             raise TraceFormatError(f"{who}: not valid JSON: the file ends early, at byte {len(data):,} of its text: it "

@@ -19,7 +19,7 @@ from dask.base import tokenize
 from distributed import Client
 
 from ..cluster import BATCH_BYTES, batches, flat, outcomes
-from ..errors import MergeError, RankError, TraceFileNotFoundError, TraceFormatError
+from ..errors import SKIPPABLE, MergeError, RankError, TraceFileNotFoundError, TraceFormatError
 from ..kineto.array_form import COMPOSER_KEYS, COMPOSER_MERGED, MERGED_BY_COMPOSER
 from ..kineto.document import check_document, paused_gc
 from ..kineto.events import RankEvents
@@ -41,7 +41,7 @@ from ..storage.files import parse_json, read_header, retry_unreachable, storage_
 from ..storage.inputs import resolve_rank
 from ..storage.output import open_write, writing
 
-__all__ = ["MergeNotes", "MergePlan", "MergeRequest", "SKIPPABLE", "build_options", "plan_merge",
+__all__ = ["MergeNotes", "MergePlan", "MergeRequest", "build_options", "plan_merge",
            "ranges", "settle"]
 
 log = logging.getLogger("tracefuse_dask")
@@ -365,9 +365,6 @@ def _plan_bases(headers: list[RankHeader]) -> int:
     return earliest // 1_000_000_000 * 1_000_000_000
 
 
-SKIPPABLE = (TraceFormatError, TraceFileNotFoundError, MergeError, PermissionError)
-
-
 def settle(outcomes: list[tuple[Any, BaseException | None]], paths: list[str], ranks: list[int | None],
             on_error: str, skipped: list[dict[str, Any]]) -> list[tuple[int, Any]]:
     """Keep the successes; raise the first failure, or record the bad ranks with ``on_error="skip"``."""
@@ -474,7 +471,7 @@ def _clock_sync(chosen: list[tuple[int, RankHeader]], required: bool, notes: Mer
     offsets = {r: round((v - have[ref]) * 1000) for r, v in have.items()}
     bounds = [b for _, h in chosen if type(b := h.header.get("clock_sync_error_bound")) in (int, float)]
     largest = max(offsets.values(), key=abs)
-    text = (f"{what}: aligned {len(offsets)} ranks by Composer's clock_sync_timestamp_us to rank {ref}, as its "
+    text = (f"{what}: aligned {len(offsets):,} ranks by Composer's clock_sync_timestamp_us to rank {ref}, as its "
             f"merger does: largest shift {-largest / 1000:+,.3f} µs; largest clock_sync_error_bound "
             + (f"{max(bounds):,} µs" if bounds else "not given"))
     if bounds and max(bounds) * 1000 > abs(largest):

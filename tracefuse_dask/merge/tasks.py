@@ -15,14 +15,14 @@ from dask.base import tokenize
 from distributed import Client
 
 from ..cluster import BATCH_BYTES, batches, biggest_first, flat, outcomes
-from ..errors import MergeError
+from ..errors import SKIPPABLE, MergeError
 from ..kineto.document import check_document, decode_json, paused_gc
 from ..kineto.events import RankEvents
 from ..model import RankResult, RankTask
 from ..storage.files import read_bytes, retry_unreachable, storage_errors
 from ..storage.output import gzip_member, open_write, writing
 from .fastpath import handles, rewrite_fast
-from .plan import SKIPPABLE, MergeNotes, MergePlan, ranges, settle
+from .plan import MergeNotes, MergePlan, ranges, settle
 from .rewrite import rewrite
 
 __all__ = ["SEP", "rewrite_ranks"]
@@ -139,5 +139,5 @@ def rewrite_ranks(c: Client, plan: MergePlan, notes: MergeNotes, futures: list[A
     if plan.world_size is not None:
         missing = sorted(set(range(plan.world_size)) - {r.rank for r in results} - {s["rank"] for s in notes.skipped})
         if missing and request.subset is None:
-            notes.warnings.append(f"{len(missing)} of {plan.world_size} ranks missing: {ranges(missing)}")
+            notes.warnings.append(f"{len(missing):,} of {plan.world_size:,} ranks missing: {ranges(missing)}")
     return results
