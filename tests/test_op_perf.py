@@ -99,6 +99,9 @@ def test_no_op_above_its_roofline(real_set, analysed):
     assert np.allclose(f["roof_tflops"], np.minimum(f["peak_tflops"], f["flops_per_byte"] * f["peak_tb_s"]), rtol=1e-12)
     assert np.allclose(f["roofline_pct"], 100 * f["tflops_s"] / f["roof_tflops"], rtol=1e-12)
     above = table[table["roofline_pct"] > 100]
+    assert table["over_roof"].tolist() == (table["roofline_pct"] > 100).tolist()  # flagged, never capped
+    assert set(roofed["roof"]) <= {f"{u} {p}" for u in ("matrix", "vector") for p in ("fp64", "fp32", "tf32", "bf16",
+                                                                                     "fp16", "fp8", "fp4")}
     if real_set == "kineto_2021_resnet50":
         cached = (above["bound"] == "memory") & (above["category"] == "elementwise") & (above["data_mib"] <= 25) \
             & (above["tb_s"] <= 1.5 * above["peak_tb_s"])

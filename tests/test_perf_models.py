@@ -148,10 +148,12 @@ def test_every_device_has_a_source_and_the_real_traces_devices_are_told_apart():
         got, called = detect([{"name": name, "totalGlobalMem": int(gib * 2**30), "numSms": sms}], devices)
         assert (got.name if got else None, called) == (want, name)
     h100 = next(d for d in devices if d.name == "H100-SXM5")
-    assert h100.peak_tflops("matrix", "fp32") == 494.5  # an fp32 GEMM may run on the TF32 tensor cores
-    assert h100.peak_tflops("vector", "bf16") == h100.peak_tflops("vector", "fp32") == 67  # no 16-bit vector figure
+    assert h100.roof("matrix", "fp32") == ("matrix tf32", 494.5)  # an fp32 GEMM may run on the TF32 tensor cores
+    assert h100.roof("vector", "bf16") == h100.roof("vector", "fp32") == ("vector fp32", 67)  # no 16-bit vector figure
+    assert h100.roof("vector", "fp64") == ("vector fp64", 34) and h100.roof("matrix", "fp64") == ("matrix fp64", 67)
+    assert h100.roof("matrix", None) is None
     mi300 = next(d for d in devices if d.name == "MI300X")
-    assert mi300.peak_tflops("matrix", "fp32") == 163.4 and mi300.peak_tflops("matrix", "fp64") == 163.4
+    assert mi300.roof("matrix", "fp32") == ("matrix fp32", 163.4) and mi300.roof("matrix", "fp64")[1] == 163.4
 
 
 def test_a_gpu_spec_file_adds_and_overrides_devices(tmp_path):
@@ -159,7 +161,7 @@ def test_a_gpu_spec_file_adds_and_overrides_devices(tmp_path):
     spec.write_text(json.dumps({"devices": [{"name": "H100-mine", "match": [{"name": "H100"}], "matrix": {"bf16": 900},
                                              "vector": {"fp32": 60}, "memory_tb_s": 3.0, "source": "measured"}]}))
     d, _ = detect([{"name": "NVIDIA H100 80GB HBM3"}], load_devices(str(spec)))
-    assert (d.name, d.peak_tflops("matrix", "bf16"), d.memory_tb_s) == ("H100-mine", 900, 3.0)
+    assert (d.name, d.roof("matrix", "bf16"), d.memory_tb_s) == ("H100-mine", ("matrix bf16", 900), 3.0)
     bad = tmp_path / "bad.json"
     bad.write_text('{"devices": [{"name": "x"}]}')
     from tracefuse_dask.errors import TraceFuseError

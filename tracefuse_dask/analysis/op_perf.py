@@ -20,11 +20,13 @@ from ..kineto.vocabulary import is_collective_call
 from ..perf import category, work
 from ..perf.devices import Device
 
-__all__ = ["OP_PERF_COLUMNS", "by_category", "op_perf_table", "owners", "roofline_summary"]
+__all__ = ["OP_PERF_COLUMNS", "OVER_ROOF", "by_category", "op_perf_table", "owners", "roofline_summary"]
 
 OP_PERF_COLUMNS = ["name", "category", "input_dims", "input_types", "concrete_inputs", "context", "calls", "kernel_us",
-                   "kernel", "gflop", "data_mib", "flops_per_byte", "tflops_s", "tb_s", "precision", "peak_tflops",
-                   "peak_tb_s", "roof_tflops", "roofline_pct", "bound"]
+                   "kernel", "gflop", "data_mib", "flops_per_byte", "tflops_s", "tb_s", "precision", "roof",
+                   "peak_tflops", "peak_tb_s", "roof_tflops", "roofline_pct", "over_roof", "bound"]
+OVER_ROOF = ("above 100% of its roof: not capped. A memory-bound op passes the DRAM roof when its operands sit in the "
+             "cache (L2), or when the byte model counts tensors that a fused kernel only slices")
 
 
 def owners(leaf: np.ndarray, parent: list[int], modelled: np.ndarray) -> np.ndarray:
@@ -133,12 +135,13 @@ def _row(name: str, dims: str, types: str, concrete: str, context: str, n: int, 
     row: list[Any] = [name, category(name, first_kernel), dims, types, concrete, context, n, busy_ns / 1e3,
                       main_kernel]
     if w is None:
-        return row + [nan] * 5 + [None, nan, nan, nan, nan, None]
+        return row + [nan] * 5 + [None, None, nan, nan, nan, nan, False, None]
     total_ns = busy_ns or nan
     fpb = w.flops / w.bytes if w.bytes else nan
     tflops = w.flops * n / total_ns / 1e3
     tb_s = w.bytes * n / total_ns / 1e3 if w.bytes is not None else nan
-    peak = device.peak_tflops(w.unit, w.precision) if device is not None else None
+    roof_of = device.roof(w.unit, w.precision) if device is not None else None
+    name_of_roof, peak = roof_of if roof_of else (None, None)
     bw = device.memory_tb_s if device is not None else nan
     roof, pct, bound = nan, nan, None
     if peak and w.bytes and w.flops > 0:  # a pure copy has no roofline (TraceLens's rule: GFLOPs > 0)
@@ -146,7 +149,7 @@ def _row(name: str, dims: str, types: str, concrete: str, context: str, n: int, 
         pct = 100.0 * tflops / roof
         bound = "compute" if fpb * bw >= peak else "memory"
     return row + [w.flops / 1e9, w.bytes / 2**20 if w.bytes is not None else nan, fpb, tflops, tb_s, w.precision,
-                  peak if peak else nan, bw, roof, pct, bound]
+                  name_of_roof, peak if peak else nan, bw, roof, pct, bool(pct > 100), bound]
 
 
 def by_category(op_perf: pd.DataFrame) -> pd.DataFrame:

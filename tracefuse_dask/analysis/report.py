@@ -27,6 +27,7 @@ from plotly.offline import get_plotlyjs
 
 from .critical_path import path_line
 from .diff import ITEM_COLUMNS, Diff
+from .op_perf import OVER_ROOF
 
 __all__ = ["SECTIONS", "Page", "render_diff", "render_report"]
 
@@ -317,8 +318,14 @@ def _efficiency(page: Page) -> str:
     top = (perf.groupby(key, dropna=False, sort=False)
            .agg(ranks=("rank", "nunique"), calls=("calls", "sum"), kernel_us=("kernel_us", "sum"),
                 gflop=("gflop", "first"), data_mib=("data_mib", "first"), tflops_s=("tflops_s", "median"),
-                tb_s=("tb_s", "median"), roofline_pct=("roofline_pct", "median"), bound=("bound", "first"))
+                tb_s=("tb_s", "median"), roof=("roof", "first"), roofline_pct=("roofline_pct", "median"),
+                over_roof=("over_roof", "any"), bound=("bound", "first"))
            .reset_index().nlargest(MAX_ROWS, "kernel_us"))
+    over = perf[perf["over_roof"].eq(True)] if "over_roof" in perf else perf.iloc[:0]
+    if len(over):
+        parts.append(f'<p class="note">{len(over):,} op group(s) on {over["rank"].nunique():,} rank(s) are '
+                     f'{html.escape(OVER_ROOF)} (<code>over_roof</code> in <code>op_perf</code>; the highest: '
+                     f'{over["roofline_pct"].max():,.0f}%).</p>')
     parts.append("<h3>Top op groups by kernel time, all ranks (median TFLOP/s and % of roofline over ranks)</h3>"
                  + _html_table(top, "kernel_us", what="op groups"))
     spread = page.table("op_perf_by_category")
@@ -348,11 +355,12 @@ def _roofline(perf: pd.DataFrame, summary: dict[str, Any]) -> go.Figure:
             hovertemplate="%{hovertext}<br>%{x:,.2f} FLOP/byte, %{y:,.2f} TFLOP/s<extra></extra>"))
     lo = max(float(perf["flops_per_byte"].min()) / 2, 1e-3)
     hi = float(perf["flops_per_byte"].max()) * 2
-    roofs = perf.dropna(subset=["peak_tflops"]).groupby(["peak_tb_s", "peak_tflops", "precision"], sort=True).size()
-    for (bw, peak, precision), _ in roofs.items():
+    roofs = perf.dropna(subset=["peak_tflops"]).groupby(["peak_tb_s", "peak_tflops", "roof"], sort=True).size()
+    for (bw, peak, roof), _ in roofs.items():
         knee = peak / bw
         xs = [lo, min(max(knee, lo), hi), hi]
-        fig.add_trace(go.Scatter(x=xs, y=[min(x * bw, peak) for x in xs], mode="lines", name=f"roof {precision}",
+        fig.add_trace(go.Scatter(x=xs, y=[min(x * bw, peak) for x in xs], mode="lines",
+                                 name=f"{roof} roof: {peak:,.0f} TFLOP/s, {bw:,.2f} TB/s",
                                  line={"dash": "dot", "width": 1}, hoverinfo="name"))
     devices = ", ".join(_label(d) for d in (summary.get("devices") or {}).get("ranks", {})) or "unknown device"
     fig.update_layout(_layout(f"Roofline ({devices}): achieved TFLOP/s against FLOP per byte", 460),

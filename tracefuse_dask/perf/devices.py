@@ -30,19 +30,24 @@ class Device:
     source: str
     match: tuple[dict[str, Any], ...]
 
-    def peak_tflops(self, unit: str, precision: str | None) -> float | None:
-        """The peak of ``unit`` at ``precision``. An fp32 matrix op on a device whose matrix units take TF32 and not
-        fp32 (NVIDIA's) may run on them (PyTorch's allow_tf32, cuDNN's default for convolutions): its roof is the
-        TF32 peak, the highest it can reach. Another matrix op at a precision the matrix units lack runs on the
-        vector units; a vector op at a precision narrower than fp32 that the table does not list (the datasheets
-        give few) gets the fp32 rate, which packed narrower types at least reach."""
+    def roof(self, unit: str, precision: str | None) -> tuple[str, float] | None:
+        """The roof an op of ``unit`` at ``precision`` runs under: its name (``"matrix bf16"``, ``"vector fp32"``)
+        and peak TFLOP/s. An fp32 matrix op on a device whose matrix units take TF32 and not fp32 (NVIDIA's) may
+        run on them (PyTorch's allow_tf32, cuDNN's default for convolutions): its roof is the TF32 peak, the
+        highest it can reach. Another matrix op at a precision the matrix units lack runs on the vector units; a
+        vector op at a precision narrower than fp32 that the table does not list (the datasheets give few) gets
+        the fp32 rate, which packed narrower types at least reach. None without a precision or a peak."""
         if precision is None:
             return None
         if unit == "matrix" and precision in self.matrix:
-            return self.matrix[precision]
+            return f"matrix {precision}", self.matrix[precision]
         if unit == "matrix" and precision == "fp32" and "tf32" in self.matrix:
-            return self.matrix["tf32"]
-        return self.vector.get(precision) or (self.vector.get("fp32") if precision in _NARROW else None)
+            return "matrix tf32", self.matrix["tf32"]
+        if precision in self.vector:
+            return f"vector {precision}", self.vector[precision]
+        if precision in _NARROW and "fp32" in self.vector:
+            return "vector fp32", self.vector["fp32"]
+        return None
 
     def fits(self, props: dict[str, Any]) -> bool:
         name = props.get("name") if isinstance(props.get("name"), str) else ""
