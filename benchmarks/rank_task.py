@@ -45,6 +45,8 @@ def _child(paths: list[str]) -> None:
         from tracefuse_dask.analysis.counters import Cutoffs
 
         extra.update(cutoffs=Cutoffs(), sequences_of=None)
+    if "repair" in takes:
+        extra["repair"] = False
 
     def task(path: str, rank: int) -> dict:
         return analysis._analyze_file(InputFile(path, rank_hint=rank, hint_source="order"), None, None, None,
