@@ -50,13 +50,19 @@ def chromium(user_data_dir: Path) -> Iterator[Any]:
 
 
 def open_page(driver: Any, path: Path, plots: int, timeout: float = 60) -> None:
-    """Load ``path`` and wait until ``plots`` plotly figures have drawn their SVG."""
+    """Load ``path`` and scroll each of its plots into view (the page draws a plot as it comes near the view)
+    until ``plots`` plotly figures have drawn their SVG; then back to the top."""
     driver.get_log("browser")  # drop what earlier pages logged
     driver.get(path.resolve().as_uri())
     deadline = time.monotonic() + timeout
-    while driver.execute_script("return document.querySelectorAll('.js-plotly-plot .main-svg').length") < plots:
-        assert time.monotonic() < deadline, f"{plots} plots did not render in {timeout} s"
-        time.sleep(0.05)
+    for k in range(driver.execute_script("return document.querySelectorAll('div.plot').length")):
+        driver.execute_script("document.querySelectorAll('div.plot')[arguments[0]].scrollIntoView()", k)
+        while not driver.execute_script("return !!document.querySelectorAll('div.plot')[arguments[0]]"
+                                        ".querySelector('.main-svg')", k):
+            assert time.monotonic() < deadline, f"plot {k} did not render in {timeout} s"
+            time.sleep(0.05)
+    driver.execute_script("window.scrollTo(0, 0)")
+    assert driver.execute_script("return document.querySelectorAll('.js-plotly-plot .main-svg').length") >= plots
 
 
 def console_errors(driver: Any) -> list[dict[str, Any]]:

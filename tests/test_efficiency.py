@@ -81,7 +81,7 @@ def test_a_rank_with_15_percent_slower_gemms_is_named(job, client, tmp_path):
     assert f"gpu: rank 3's GPU runs its GEMMs {100 * (verdict['factor'] - 1):.0f}% slower than the median rank at " \
            f"equal shapes ({verdict['groups']} op groups): a slow or throttled GPU" in run.stderr
     page = (tmp_path / "r" / "report.html").read_text()
-    answers = page[page.index("<h2>Answers</h2>"):page.index("<h2>Outliers</h2>")]
+    answers = page[page.index('<h2 id="answers">'):page.index('<h2 id="outliers">')]
     assert "rank 3&#x27;s GPU runs its GEMMs" in answers and "Roofline: " in answers
 
 

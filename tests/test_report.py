@@ -5,6 +5,9 @@ import hashlib
 import html
 import json
 import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +118,7 @@ def assert_safe(page: str) -> None:
             json.loads(body)
         else:
             digest = base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()
-            assert attrs == "" and f"'sha256-{digest}'" in csp
+            assert attrs in ("", ' type="module"') and f"'sha256-{digest}'" in csp
     assert page.count("<script") == len(SCRIPT.findall(page))
     assert "connect-src" not in csp and csp.startswith("default-src 'none'")
 
@@ -130,10 +133,11 @@ def test_page_is_self_contained_and_escaped(n_ranks, gpu, plots):
     page = render_report(make_tables(n_ranks, outlier=min(3, n_ranks - 1), gpu=gpu), make_summary(n_ranks, gpu=gpu))
     assert_safe(page)
     assert len(figures(page)) == plots
-    assert page.count("<script>") == 2  # plotly.js once, then the loader
+    assert page.count("<script>") == 2 and page.count('<script type="module">') == 1  # plotly.js, its loader, tables
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", SCRIPT.sub("", page))
     assert f"dropped 3 events named {html.escape(HOSTILE, quote=False)}</li>" in page  # shown, as text
-    assert len(page) < 5.5e6
+    rows = sum(len(body) for attrs, body in SCRIPT.findall(page) if 'class="tf-rows"' in attrs)
+    assert len(page) - rows < 6.3e6  # plotly.js 4.6 MB, DataTables 0.7 MB; and the tables' rows
 
 
 def test_outlier_is_marked_and_listed():
@@ -162,9 +166,11 @@ def test_long_names_keep_their_own_bars_and_show_literally():
 def test_cpu_only_page_says_why_and_keeps_ops_and_steps():
     page = render_report(make_tables(4, gpu=False), make_summary(4, gpu=False))
     assert "No GPU plots: no GPU events in the traces: a CPU-only (gloo) job &lt;b&gt;&amp;" in page
-    assert "<h2>Operators</h2>" in page and "<h2>Steps</h2>" in page
-    assert "<h2>Kernels</h2>" not in page and "Per-rank breakdown" not in page
-    assert "<th>gpu_time_us</th>" not in page  # all NaN
+    assert headings(page) == ["Warnings", "Operators", "Steps", "Left out"]
+    assert "Kernels" not in headings(page) and "Per-rank breakdown" not in headings(page)
+    assert "<li>Per-rank breakdown, Launches and queues, Kernels, GPU idle time by stream: no GPU kernels, memcpy or " \
+           "memset in the traces</li>" in page  # and the page says why
+    assert not any(c["title"] == "gpu_time_us" for t in rows_of(page) for c in t["columns"])  # all NaN
     assert figures(page)[0]["layout"]["title"]["text"].startswith("Top 5 operators by cpu time")
 
 
@@ -178,9 +184,25 @@ def test_empty_tables_give_a_page_without_plots(tables):
     assert "<script" not in page and "No GPU plots" not in page and "<h1>tracefuse_dask report</h1>" in page
 
 
-def test_long_tables_are_cut_with_a_caption():
+def headings(page: str) -> list[str]:
+    """The page's sections, as its table of contents lists them."""
+    return re.findall(r'<h2 id="[^"]*">(.*?)</h2>', page)
+
+
+def rows_of(page: str) -> list[dict[str, Any]]:
+    """Each table's columns and rows, as the page hands them to DataTables."""
+    return [json.loads(body) for attrs, body in SCRIPT.findall(page) if 'class="tf-rows"' in attrs]
+
+
+def test_tables_hold_every_row_up_to_max_rows_and_say_when_cut(monkeypatch):
     page = render_report(make_tables(4), make_summary(4))
-    assert f"{report.MAX_ROWS} of {4 * len(KERNELS)} rows, by total_us." in page
+    kernels = next(t for t in rows_of(page) if [c["title"] for c in t["columns"]][:2] == ["rank", "name"])
+    assert len(kernels["rows"]) == 4 * len(KERNELS) and "the table file holds them all" not in page
+    assert {c["title"]: c["kind"] for c in kernels["columns"]}["rank"] == "id"
+    monkeypatch.setattr(report, "MAX_ROWS", 5)
+    page = render_report(make_tables(4), make_summary(4))
+    assert f"5 of {4 * len(KERNELS)} rows, by total_us; the table file holds them all." in page
+    assert all(len(t["rows"]) <= 5 for t in rows_of(page))
 
 
 def test_outlier_ranks_from_arrow_are_arrays():
@@ -225,7 +247,8 @@ def test_report_renders_offline_in_chromium(browser, tmp_path):
         bars: document.querySelectorAll('.js-plotly-plot .barlayer .point path').length,
         ticks: Array.from(document.querySelectorAll('.ytick text')).map(t => t.textContent),
         text: document.body.innerText}""")
-    assert dom["scripts"] == ["application/json"] * 5 + ["js", "js"] and dom["images"] == 0
+    tables = len(rows_of(page))
+    assert dom["scripts"] == ["application/json"] * (5 + tables) + ["js", "js", "module"] and dom["images"] == 0
     assert dom["bars"] >= 3 * 4 + 2 * 4 + len(KERNELS) + len(OPS)
     assert HOSTILE_OP in dom["text"] and "rank 3's idle_us is 3.9× the median" in dom["text"]
     assert any(t.startswith("</script><script>alert(1)</script>") for t in dom["ticks"])
@@ -276,7 +299,8 @@ def test_collectives_section_states_the_verdict_and_plots_waits():
     assert_safe(page)
     assert f"<b>rank 2 is the straggler: {html.escape(HOSTILE_OP)}</b></p>" in page
     assert f"What-if: what if {html.escape(HOSTILE_OP)}. Each step replayed" in page and "(the bar)" in page
-    assert "<tr><td>5</td><td>30,000.0</td><td>10,000.0</td><td>20,000.0</td></tr>" in page  # the what-if, by step
+    what_if = next(t for t in rows_of(page) if t["columns"][1]["title"] == "measured_us")
+    assert what_if["rows"][0] == [5, 30_000.0, 10_000.0, 20_000.0]  # the what-if, by step
     assert len(figures(page)) == 5 + 2  # the wait heatmap and the arrival bars
     assert "Clock offsets" in page and "Unmatched or inconsistent collectives" in page
 
@@ -299,14 +323,15 @@ def test_efficiency_report_of_a_real_trace_in_chromium(browser, tmp_path):
 
     a = analyze(str(shared("real", "tracelens_h100_qwen")), workers=0)
     page = render_report(a.tables(), a.summary)
-    headings = [h.split("</h2>")[0] for h in page.split("<h2>")[1:]]
-    assert headings[:2] == ["Answers", "Outliers"] and "Efficiency: op performance and roofline" in headings
-    answers = page[page.index("<h2>Answers</h2>"):page.index("<h2>Outliers</h2>")]
+    assert headings(page)[:2] == ["Answers", "Critical path"]  # one rank: no outliers, no collectives
+    assert "Efficiency: op performance and roofline" in headings(page)
+    assert "<li>Outliers: one rank: nothing to compare it with</li>" in page
+    answers = page[page.index('<h2 id="answers">'):page.index('<h2 id="critical-path">')]
     assert "Step time: median" in answers and "GEMM 28% of op kernel time at 62% of roofline" in answers
     roofline = next(f for f in figures(page) if "Roofline" in f["layout"]["title"]["text"])
     assert roofline["layout"]["xaxis"]["type"] == roofline["layout"]["yaxis"]["type"] == "log"
     names = {t["name"] for t in roofline["data"]}
-    assert {"GEMM", "SDPA_fwd", "elementwise", "roof bf16"} <= names
+    assert {"GEMM", "SDPA_fwd", "elementwise", "matrix bf16 roof: 990 TFLOP/s, 3.35 TB/s"} <= names
     _load(browser, tmp_path, page, plots=len(figures(page)))
     text = browser.execute_script("return document.body.innerText")
     assert "Top op groups by kernel time" in text and "aten::_scaled_dot_product_flash_attention" in text
@@ -325,7 +350,7 @@ def test_launches_and_queues_of_a_real_job_in_chromium(browser, tmp_path):
 
     a = analyze(str(shared("real", "hta_trace_filter")), workers=0)
     page = render_report(a.tables(), a.summary)
-    assert "<h2>Launches and queues</h2>" in page
+    assert "Launches and queues" in headings(page)
     titles = [f["layout"]["title"]["text"] for f in figures(page)]
     delay = next(f for f in figures(page) if f["layout"]["title"]["text"].startswith("Launch delay per rank"))
     assert values(delay["data"][1]["y"]) == a.launch_stats.sort_values("rank")["median_launch_delay_us"].tolist()
@@ -333,3 +358,67 @@ def test_launches_and_queues_of_a_real_job_in_chromium(browser, tmp_path):
     _load(browser, tmp_path, page, plots=len(figures(page)))
     text = browser.execute_script("return document.body.innerText")
     assert "Longest launch delays" in text and "2,358 launches on 2 rank(s)" in text
+
+
+USABLE_S = 3.0
+"""The report of the 8 × 50 MB A100 job must be usable (its first screen drawn, every table sortable) this soon."""
+
+
+@pytest.mark.integration
+def test_the_report_of_an_8_by_50_mb_a100_job_is_a_page_to_navigate(browser, client, tmp_path):
+    """The A100 trace made into 8 ranks of 50 MB by make_dataset.py, analysed, and opened in headless Chromium at
+    1,400 px: usable within USABLE_S, no horizontal scrolling, no console errors, every table sortable and
+    holding every row, and every answer linking to its section."""
+    from conftest import SHARED, shared
+
+    from tracefuse_dask import analyze
+
+    source = shared("real", "hta_trace_filter") / "sampled_rank-0.json.gz"
+    job = tmp_path / "job"
+    subprocess.run([sys.executable, str(SHARED.parent / "tools" / "make_dataset.py"), "--source", str(source),
+                    "--ranks", "8", "--mb-per-rank", "50", "--gzip", "--jobs", "2", "--out", str(job)], check=True,
+                   capture_output=True, timeout=600)
+    analyze(str(job), str(tmp_path / "report"), client=client)
+    path = tmp_path / "report" / "report.html"
+    browser.set_window_size(1400, 1000)
+    try:
+        browser.get_log("browser")
+        browser.get(path.resolve().as_uri())
+        ready = """return document.readyState === 'complete'
+            && document.querySelectorAll('table.tf.dataTable').length === document.querySelectorAll('table.tf').length
+            && Array.from(document.querySelectorAll('div.plot')).filter(function (p) {
+                 return p.getBoundingClientRect().top < window.innerHeight; })
+               .every(function (p) { return !!p.querySelector('.main-svg'); })"""
+        deadline = time.monotonic() + 60
+        while not browser.execute_script(ready):
+            assert time.monotonic() < deadline, "the page was not ready in 60 s"
+            time.sleep(0.02)
+        usable_s = browser.execute_script("return performance.now()") / 1e3
+        assert usable_s < USABLE_S, f"usable after {usable_s:.2f} s"
+        assert browser.execute_script("return document.documentElement.scrollWidth") <= \
+            browser.execute_script("return document.documentElement.clientWidth")
+        assert console_errors(browser) == []
+        page = path.read_text()
+        tables = rows_of(page)
+        assert browser.execute_script("return document.querySelectorAll('table.tf').length") == len(tables) >= 10
+        counts = browser.execute_script("return Array.from(document.querySelectorAll('table.tf')).map("
+                                        "function (t) { return new window.tfTables.DataTable.Api(t).rows().count(); })")
+        assert counts == [len(t["rows"]) for t in tables]  # every row, not a first page
+        # sort the kernels per rank by total_us: a click sorts it ascending, a second one descending
+        k = next(i for i, t in enumerate(tables) if [c["title"] for c in t["columns"]][:2] == ["rank", "name"])
+        column = [c["title"] for c in tables[k]["columns"]].index("total_us")
+        shown = ("var t = document.querySelectorAll('table.tf')[arguments[0]];"
+                 "return Array.from(t.querySelectorAll('tbody tr')).map(function (r) {"
+                 "return parseFloat(r.children[arguments[1]].textContent.replace(/,/g, '')); });")
+        for order in (sorted, lambda v: sorted(v, reverse=True)):
+            browser.execute_script("document.querySelectorAll('table.tf')[arguments[0]]"
+                                   ".querySelectorAll('thead th')[arguments[1]].click()", k, column)
+            values = browser.execute_script(shown, k, column)
+            assert len(values) == report.PAGE_ROWS and values == order(values), values
+        # every answer links to a section the page has
+        links = browser.execute_script("return Array.from(document.querySelectorAll('ul.answers a.to')).map("
+                                       "function (a) { return !!document.getElementById(a.hash.slice(1)); })")
+        assert links and all(links)
+        assert browser.execute_script("return document.querySelectorAll('nav.toc a').length") == len(headings(page))
+    finally:
+        browser.set_window_size(1280, 1000)

@@ -4,10 +4,12 @@ Every string from a trace is untrusted. Text and table cells go through :func:`h
 figures travel as inert JSON in ``<script type="application/json">`` blocks with ``<``, ``>``, ``&``,
 U+2028 and U+2029 escaped (whatever plotly's own encoder does), and plot labels are entity-escaped
 because plotly.js renders a subset of HTML in them. A Content-Security-Policy runs only the page's
-own two scripts, by hash, and allows no network access.
+own scripts, by hash, and allows no network access.
 
 A page is the concatenation of :data:`SECTIONS`; to add one, append a function that takes a
-:class:`Page` and returns HTML (``""`` to leave it out).
+:class:`Page` and returns HTML (``Page.leave_out`` to leave it out and say why). Every ``<h2>`` gets an
+anchor in the table of contents, and every table is sorted, filtered and paged in the browser by
+DataTables (itables' offline bundle, inlined).
 """
 from __future__ import annotations
 
@@ -16,8 +18,11 @@ import hashlib
 import html
 import json
 import math
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
 from typing import Any, TypeGuard
 
 import pandas as pd
@@ -33,12 +38,20 @@ __all__ = ["SECTIONS", "Page", "render_diff", "render_report"]
 
 TOP_N = 20
 """Bars in the top-kernels and top-ops plots."""
-MAX_ROWS = 50
-"""Rows shown of each HTML table."""
+MAX_ROWS = 10_000
+"""Rows each HTML table holds (sorted, filtered and paged in the browser); the table files hold them all."""
+PAGE_ROWS = 25
+"""Rows of a table on one page, before its pager."""
 MAX_RANK_TICKS = 64
 """Up to this many ranks, every rank gets its own tick label."""
 MAX_LABEL = 70
 """Characters of a kernel or op name shown on an axis; the hover shows the whole name."""
+TITLES = {"answers": "Answers", "outliers": "Outliers", "collectives": "Collectives and stragglers",
+          "path": "Critical path", "collective_trace": "collective_trace logs",
+          "efficiency": "Efficiency: op performance and roofline", "breakdown": "Per-rank breakdown",
+          "launches": "Launches and queues", "kernels": "Kernels", "ops": "Operators",
+          "idle": "GPU idle time by stream", "steps": "Steps"}
+"""Each section's heading, by what the answers link to."""
 MAX_LISTED = 10
 """Input paths, warnings and rank ranges listed before "and N more"."""
 MAX_HEATMAP_COLUMNS = 200
@@ -61,14 +74,23 @@ _PATH_COLORS = {"cpu_op": "#4c78a8", "kernel": "#54a24b", "memcpy": "#eeca3b", "
                 "sync wait": "#b279a2", "collective transfer": "#72b7b2", "idle": "#bab0ac",
                 "sync overhead": "#9d755d"}
 _PLOT_CONFIG = {"responsive": True, "displaylogo": False}
-_BOOT = ("document.querySelectorAll('script.tf-figure').forEach(function (s) {"
-         "var f = JSON.parse(s.textContent);"
-         f"Plotly.newPlot(s.previousElementSibling, f.data, f.layout, {json.dumps(_PLOT_CONFIG)});"
-         "});")
+# Each figure is drawn when it comes within a screen of the view, so that a page of many plots is usable at once.
+_BOOT = ("var tfPlots = new IntersectionObserver(function (seen) { seen.forEach(function (e) {"
+         "if (!e.isIntersecting) return; tfPlots.unobserve(e.target);"
+         "var f = JSON.parse(e.target.nextElementSibling.textContent);"
+         f"Plotly.newPlot(e.target, f.data, f.layout, {json.dumps(_PLOT_CONFIG)});"
+         "}); }, {rootMargin: '100% 0px'});"
+         "document.querySelectorAll('script.tf-figure').forEach(function (s) {"
+         "tfPlots.observe(s.previousElementSibling); });")
 _JSON_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028",
                                "\u2029": "\\u2029"})
 _CSS = """
-body { font: 14px/1.45 system-ui, sans-serif; margin: 1.5em auto; max-width: 1200px; padding: 0 1em; color: #222; }
+body { font: 14px/1.45 system-ui, sans-serif; margin: 0 auto; max-width: 1500px; padding: 0 1em; color: #222; }
+.layout { display: grid; grid-template-columns: 13em minmax(0, 1fr); gap: 1.5em; }
+nav.toc { position: sticky; top: 0; align-self: start; max-height: 100vh; overflow-y: auto; padding: 1.2em 0;
+  font-size: 13px; } nav.toc ul { list-style: none; padding: 0; margin: .3em 0; } nav.toc li { margin: .25em 0; }
+nav.toc a { color: #1f5fa8; text-decoration: none; } nav.toc a:hover { text-decoration: underline; }
+main { min-width: 0; padding-bottom: 3em; } a.to { font-size: 12px; margin-left: .4em; white-space: nowrap; }
 h1 { font-size: 1.6em; margin-bottom: .2em; } h2 { margin-top: 1.8em; border-bottom: 1px solid #ddd; }
 .meta { color: #555; } .note { background: #fff4e5; border-left: 4px solid #f58518; padding: .5em .8em; }
 .warnings li { color: #8a4b00; } .outliers li { font-weight: 600; } .answers li { margin: .2em 0; }
@@ -76,8 +98,8 @@ table.tf { border-collapse: collapse; font-size: 12.5px; margin: .5em 0 1em; }
 table.tf th, table.tf td { border-bottom: 1px solid #e4e4e4; padding: 3px 8px; text-align: right;
   vertical-align: top; white-space: nowrap; }
 table.tf th { background: #f6f6f6; } table.tf .text { text-align: left; }
-table.tf td.text { white-space: normal; max-width: 42em; overflow-wrap: anywhere; }
-.scroll { overflow-x: auto; }
+table.tf td.text { max-width: 26em; overflow: hidden; text-overflow: ellipsis; }
+.scroll { overflow-x: auto; max-width: 100%; } .left-out li { color: #555; }
 .caption { color: #666; font-size: 12px; } .plot { min-height: 300px; }
 """
 
@@ -97,6 +119,7 @@ class Page:
     tables: dict[str, pd.DataFrame]
     summary: dict[str, Any]
     figures: int = field(default=0, init=False)
+    left_out: dict[str, list[str]] = field(default_factory=dict, init=False)  # why: what was left out for it
 
     def table(self, name: str) -> pd.DataFrame:
         """The table ``name``, or an empty DataFrame when it is missing."""
@@ -117,11 +140,19 @@ class Page:
             stats = stats[stats["metric"].isin(list(metrics))]
         return sorted({int(r) for ranks in stats["outlier_ranks"] if _is_list(ranks) for r in ranks})
 
+    def leave_out(self, what: str, why: str) -> str:
+        """Leave ``what`` (a section, plot or table) out of the page, and say ``why`` in its "Left out" list;
+        returns "" for the section's HTML."""
+        self.left_out.setdefault(why, []).append(what)
+        return ""
+
     def figure(self, fig: go.Figure) -> str:
         """A plot placeholder followed by the figure as inert, script-safe JSON."""
         self.figures += 1
         payload = pio.to_json(fig, validate=False).translate(_JSON_ESCAPES)
-        return f'<div class="plot"></div><script type="application/json" class="tf-figure">{payload}</script>'
+        height = int(fig.layout.height or 450)  # held before it is drawn: the contents' anchors stay put
+        return (f'<div class="plot" style="height: {height}px"></div>'
+                f'<script type="application/json" class="tf-figure">{payload}</script>')
 
 
 def render_report(tables: dict[str, pd.DataFrame], summary: dict[str, Any]) -> str:
@@ -217,18 +248,88 @@ def render_diff(diff: Diff) -> str:
 
 
 def _document(page: Page, body: str, title: str) -> str:
-    """The self-contained HTML document around ``body``: plotly.js once when it has a plot, a strict CSP."""
+    """The self-contained HTML document around ``body``: a table of contents of its ``<h2>`` headings (and of what
+    was left out, and why), plotly.js once when it has a plot, DataTables when it has a table, a strict CSP."""
+    if page.left_out:
+        items = "".join(f"<li>{html.escape(', '.join(what))}: {html.escape(why)}</li>"
+                        for why, what in page.left_out.items())
+        body += f'\n<h2>Left out</h2><ul class="left-out">{items}</ul>'
+    ids: list[tuple[str, str]] = []
+
+    def anchor(m: re.Match[str]) -> str:
+        ids.append((_slug(m[1]), m[1]))
+        return f'<h2 id="{ids[-1][0]}">{m[1]}</h2>'
+
+    body = re.sub(r"<h2>(.*?)</h2>", anchor, body)
+    # an answer links to its section only when the page has it
+    body = re.sub(r'<a class="to" href="#([^"]*)">[^<]*</a>',
+                  lambda m: m[0] if m[1] in {i for i, _ in ids} else "", body)
+    toc = "".join(f'<li><a href="#{i}">{text}</a></li>' for i, text in ids)
     scripts = [get_plotlyjs(), _BOOT] if page.figures else []
+    if 'class="tf"' in body:
+        scripts.append(_tables_script())
     script_src = " ".join(f"'{_sha256(s)}'" for s in scripts) or "'none'"
     csp = (f"default-src 'none'; script-src {script_src}; style-src 'unsafe-inline'; img-src data: blob:; "
            "font-src data:; base-uri 'none'; form-action 'none'")
     title = html.escape(title)
+    styles = [_CSS, _tables_css()] if 'class="tf"' in body else [_CSS]
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
         f'<meta http-equiv="Content-Security-Policy" content="{csp}">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{title}</title>", f"<style>{_CSS}</style>", "</head>", "<body>", body,
-        *(f"<script>{s}</script>" for s in scripts), "</body>", "</html>", ""])
+        f"<title>{title}</title>", *(f"<style>{css}</style>" for css in styles), "</head>", "<body>",
+        f'<div class="layout"><nav class="toc"><b>{title}</b><ul>{toc}</ul></nav><main>', body, "</main></div>",
+        *(f'<script type="module">{s}</script>' if s.startswith(_TABLES_MARK) else f"<script>{s}</script>"
+          for s in scripts), "</body>", "</html>", ""])
+
+
+_TABLES_MARK = "/* tracefuse: DataTables, from itables' offline bundle */"
+
+
+@cache
+def _tables_script() -> str:
+    """DataTables (itables' offline bundle, an ES module) as one inline module script: the bundle's exports
+    become ``window.tfTables`` (its default, DataTables itself, as ``DataTable``), and every ``table.tf`` is
+    filled from the JSON after it: sortable and searchable, paged by :data:`PAGE_ROWS`, in the order the page wrote
+    it, rows drawn as they are shown (``deferRender``)."""
+    bundle = (resources.files("itables") / "html" / "dt_bundle.js").read_text(encoding="utf-8")
+    found = list(re.finditer(r"export\s*\{([^}]*)\}", bundle))
+    if len(found) != 1:  # another itables: its bundle is built otherwise
+        raise RuntimeError("itables' dt_bundle.js has not one export list; use an itables version pyproject.toml allows")
+    exports = found[0]
+    names = ", ".join(f"{'DataTable' if b.strip() == 'default' else b.strip()}: {a.strip()}" for a, b in
+                      (e.split(" as ") if " as " in e else (e, e) for e in exports[1].split(",")))
+    init = """
+var tfEscape = function (v) { return String(v).replace(/[&<>"']/g, function (c) {
+  return {'&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;'}[c]; }); };
+var tfNumber = function (digits, grouping) { return function (v, type) {
+  if (type !== 'display') { return v === null ? -Infinity : v; }
+  return v === null ? '\u2013' : v.toLocaleString('en-US', {minimumFractionDigits: digits,
+    maximumFractionDigits: digits, useGrouping: grouping}); }; };
+var tfText = function (v, type) { return type === 'display' ? tfEscape(v) : v; };
+document.querySelectorAll('table.tf').forEach(function (t) {
+  var d = JSON.parse(t.nextElementSibling.textContent);
+  new window.tfTables.DataTable(t, {data: d.rows, deferRender: true, order: [], autoWidth: false,
+    pageLength: %d, lengthMenu: [10, 25, 100, -1],
+    columns: d.columns.map(function (c) { return c.kind === 'text'
+      ? {title: tfEscape(c.title), className: 'text', type: 'string', render: tfText,
+         createdCell: function (td, v) { td.title = v; }}
+      : {title: tfEscape(c.title), className: 'dt-right', type: 'num',
+         render: c.kind === 'float' ? tfNumber(1, true) : tfNumber(0, c.kind === 'int')}; })});
+});""" % PAGE_ROWS
+    script = (f"{_TABLES_MARK}\n{bundle[:exports.start()]}window.tfTables = {{{names}}};"
+              f"{bundle[exports.end():]}\n{init}")
+    # "<!--", "<script" and "</script" in its strings and regexes would end or hide the end of the inline script
+    return re.sub(r"<(?=!--|/?script)", r"\\x3C", script, flags=re.IGNORECASE)
+
+
+@cache
+def _tables_css() -> str:
+    return (resources.files("itables") / "html" / "dt_bundle.css").read_text(encoding="utf-8")
+
+
+def _slug(heading: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", html.unescape(heading).lower()).strip("-") or "section"
 
 
 def _header(page: Page) -> str:
@@ -268,37 +369,42 @@ def _header(page: Page) -> str:
 
 
 def _answers(page: Page) -> str:
-    """The answers before any table: the step time, the verdicts the CLI prints (straggler, its cause and what-if,
-    the critical path, the slow GPU) and the time-weighted % of roofline by category."""
+    """The answers before any table, each linking to its section: the step time, the verdicts the CLI prints (the
+    straggler, its cause and what-if, the critical path, the bound, the slow GPU, the launches) and the
+    time-weighted % of roofline by category."""
     s = page.summary
     steps = s.get("critical_path") or []
-    lines = []
+    lines: list[tuple[str, str]] = []  # (answer, the key of its section in TITLES)
     if steps:
         times = sorted(p["duration_us"] for p in steps)
-        lines.append(f"Step time: median {times[len(times) // 2] / 1e3:,.1f} ms over {len(times):,} step(s) "
-                     f"(slowest {times[-1] / 1e3:,.1f} ms).")
+        lines.append((f"Step time: median {times[len(times) // 2] / 1e3:,.1f} ms over {len(times):,} step(s) "
+                      f"(slowest {times[-1] / 1e3:,.1f} ms).", "steps"))
     straggler = s.get("straggler") or {}
     if straggler.get("evidence"):
-        lines.append(str(straggler["evidence"]))
+        lines.append((str(straggler["evidence"]), "collectives"))
     if straggler.get("cause"):
-        lines.append(f"Why: {straggler['cause']['verdict']}.")
+        lines.append((f"Why: {straggler['cause']['verdict']}.", "path"))
     if straggler.get("what_if_text"):
-        lines.append(f"What-if: {straggler['what_if_text']}.")
+        lines.append((f"What-if: {straggler['what_if_text']}.", "collectives"))
     if steps:
-        lines.append(path_line(steps))
+        lines.append((path_line(steps), "path"))
     if s.get("bound"):
-        lines.append(f"Bound: {s['bound']['text']}.")
+        lines.append((f"Bound: {s['bound']['text']}.", "path"))
         if s["bound"]["why"]:
-            lines.append(f"Why both: {s['bound']['why']}.")
+            lines.append((f"Why both: {s['bound']['why']}.", "path"))
     if s.get("slow_gpu"):
-        lines.append(f"GPU: {s['slow_gpu']['text']}.")
+        lines.append((f"GPU: {s['slow_gpu']['text']}.", "efficiency"))
+    if s.get("launches"):
+        lines.append((f"Launches: {s['launches']['text']}.", "launches"))
     if s.get("roofline"):
-        lines.append(f"Roofline: {s['roofline']['text']}.")
+        lines.append((f"Roofline: {s['roofline']['text']}.", "efficiency"))
     if (s.get("devices") or {}).get("note"):
-        lines.append(f"Note: {s['devices']['note']}.")
+        lines.append((f"Note: {s['devices']['note']}.", "efficiency"))
     if not lines:
-        return ""
-    return "<h2>Answers</h2><ul class=\"answers\">" + "".join(f"<li>{html.escape(x)}</li>" for x in lines) + "</ul>"
+        return page.leave_out(TITLES["answers"], "no steps, collectives or op models to answer from")
+    items = "".join(f'<li>{html.escape(text)}<a class="to" href="#{_slug(TITLES[key])}">→ '
+                    f"{html.escape(TITLES[key])}</a></li>" for text, key in lines)
+    return f'<h2>{TITLES["answers"]}</h2><ul class="answers">{items}</ul>'
 
 
 def _efficiency(page: Page) -> str:
@@ -306,14 +412,16 @@ def _efficiency(page: Page) -> str:
     spread by category and how each rank's GPU compares at equal shapes."""
     perf = page.table("op_perf")
     if perf.empty or "roofline_pct" not in perf:
-        return ""
-    parts = ["<h2>Efficiency: op performance and roofline</h2>",
+        return page.leave_out(TITLES["efficiency"], "no op launched device work")
+    parts = [f"<h2>{TITLES['efficiency']}</h2>",
              '<p class="caption">Per op group (name, input dims, input types, concrete inputs): FLOPs and bytes per '
              "call from its shapes (TraceLens's models), the kernel time its calls launched, and the achieved "
              "TFLOP/s against the device's roofline at the op's arithmetic intensity.</p>"]
     modelled = perf[perf["flops_per_byte"].notna() & (perf["tflops_s"] > 0)]
     if not modelled.empty:
         parts.append(page.figure(_roofline(modelled, page.summary)))
+    else:
+        page.leave_out("the roofline plot", "no op with a FLOP and byte model and recorded shapes (record_shapes)")
     key = [c for c in ("name", "category", "input_dims", "input_types", "concrete_inputs", "context") if c in perf]
     top = (perf.groupby(key, dropna=False, sort=False)
            .agg(ranks=("rank", "nunique"), calls=("calls", "sum"), kernel_us=("kernel_us", "sum"),
@@ -372,27 +480,31 @@ def _roofline(perf: pd.DataFrame, summary: dict[str, Any]) -> go.Figure:
 def _outliers(page: Page) -> str:
     stats = page.table("rank_stats")
     if stats.empty:
-        return ""
+        return page.leave_out(TITLES["outliers"], "no per-rank figures")
+    if len(page.summary.get("ranks") or []) == 1:
+        return page.leave_out(TITLES["outliers"], "one rank: nothing to compare it with")
     notes = [str(n) for n in stats["note"].dropna() if str(n)] if "note" in stats else []
     listed = ('<ul class="outliers">' + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>"
               if notes else "<p>No outlier ranks.</p>")
     table = _html_table(stats, "metric", ascending=True)
-    return f"<h2>Outliers</h2>{listed}<h3>Spread over ranks</h3>{table}"
+    return f"<h2>{TITLES['outliers']}</h2>{listed}<h3>Spread over ranks</h3>{table}"
 
 
 def _breakdown(page: Page) -> str:
     df = page.table("breakdown")
     if not page.gpu or df.empty:
-        return ""
+        return page.leave_out(TITLES["breakdown"], "no GPU kernels, memcpy or memset in the traces")
     df = df.sort_values("rank")
     plots, outliers = "", page.outlier_ranks(_PLOTTED)
     if {c for c, _, _ in _BREAKDOWN} <= set(df.columns):
         plots = page.figure(_rank_bars(df, _BREAKDOWN, "stack", "GPU time per rank (µs): the bars partition the "
                                        "GPU span", outliers))
-        if {c for c, _, _ in _COMM} <= set(df.columns):
+        if {c for c, _, _ in _COMM} <= set(df.columns) and not df["communication_us"].gt(0).any():
+            page.leave_out("the communication plot", "no communication kernels in the traces")
+        elif {c for c, _, _ in _COMM} <= set(df.columns):
             plots += page.figure(_rank_bars(df, _COMM, "overlay", "Communication per rank (µs): total and "
                                             "exposed (not overlapped with computation)", outliers))
-    return f"<h2>Per-rank breakdown</h2>{plots}{_html_table(df, 'gpu_span_us', what='ranks')}"
+    return f"<h2>{TITLES['breakdown']}</h2>{plots}{_html_table(df, 'gpu_span_us', what='ranks')}"
 
 
 def _launches(page: Page) -> str:
@@ -401,11 +513,12 @@ def _launches(page: Page) -> str:
     s = page.summary.get("launches")
     launches, queues = page.table("launch_stats"), page.table("queue_length")
     if not s or launches.empty:
-        return ""
+        return page.leave_out(TITLES["launches"], "no GPU kernels, memcpy or memset in the traces" if not page.gpu
+                              else "no kernel launches in the traces")
     outliers = page.outlier_ranks(["median_launch_delay_us", "queue_length_mean"])
     caption = (f"{s['text']}. A launch delay is the time from a launch call's end to its kernel's start; the queue of "
                "a stream counts the work launched on it and not yet started (HTA's definitions).")
-    parts = ["<h2>Launches and queues</h2>", f'<p class="caption">{html.escape(caption)}</p>']
+    parts = [f"<h2>{TITLES['launches']}</h2>", f'<p class="caption">{html.escape(caption)}</p>']
     df = launches[launches["launches"] > 0].sort_values("rank")
     parts.append(page.figure(_rank_bars(df, _LAUNCH_DELAY, "overlay", "Launch delay per rank (µs): 95th percentile "
                                         "and median", outliers)))
@@ -423,8 +536,8 @@ def _launches(page: Page) -> str:
 def _kernels(page: Page) -> str:
     kernels, categories = page.table("kernels"), page.table("kernel_categories")
     if not page.gpu or (kernels.empty and categories.empty):
-        return ""
-    parts = ["<h2>Kernels</h2>"]
+        return page.leave_out(TITLES["kernels"], "no GPU kernels, memcpy or memset in the traces")
+    parts = [f"<h2>{TITLES['kernels']}</h2>"]
     if not kernels.empty:
         top = (kernels.groupby("name", sort=False)
                .agg(total_us=("total_us", "sum"), count=("count", "sum"), category=("category", "first"),
@@ -448,8 +561,8 @@ def _kernels(page: Page) -> str:
 def _ops(page: Page) -> str:
     ops, launchers = page.table("ops"), page.table("kernel_launchers")
     if ops.empty and launchers.empty:
-        return ""
-    parts = ["<h2>Operators</h2>"]
+        return page.leave_out(TITLES["ops"], "no cpu_op events in the traces")
+    parts = [f"<h2>{TITLES['ops']}</h2>"]
     key = "gpu_time_us" if page.gpu else "cpu_time_us"
     if key in ops and ops[key].notna().any():
         top = ops.groupby("name", sort=False).agg(time=(key, "sum"), count=("count", "sum"))
@@ -465,17 +578,17 @@ def _ops(page: Page) -> str:
 def _idle(page: Page) -> str:
     idle = page.table("idle")
     if not page.gpu or idle.empty:
-        return ""
-    return f"<h2>GPU idle time by stream</h2>{_html_table(idle, 'idle_us')}"
+        return page.leave_out(TITLES["idle"], "no GPU kernels, memcpy or memset in the traces")
+    return f"<h2>{TITLES['idle']}</h2>{_html_table(idle, 'idle_us')}"
 
 
 def _steps(page: Page) -> str:
     steps = page.table("breakdown_by_step")
     if steps.empty or "step" not in steps:
-        return ""
+        return page.leave_out(TITLES["steps"], "no ProfilerStep#N in the traces")
     per_step = steps.drop(columns="rank").select_dtypes("number").groupby("step").median()
     per_step.insert(0, "ranks", steps.groupby("step")["rank"].nunique())
-    return (f"<h2>Steps</h2><p class=\"caption\">Median over ranks.</p>"
+    return (f"<h2>{TITLES['steps']}</h2><p class=\"caption\">Median over ranks.</p>"
             f"{_html_table(per_step.reset_index(), 'step', ascending=True, what='steps')}")
 
 
@@ -483,9 +596,9 @@ def _collectives(page: Page) -> str:
     s = page.summary
     verdict = s.get("straggler") or {}
     waits, stragglers = page.table("collective_waits"), page.table("straggler_ranks")
-    if not verdict and waits.empty:
-        return ""
-    parts = ["<h2>Collectives and stragglers</h2>"]
+    if waits.empty and not verdict.get("what_if") and verdict.get("rank") is None:
+        return page.leave_out(TITLES["collectives"], str(verdict.get("evidence") or "no collectives in the traces"))
+    parts = [f"<h2>{TITLES['collectives']}</h2>"]
     if verdict.get("evidence"):
         cls = "note" if verdict.get("rank") is not None else "caption"
         parts.append(f'<p class="{cls}"><b>{html.escape(str(verdict["evidence"]))}</b></p>')
@@ -541,8 +654,8 @@ def _critical_path(page: Page) -> str:
     steps = page.summary.get("critical_path") or []
     path = page.table("critical_path")
     if not steps or path.empty:
-        return ""
-    parts = [("<h2>Critical path</h2><p class=\"caption\">What determined each step's length, across ranks: "
+        return page.leave_out(TITLES["path"], "no step or trace to walk")
+    parts = [(f"<h2>{TITLES['path']}</h2><p class=\"caption\">What determined each step's length, across ranks: "
               "walking back from the end of the step on the rank that finished last, to the predecessor that "
               "finished last; at a collective, to the rank that arrived last.</p>")]
     cause = (page.summary.get("straggler") or {}).get("cause")
@@ -581,7 +694,7 @@ def _collective_trace(page: Page) -> str:
         return ""
     hint = ct["straggler_hint"]
     cls = "note" if hint.get("rank") is not None else "caption"
-    parts = [f"<h2>collective_trace logs</h2><p>{int(ct['calls']):,} calls in {int(ct['files'])} files. Their "
+    parts = [f"<h2>{TITLES['collective_trace']}</h2><p>{int(ct['calls']):,} calls in {int(ct['files'])} files. Their "
              "timestamps are perf_counter values that cannot be aligned across hosts, so only durations are used.</p>"
              f'<p class="{cls}"><b>{html.escape(str(hint["evidence"]))}</b> '
              f'(confidence {float(hint.get("confidence", 0)):.2f})</p>']
@@ -668,17 +781,27 @@ def _label(value: object, limit: int | None = MAX_LABEL) -> str:
     return html.escape(text, quote=False)
 
 
+_IDS = {"rank", "step", "stream", "pid", "tid", "device", "instance", "seq", "index", "key"}  # shown without a 1,000s comma
+
+
 def _html_table(df: pd.DataFrame, sort: str, *, ascending: bool = False, what: str = "rows") -> str:
-    """The first :data:`MAX_ROWS` rows by ``sort``, every cell escaped; numbers right-aligned."""
+    """Up to :data:`MAX_ROWS` rows by ``sort``, for DataTables to sort, filter and page: an empty ``table.tf``
+    followed by its columns and rows as inert, script-safe JSON, which the page's script shows escaped, with numbers
+    right-aligned and sorted by value and long names cut with the whole name on hover."""
     shown = df.sort_values([sort], ascending=ascending, na_position="last", kind="stable") if sort in df else df
-    shown = shown.head(MAX_ROWS).dropna(axis=1, how="all")
-    align = ['' if pd.api.types.is_numeric_dtype(t) else ' class="text"' for t in shown.dtypes]
-    head = "".join(f"<th{a}>{html.escape(str(c))}</th>" for c, a in zip(shown.columns, align))
-    rows = "".join("<tr>" + "".join(f"<td{a}>{html.escape(_cell(v))}</td>" for v, a in zip(row, align)) + "</tr>"
-                   for row in shown.itertuples(index=False))
-    caption = (f'<p class="caption">{MAX_ROWS} of {len(df):,} {what}, by {html.escape(sort)}.</p>'
-               if len(df) > MAX_ROWS else "")
-    return f'{caption}<div class="scroll"><table class="tf"><tr>{head}</tr>{rows}</table></div>'
+    shown = shown.head(MAX_ROWS).dropna(axis=1, how="all").reset_index(drop=True)
+    kinds = ["id" if pd.api.types.is_integer_dtype(t) and (c in _IDS or str(c).endswith("_id"))
+             else "int" if pd.api.types.is_integer_dtype(t) else "float" if pd.api.types.is_float_dtype(t) else "text"
+             for c, t in shown.dtypes.items()]
+    for column, kind in zip(list(shown.columns), kinds):
+        if kind == "text":
+            shown[column] = shown[column].map(_cell)
+    columns = [{"title": str(c), "kind": k} for c, k in zip(shown.columns, kinds)]
+    payload = (f'{{"columns": {json.dumps(columns)}, "rows": {shown.to_json(orient="values", double_precision=15)}}}'
+               .translate(_JSON_ESCAPES))
+    caption = (f'<p class="caption">{MAX_ROWS:,} of {len(df):,} {what}, by {html.escape(sort)}; the table file holds '
+               "them all.</p>" if len(df) > MAX_ROWS else "")
+    return f'{caption}<table class="tf"></table><script type="application/json" class="tf-rows">{payload}</script>'
 
 
 def _cell(value: object) -> str:
