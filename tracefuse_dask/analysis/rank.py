@@ -660,14 +660,15 @@ def _op_tables(tree: _Tree, is_op: np.ndarray, is_cpu_op: np.ndarray, name_code:
     n_kernels = np.cumsum(np.bincount(at + 1, minlength=m + 1))
     sub_ns = gpu_ns[tree.stop] - gpu_ns[:m]
     sub_kernels = n_kernels[tree.stop] - n_kernels[:m]
-    # Each position's op names up to its root (interned: few distinct sets) and its innermost cpu_op, one depth at
-    # a time: a position's depth is how many subtrees that start before it are still open.
+    # Each position's op names up to its root and its innermost cpu_op, one depth at a time: a position's depth is
+    # how many subtrees that start before it are still open. The names are a path in a trie (``paths``: each id's
+    # parent id and op name), so that a chain of n nested ops costs n entries, not n²/2.
     up = np.asarray(parent, dtype=np.int64)
     depth = np.arange(m) - np.cumsum(np.bincount(tree.stop, minlength=m + 1))[:m]
     op_at, cpu_op_at, code_at = is_op[order], is_cpu_op[order], name_code[order]
     path = np.zeros(m, dtype=np.int64)
     leaf = np.full(m, -1, dtype=np.int64)
-    paths: list[frozenset[int]] = [frozenset()]
+    paths: list[tuple[int, int]] = [(0, -1)]  # id 0: the root, no op
     path_ids: dict[tuple[int, int], int] = {}
     by_depth = np.argsort(depth, kind="stable")
     cuts = np.flatnonzero(np.diff(depth[by_depth])) + 1
@@ -682,7 +683,7 @@ def _op_tables(tree: _Tree, is_op: np.ndarray, is_cpu_op: np.ndarray, name_code:
             i = path_ids.get(key)
             if i is None:
                 i = path_ids[key] = len(paths)
-                paths.append(paths[key[0]] | {key[1]})
+                paths.append(key)
             ids.append(i)
         if ids:
             path[ops] = np.array(ids, dtype=np.int64)[at_pair]
@@ -694,8 +695,12 @@ def _op_tables(tree: _Tree, is_op: np.ndarray, is_cpu_op: np.ndarray, name_code:
         by_path[key] = by_path.get(key, 0) + d
     op_kernels: dict[int, Counter[str]] = defaultdict(Counter)
     for (k, name), d in by_path.items():
-        for op in paths[k]:
-            op_kernels[op][name] += d
+        named: set[int] = set()  # an op name met twice on the way up (recursion) counts the kernel once
+        while k:
+            k, op = paths[k]
+            if op not in named:
+                named.add(op)
+                op_kernels[op][name] += d
     total_gpu = int(g.dur.sum())
     ops = pd.DataFrame(
         [(names[code], c, cpu, gns / 1e3, 100.0 * gns / total_gpu if total_gpu else 0.0, k,
