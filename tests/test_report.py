@@ -384,10 +384,12 @@ def test_the_report_of_an_8_by_50_mb_a100_job_is_a_page_to_navigate(browser, cli
     try:
         browser.get_log("browser")
         browser.get(path.resolve().as_uri())
-        ready = """return document.readyState === 'complete'
-            && document.querySelectorAll('table.tf.dataTable').length === document.querySelectorAll('table.tf').length
-            && Array.from(document.querySelectorAll('div.plot')).filter(function (p) {
-                 return p.getBoundingClientRect().top < window.innerHeight; })
+        # usable: its first screen drawn, the plots and tables on it ready (the rest are as they come into view)
+        ready = """var seen = function (e) { return e.getBoundingClientRect().top < window.innerHeight; };
+            return document.readyState === 'complete'
+            && Array.from(document.querySelectorAll('table.tf')).filter(seen)
+               .every(function (t) { return t.classList.contains('dataTable'); })
+            && Array.from(document.querySelectorAll('div.plot')).filter(seen)
                .every(function (p) { return !!p.querySelector('.main-svg'); })"""
         deadline = time.monotonic() + 60
         while not browser.execute_script(ready):
@@ -401,15 +403,22 @@ def test_the_report_of_an_8_by_50_mb_a100_job_is_a_page_to_navigate(browser, cli
         page = path.read_text()
         tables = rows_of(page)
         assert browser.execute_script("return document.querySelectorAll('table.tf').length") == len(tables) >= 10
+        for k in range(len(tables)):  # each table is built as it comes into view
+            browser.execute_script("document.querySelectorAll('table.tf')[arguments[0]].scrollIntoView()", k)
+            while not browser.execute_script("return document.querySelectorAll('table.tf')[arguments[0]]"
+                                             ".classList.contains('dataTable')", k):
+                assert time.monotonic() < deadline, f"table {k} was not built"
+                time.sleep(0.02)
+        assert console_errors(browser) == []
         counts = browser.execute_script("return Array.from(document.querySelectorAll('table.tf')).map("
                                         "function (t) { return new window.tfTables.DataTable.Api(t).rows().count(); })")
         assert counts == [len(t["rows"]) for t in tables]  # every row, not a first page
         # sort the kernels per rank by total_us: a click sorts it ascending, a second one descending
         k = next(i for i, t in enumerate(tables) if [c["title"] for c in t["columns"]][:2] == ["rank", "name"])
         column = [c["title"] for c in tables[k]["columns"]].index("total_us")
-        shown = ("var t = document.querySelectorAll('table.tf')[arguments[0]];"
+        shown = ("var t = document.querySelectorAll('table.tf')[arguments[0]], c = arguments[1];"
                  "return Array.from(t.querySelectorAll('tbody tr')).map(function (r) {"
-                 "return parseFloat(r.children[arguments[1]].textContent.replace(/,/g, '')); });")
+                 "return parseFloat(r.children[c].textContent.replace(/,/g, '')); });")
         for order in (sorted, lambda v: sorted(v, reverse=True)):
             browser.execute_script("document.querySelectorAll('table.tf')[arguments[0]]"
                                    ".querySelectorAll('thead th')[arguments[1]].click()", k, column)

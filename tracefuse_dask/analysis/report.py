@@ -290,8 +290,8 @@ _TABLES_MARK = "/* tracefuse: DataTables, from itables' offline bundle */"
 def _tables_script() -> str:
     """DataTables (itables' offline bundle, an ES module) as one inline module script: the bundle's exports
     become ``window.tfTables`` (its default, DataTables itself, as ``DataTable``), and every ``table.tf`` is
-    filled from the JSON after it: sortable and searchable, paged by :data:`PAGE_ROWS`, in the order the page wrote
-    it, rows drawn as they are shown (``deferRender``)."""
+    filled from the JSON after it when it comes near the view: sortable and searchable, paged by
+    :data:`PAGE_ROWS`, in the order the page wrote it, rows drawn as they are shown (``deferRender``)."""
     bundle = (resources.files("itables") / "html" / "dt_bundle.js").read_text(encoding="utf-8")
     found = list(re.finditer(r"export\s*\{([^}]*)\}", bundle))
     if len(found) != 1:  # another itables: its bundle is built otherwise
@@ -307,7 +307,7 @@ var tfNumber = function (digits, grouping) { return function (v, type) {
   return v === null ? '\u2013' : v.toLocaleString('en-US', {minimumFractionDigits: digits,
     maximumFractionDigits: digits, useGrouping: grouping}); }; };
 var tfText = function (v, type) { return type === 'display' ? tfEscape(v) : v; };
-document.querySelectorAll('table.tf').forEach(function (t) {
+var tfTable = function (t) {
   var d = JSON.parse(t.nextElementSibling.textContent);
   new window.tfTables.DataTable(t, {data: d.rows, deferRender: true, order: [], autoWidth: false,
     pageLength: %d, lengthMenu: [10, 25, 100, -1],
@@ -316,7 +316,11 @@ document.querySelectorAll('table.tf').forEach(function (t) {
          createdCell: function (td, v) { td.title = v; }}
       : {title: tfEscape(c.title), className: 'dt-right', type: 'num',
          render: c.kind === 'float' ? tfNumber(1, true) : tfNumber(0, c.kind === 'int')}; })});
-});""" % PAGE_ROWS
+};
+// each table is built when it comes within a screen of the view, as the plots are drawn
+var tfNear = new IntersectionObserver(function (seen) { seen.forEach(function (e) {
+  if (e.isIntersecting) { tfNear.unobserve(e.target); tfTable(e.target); } }); }, {rootMargin: '100%% 0px'});
+document.querySelectorAll('table.tf').forEach(function (t) { tfNear.observe(t); });""" % PAGE_ROWS
     script = (f"{_TABLES_MARK}\n{bundle[:exports.start()]}window.tfTables = {{{names}}};"
               f"{bundle[exports.end():]}\n{init}")
     # "<!--", "<script" and "</script" in its strings and regexes would end or hide the end of the inline script
