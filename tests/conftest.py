@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import gzip
 import os
 import re
@@ -8,7 +10,9 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +79,33 @@ def write_trace(path: Path, doc: dict[str, Any] | bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(gzip.compress(data, mtime=0) if path.name.endswith(".gz") else data)
     return path
+
+
+@contextlib.contextmanager
+def _machine(alone: bool) -> Iterator[None]:
+    """Under pytest-xdist (``scripts/test.sh`` runs two workers), a test marked ``serial`` has the machine to itself:
+    it closes a gate that keeps new tests from starting, waits for the running ones to end and holds the lock
+    alone; every other test passes the gate and shares the lock. Without xdist, nothing to do."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        yield
+        return
+    base = Path(tempfile.gettempdir()) / f"tracefuse-tests-{run}"
+    with open(f"{base}.gate", "a") as gate, open(f"{base}.lock", "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            if not alone:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+        yield  # the files' closing releases both locks
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Setup, call and teardown of each test (and the fixtures they start) under ``_machine``."""
+    with _machine(item.get_closest_marker("serial") is not None):
+        yield
 
 
 @pytest.fixture(scope="session")

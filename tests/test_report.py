@@ -365,6 +365,7 @@ USABLE_S = 3.0
 
 
 @pytest.mark.integration
+@pytest.mark.serial  # timed
 def test_the_report_of_an_8_by_50_mb_a100_job_is_a_page_to_navigate(browser, client, tmp_path):
     """The A100 trace made into 8 ranks of 50 MB by make_dataset.py, analysed, and opened in headless Chromium at
     1,400 px: usable within USABLE_S, no horizontal scrolling, no console errors, every table sortable and

@@ -392,6 +392,7 @@ def test_real_gloo_traces_round_trip_through_s3(s3, bucket_name, client, tmp_pat
     assert s3.fs().cat(f"{bucket_name}/m.json.gz") == (tmp_path / "m.json.gz").read_bytes()
 
 
+@pytest.mark.serial  # timed
 def test_ten_thousand_objects_list_in_one_pass_without_a_request_per_file(s3, bucket_name):
     import time
 

@@ -20,7 +20,7 @@ from tracefuse_dask import analyze
 from tracefuse_dask.analysis.what_if import NOISE, SIGNIFICANT, TRANSIENT
 
 pytest.importorskip("torch", reason="the gloo jobs need torch (a test extra: pip install -e '.[test]')")
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]  # gloo jobs timed against their twins
 
 GENERATOR = Path(__file__).with_name("gloo_job.py")
 
