@@ -90,15 +90,20 @@ def test_the_late_rank_is_named_chronic_or_transient_with_its_cause(jobs):
 
 # Two clean runs of one size differ by up to 2 ms in their median step here (3 ranks: up to 5 ms): a gain under 15 ms
 # cannot be measured within 30% against a twin (docs/stragglers.md shows those cases too). With more ranks than
-# cores, the twin's all-reduces stall for a core while every rank runs, and not while one rank sleeps: the twin gains
-# 25-40% less than the sleep with 3 ranks on these 2 cores, while the what-if predicts the steps without the stalls
-# (docs/stragglers.md). Those jobs are held to 50%.
+# cores, the twin is not the job without the sleep: its all-reduces stall for a core while every rank runs, and not
+# while one rank sleeps, so it gains 25-40% less than the sleep in some runs (a 4-rank one-step straggler of 30 ms
+# once measured 19.3 ms against its twin), while the what-if predicts the steps without the stalls
+# (docs/stragglers.md). There, the prediction is held to the sleep it was given, within 30%; every row of the table
+# in docs/stragglers.md shows it against the twin.
 @pytest.mark.parametrize("case", [c for c in CASES if c[0] <= 4 and c[2] >= 15], ids=lambda c: case_name(*c))
 def test_the_what_if_predicts_the_clean_twin_within_30_percent(case, jobs):
     out, clean, s = jobs[case_name(*case)]
-    measured, predicted = measured_gain(str(out), str(clean)), predicted_gain(str(out), s)
-    own_core = case[0] <= len(os.sched_getaffinity(0))
-    assert predicted == pytest.approx(measured, rel=0.3 if own_core else 0.5), (s["what_if_text"], measured)
+    predicted = predicted_gain(str(out), s)
+    if case[0] <= len(os.sched_getaffinity(0)):  # a core per rank
+        measured = measured_gain(str(out), str(clean))
+        assert predicted == pytest.approx(measured, rel=0.3), (s["what_if_text"], measured)
+    else:
+        assert predicted == pytest.approx(case[2] * 1e3, rel=0.3), s["what_if_text"]
 
 
 @pytest.mark.parametrize("ws", sorted({c[0] for c in CASES}))
