@@ -25,5 +25,5 @@ if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/
 fi
 # Two workers (pytest-xdist): the tests marked serial, which time what they measure, have the machine to themselves
 # (tests/conftest.py). Pass -n 0 to run in one process.
-echo "scripts/test.sh: running the tests: python -m pytest -n 2 $*" >&2
-exec python -m pytest -n 2 "$@"
+echo "scripts/test.sh: running the tests: python -m pytest -n 2 --dist loadgroup $*" >&2
+exec python -m pytest -n 2 --dist loadgroup "$@"
