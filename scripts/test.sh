@@ -23,7 +23,7 @@ if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"; } >/dev/null 2>&1 \
     || echo "scripts/test.sh: could not install ${missing[*]}; the tests that need them will skip" >&2
 fi
-# Two workers (pytest-xdist): the tests marked serial, which time what they measure, have the machine to themselves
-# (tests/conftest.py). Pass -n 0 to run in one process.
-echo "scripts/test.sh: running the tests: python -m pytest -n 2 --dist loadgroup $*" >&2
-exec python -m pytest -n 2 --dist loadgroup "$@"
+# Two workers (pytest-xdist), each taking whole modules, so that a module fixture is made once. The tests marked
+# serial, which time what they measure, have the machine to themselves (tests/conftest.py). -n 0: one process.
+echo "scripts/test.sh: running the tests: python -m pytest -n 2 --dist loadscope $*" >&2
+exec python -m pytest -n 2 --dist loadscope "$@"

@@ -20,8 +20,8 @@ from tracefuse_dask import analyze
 from tracefuse_dask.analysis.what_if import NOISE, SIGNIFICANT, TRANSIENT
 
 pytest.importorskip("torch", reason="the gloo jobs need torch (a test extra: pip install -e '.[test]')")
-# gloo jobs timed against their twins; one worker makes them all (its module fixture), with the machine to itself
-pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.xdist_group("gloo")]
+# gloo jobs timed against their twins; one worker makes them all (--dist loadscope), with the machine to itself
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 GENERATOR = Path(__file__).with_name("gloo_job.py")
 
