@@ -549,27 +549,3 @@ def test_a_storage_server_restarted_mid_merge_is_not_noticed(own_s3, job, tmp_pa
     assert tracefuse("merge", str(job), "-o", str(local), "-q", "--workers", "1").wait(300) == 0
     assert sha(fs.cat("traces/out/merged.json")) == sha(local.read_bytes())
     assert not (left := _leftovers_s3(fs, "traces")), left[:20]
-
-
-# --- a clone with nothing beside it --------------------------------------------------------------------------------
-
-def test_a_clone_without_shared_collects_everything_and_skips_what_needs_it(tmp_path):
-    """The README's test command in a clone with no ../shared: the suite collects without an error, and the tests
-    that need ../shared skip, each saying what to put where."""
-    repo = Path(__file__).resolve().parents[1]
-    copy = tmp_path / "nothing-beside" / "repo"
-    files = subprocess.run(["git", "ls-files"], cwd=repo, capture_output=True, text=True, check=True).stdout.split()
-    for name in files:
-        if name.startswith("tests/") or name == "pyproject.toml":
-            (copy / name).parent.mkdir(parents=True, exist_ok=True)
-            (copy / name).write_bytes((repo / name).read_bytes())
-    collected = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q",
-                                "tests"], cwd=copy, capture_output=True, text=True, timeout=300)
-    assert collected.returncode == 0 and "ERROR" not in collected.stdout, collected.stdout[-3000:]
-    ran = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs",
-                          "tests/test_real_traces_analysis.py", "tests/test_hta_agreement.py",
-                          "tests/test_fastpath.py", "-k", "interval_union or hta_differs or fast_path"],
-                         cwd=copy, capture_output=True, text=True, timeout=600)
-    assert ran.returncode == 0, ran.stdout[-3000:]
-    skips = [line for line in ran.stdout.splitlines() if line.startswith("SKIPPED")]
-    assert skips and all("../shared/traces must sit beside the repository" in line for line in skips), skips
