@@ -315,3 +315,16 @@ def test_a_filter_the_workers_cannot_import_is_a_clear_error_not_a_hang(tmp_path
     assert done.stdout.startswith("MergeError filter_fn keep_all cannot be loaded in a Dask worker (ModuleNotFoundError")
     assert "importable on every worker" in done.stdout
     assert list(out.parent.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["analyze", "info"])
+def test_skipping_every_rank_is_an_error_that_gives_the_first_reason(command, tmp_path, client, capsys):
+    (tmp_path / "job").mkdir()
+    for r in (0, 1):
+        (tmp_path / "job" / f"rank{r}.json").write_bytes(cut(good(r)))
+    argv = [*_reading(command, tmp_path / "job", tmp_path / "out"), "--on-error", "skip",
+            "--scheduler", client.scheduler.address]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "error: every rank failed; the first: " in err and "rank0.json (rank 0)" in err and "(and 1 more)" in err
+    assert not (tmp_path / "out").exists()

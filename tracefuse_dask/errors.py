@@ -20,6 +20,8 @@ __all__ = [
     "StorageAccessError",
     "StorageConnectionError",
     "SKIPPABLE",
+    "skipped_rank",
+    "every_rank_failed",
 ]
 
 
@@ -81,3 +83,16 @@ class StorageConnectionError(TraceFuseError, ConnectionError):
 # What ``on_error="skip"`` skips a rank for: its own file is bad, missing or unreadable. Everything else (storage
 # unreachable, no credentials, a bad option) concerns every rank and still stops the run.
 SKIPPABLE = (TraceFormatError, TraceFileNotFoundError, MergeError, PermissionError)
+
+
+def skipped_rank(error: BaseException, rank: int | None, path: str, on_error: str) -> dict[str, Any]:
+    """What a task reports for a rank it could not read under ``on_error="skip"``; ``error`` raised otherwise."""
+    if on_error != "skip" or not isinstance(error, SKIPPABLE):
+        raise error
+    return {"rank": rank, "path": path, "reason": str(error)}
+
+
+def every_rank_failed(skipped: list[dict[str, Any]]) -> RankError:
+    """The error when ``on_error="skip"`` left no rank: the first reason, and how many more."""
+    more = f" (and {len(skipped) - 1:,} more)" if len(skipped) > 1 else ""
+    return RankError(f"every rank failed; the first: {skipped[0]['reason']}{more}")

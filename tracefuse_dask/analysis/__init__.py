@@ -18,7 +18,8 @@ from distributed import progress
 from pandas.api.types import union_categoricals
 
 from .._version import __version__
-from ..errors import SKIPPABLE, MergeError, OutputExistsError, RankError, TraceFormatError
+from ..errors import (SKIPPABLE, MergeError, OutputExistsError, RankError, TraceFormatError, every_rank_failed,
+                      skipped_rank)
 from ..storage.files import (options_for, read_bytes, read_start, retry_unreachable,
                              storage_errors)
 from ..cluster import batches, connect
@@ -174,9 +175,7 @@ def _analyze_files(files: list[InputFile], storage_options: Mapping[str, Any] | 
             results.append(_analyze_file(f, storage_options, steps, subset, rank_regex, keep_unlaunched_gpu,
                                          devices, cutoffs, sequences_of, repair))
         except SKIPPABLE as e:
-            if on_error != "skip":
-                raise
-            results.append({"skipped": {"rank": f.rank_hint, "path": f.path, "reason": str(e)}})
+            results.append({"skipped": skipped_rank(e, f.rank_hint, f.path, on_error)})
     return _batch(results)
 
 
@@ -408,7 +407,7 @@ def analyze(
         bad, missing or unreadable and lists them in ``summary["skipped"]`` (rank, path, reason), as
         ``merge_traces`` does.
     repair
-        Recover the complete events of truncated files; ``summary["warnings"]`` says what was recovered.
+        Recover the complete events of truncated files; ``summary["repaired"]`` says what was recovered.
 
     Returns
     -------
@@ -513,8 +512,7 @@ def _reduce(results: list[dict[str, Any]], segments_of: Callable[[list[tuple[int
             per_rank.append(rt)
     if not per_rank and not ct_calls:
         if skipped:
-            raise RankError(f"every rank failed; the first: {skipped[0]['reason']}"
-                            + (f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""))
+            raise every_rank_failed(skipped)
         if ignored and not subset:
             raise RankError(f"no traces to analyse: {'; '.join(ignored[:3])}"
                             f"{f' and {len(ignored) - 3} more' if len(ignored) > 3 else ''}; give Kineto traces "

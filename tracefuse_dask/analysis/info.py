@@ -5,7 +5,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..errors import SKIPPABLE, MergeError, RankError, TraceFormatError
+from ..errors import SKIPPABLE, MergeError, RankError, TraceFormatError, every_rank_failed, skipped_rank
 from ..storage.files import parse_json, retry_unreachable
 from ..cluster import batches, connect
 from ..model import DEFAULT_RANK_REGEX, InputFile
@@ -121,9 +121,7 @@ def _describe_ranks(files: list[InputFile], storage_options: Mapping[str, Any] |
             try:
                 out.append(_describe(f, storage_options, repair))
             except SKIPPABLE as e:
-                if on_error != "skip":
-                    raise
-                out.append({"rank": f.rank_hint, "path": f.path, "reason": str(e)})
+                out.append(skipped_rank(e, f.rank_hint, f.path, on_error))
     return out
 
 
@@ -174,8 +172,7 @@ def describe_traces(
     skipped = [d for d in described if isinstance(d, dict)]
     kept = [(f, d) for f, d in zip(files, described) if isinstance(d, tuple)]
     if skipped and not kept:
-        raise RankError(f"every rank failed; the first: {skipped[0]['reason']}"
-                        + (f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""))
+        raise every_rank_failed(skipped)
     per_rank = [row for _, (_, rows, _) in kept for row in rows]
     per_rank.sort(key=lambda r: (r["rank"] is None, r["rank"] if r["rank"] is not None else 0, r["path"]))
     cats: Counter[str] = Counter()

@@ -19,7 +19,7 @@ from dask.base import tokenize
 from distributed import Client
 
 from ..cluster import BATCH_BYTES, batches, flat, outcomes
-from ..errors import SKIPPABLE, MergeError, RankError, TraceFileNotFoundError, TraceFormatError
+from ..errors import SKIPPABLE, MergeError, RankError, TraceFileNotFoundError, TraceFormatError, skipped_rank
 from ..kineto.array_form import COMPOSER_KEYS, COMPOSER_MERGED, MERGED_BY_COMPOSER
 from ..kineto.document import check_document, paused_gc
 from ..kineto.events import RankEvents
@@ -372,10 +372,8 @@ def settle(outcomes: list[tuple[Any, BaseException | None]], paths: list[str], r
     for k, ((result, exc), path, rank) in enumerate(zip(outcomes, paths, ranks)):
         if exc is None:
             kept.append((k, result))
-        elif on_error == "skip" and isinstance(exc, SKIPPABLE):
-            skipped.append({"rank": rank, "path": path, "reason": str(exc)})
         else:
-            raise exc
+            skipped.append(skipped_rank(exc, rank, path, on_error))
     return kept
 
 
