@@ -84,16 +84,8 @@ def _worker(rank: int, job: dict[str, Any], out: str, port: int) -> None:
     loss_fn = nn.CrossEntropyLoss()
     gen = torch.Generator().manual_seed(1234 + rank)
 
-    def on_ready(prof: Any) -> None:
-        path = os.path.join(out, f"rank{rank}.json")
-        prof.export_chrome_trace(path)
-        with open(path, "rb") as fi, gzip.open(path + ".gz", "wb") as fo:
-            fo.write(fi.read())
-        os.remove(path)
-
     sched = schedule(wait=WAIT, warmup=WARMUP, active=job["steps"], repeat=1)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, schedule=sched, on_trace_ready=on_ready) \
-            as prof:
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, schedule=sched) as prof:
         for step in range(WAIT + WARMUP + job["steps"] + 1):
             late["ms"] = job["slow_ms"] if rank == job["slow_rank"] else job["also"][1] if job["also"] and \
                 rank == job["also"][0] else 0.0
@@ -109,6 +101,14 @@ def _worker(rank: int, job: dict[str, Any], out: str, port: int) -> None:
                 opt.step()
                 dist.all_reduce(loss.detach())  # the loss, for logging: the step's last collective
             prof.step()
+    # written once every rank is done: a rank that wrote its trace as soon as its last step ended took a core
+    # from one still in it (4 ranks on 2 cores: the last step took 34-46 ms against a 22-24 ms median)
+    dist.barrier()
+    path = os.path.join(out, f"rank{rank}.json")
+    prof.export_chrome_trace(path)
+    with open(path, "rb") as fi, gzip.open(path + ".gz", "wb") as fo:
+        fo.write(fi.read())
+    os.remove(path)
     dist.barrier()
     dist.destroy_process_group()
     # the traces are written; skip the interpreter's teardown, where gloo's threads sometimes abort the process
@@ -159,6 +159,35 @@ def step_times(out: str) -> dict[int, float]:
 def _median(values: Any) -> float:
     v = sorted(values)
     return (v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2
+
+
+def disturbed(out: str) -> str | None:
+    """Why the machine, not the job, shaped this run, or None: a step that took over half as long again as the
+    job's median on-time step, more than a sleep it was given explains. On these 2-core VMs, with nothing else
+    running, about one run in five has one: a clean 4-rank run's ProfilerStep#11 took 41.0 ms against a 21.1 ms
+    median with rank 1 8.6 ms behind (the analysis rightly named it), and a 4-rank one with 30 ms in one step took
+    122.4 ms in that step."""
+    with open(os.path.join(out, "job.json")) as f:
+        job = json.load(f)
+    times = step_times(out)
+    first = min(times)
+    late = {first + s for s in job["late_steps"]} if len(job["late_steps"]) < job["steps"] else set()
+    typical = _median(t for s, t in times.items() if s not in late)
+    sleep = max(job["slow_ms"], (job["also"] or [0, 0])[1]) * 1e3
+    for step, t in sorted(times.items()):
+        if t > 1.5 * typical + (sleep if step in late else 0):
+            return f"ProfilerStep#{step} took {t / 1e3:.1f} ms against a median of {typical / 1e3:.1f} ms"
+    return None
+
+
+def make_quiet_job(out: str, *args: Any, attempts: int = 3, **kwargs: Any) -> dict[str, Any]:
+    """``make_job``, made again (up to ``attempts`` times in all) while the machine disturbed it; the last run
+    stands, disturbed or not, and the checks on it decide."""
+    for _ in range(attempts):
+        job = make_job(out, *args, **kwargs)
+        if disturbed(out) is None:
+            break
+    return job
 
 
 def measured_gain(out: str, clean: str) -> float:
@@ -212,12 +241,12 @@ def table(work: str, out: str) -> None:
     rows = []
     for ws in sorted({c[0] for c in CASES}):
         clean = os.path.join(work, f"clean{ws}")
-        make_job(clean, ws)
+        make_quiet_job(clean, ws)
         s = analyze(clean, workers=1).summary["straggler"]
         rows.append(f"| {case_name(ws)} | {s['evidence'].split(':')[0]} | | | |")
         for case in (c for c in CASES if c[0] == ws):
             d = os.path.join(work, "_".join(map(str, case[:4])))
-            make_job(d, *case)
+            make_quiet_job(d, *case)
             s = analyze(d, workers=1).summary["straggler"]
             measured, predicted = measured_gain(d, clean), predicted_gain(d, s)
             named = f"rank {s['rank']}, {s['pattern']}" if s["rank"] is not None else "none"
@@ -230,20 +259,23 @@ def table(work: str, out: str) -> None:
 
 TABLE_HEAD = """# The straggler what-if, checked against clean twins
 
-Each row is a real gloo job (`tests/gloo_job.py`: torch 2.13 on the CPU, DDP over 127.0.0.1, 10 profiled steps, every
-rank waiting 10 ms for its input in each step), made twice: with one rank sleeping (`straggler_sleep`) in the forward
-pass, the backward pass or the optimizer step, in every step or in one, and without (its clean twin, the first row
-of each size). *Named* is what `tracefuse analyze` says; *predicted* is the what-if's gain per step (the median over
-the steps, or the late step's); *measured* is the job's step time less the clean twin's, each step timed from the raw
-`ProfilerStep` events of its slowest rank (the median over the steps, or the late step against the twin's median).
-The machine has 2 cores. With more ranks than cores, the clean twin is not the job without the late rank's sleep:
-while all ranks run, gloo's all-reduces over 127.0.0.1 stall for a core (13.9 ms instead of about 1 ms in one
-3-rank step), and while one rank sleeps they do not. In a 3-rank job with rank 1 sleeping 30 ms in the backward pass,
-the what-if's step was 15.2 ms, and the clean twin's steps were 15.1-27.7 ms (median 22.0 ms): the what-if predicts
-the steps without the stalls. Four clean runs of the same 3-rank job had median steps of 18.2-23.1 ms with 20
-steps each. `tests/test_stragglers.py` checks the 2-rank rows (a core per rank) within 30% and the 3- and 4-rank
-rows against the sleep they were given (within 30%; the what-if predicted 10.2-32.1 ms for sleeps of 10-30 ms
-in every 3- and 4-rank row so far), and not the 8-rank rows; and only delays of 15 ms or more.
+Each row is a real gloo job (`tests/gloo_job.py`: torch 2.13 on the CPU, DDP over 127.0.0.1, 10 profiled steps,
+every rank waiting 10 ms for its input in each step), made twice: with one rank sleeping (`straggler_sleep`) in the
+forward pass, the backward pass or the optimizer step, in every step or in one, and without (its clean twin, the
+first row of each size), each made again (up to 3 runs) while a step took over half as long again as the median
+step, more than its sleep explains (`gloo_job.disturbed`: the machine's doing, about one run in five here). *Named*
+is what `tracefuse analyze` says; *predicted* is the what-if's gain per step (the median over the steps, or the late
+step's); *measured* is the job's step time less the clean twin's, each step timed from the raw `ProfilerStep` events
+of its slowest rank (the median over the steps, or the late step against the twin's median). The machine has 2
+cores. With more ranks than cores, the clean twin is not the job without the late rank's sleep: while all ranks run,
+gloo's all-reduces over 127.0.0.1 stall for a core (13.9 ms instead of about 1 ms in one 3-rank step), and while one
+rank sleeps they do not. In a 3-rank job with rank 1 sleeping 30 ms in the backward pass, the what-if's step was
+15.2 ms, and the clean twin's steps were 15.1-27.7 ms (median 22.0 ms): the what-if predicts the steps without the
+stalls. Four clean runs of the same 3-rank job had median steps of 18.2-23.1 ms with 20 steps each.
+`tests/test_stragglers.py` checks that each late rank is named (unless the job's own noise bar is above its sleep:
+the 4- and 8-rank rows named none in this run), the 2-rank rows (a core per rank) within 30% and the 3- and 4-rank
+rows against the sleep they were given (within 30%; the what-if predicted 10.2-32.1 ms for sleeps of 10-30 ms in
+every 3- and 4-rank row so far), and not the 8-rank rows; and only delays of 15 ms or more.
 
 Regenerate with `python tests/gloo_job.py --table docs/stragglers.md --out /tmp/gloo-jobs` (about 3 minutes).
 
@@ -267,7 +299,7 @@ def main() -> None:
     if a.table:
         table(a.out, a.table)
     else:
-        make_job(a.out, a.world_size, a.slow_rank, a.slow_ms, a.placement, a.late_steps, a.steps,
+        make_quiet_job(a.out, a.world_size, a.slow_rank, a.slow_ms, a.placement, a.late_steps, a.steps,
                  also=(int(a.also[0]), a.also[1]) if a.also else None)
 
 

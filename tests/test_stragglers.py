@@ -2,7 +2,7 @@
 
 The jobs are made here (``tests/gloo_job.py``, torch from the test extras), once for the module: ``CASES``, a
 rank late in every step or in one, in the forward pass, the backward pass or the optimizer step, on 2, 3, 4 and 8
-ranks, and one clean twin per size.
+ranks, and one clean twin per size; each made again while the machine disturbed it (``gloo_job.disturbed``).
 """
 from __future__ import annotations
 
@@ -72,21 +72,32 @@ def jobs(tmp_path_factory, client):
     return got
 
 
+def hidden(s: dict, ms: float, late: list[int] | None) -> bool:
+    """Nobody named, and the job's own noise bar above the sleep it was given: the job does not show it."""
+    bar = s["what_if"]["bar_us"] if late is None else s["what_if"]["transient_us"]
+    return s["rank"] is None and ms * 1e3 < bar
+
+
 def test_the_late_rank_is_named_chronic_or_transient_with_its_cause(jobs):
+    """Each late rank is named, unless its job's noise hides it: a sleep under the job's own bar (15% of its median
+    step and 2.5 times its step-to-step spread; 40% of the median step in one step), as on these 2-core VMs where a
+    4-rank job with 15 ms in every forward pass once ran at a 69.8 ms median step (22-27 ms in other runs), with a
+    bar of 37.7 ms. A sleep over the bar that is not named fails."""
     missed = []
     for case in CASES:
         ws, rank, ms, placement, late = case
         _, _, s = jobs[case_name(*case)]
         pattern = "chronic" if late is None else "transient"
         if (s["rank"], s["pattern"]) != (rank, pattern) or (s["cause"] or {}).get("op") != "straggler_sleep":
-            missed.append((case_name(*case), s["evidence"], (s["cause"] or {}).get("verdict")))
+            if not hidden(s, ms, late):
+                missed.append((case_name(*case), s["evidence"], (s["cause"] or {}).get("verdict")))
             continue
         first = min(st["step"] for st in s["what_if"]["steps"])
         assert s["late_steps"] == ([first + late[0]] if late else list(range(first, first + 10))) or \
             late is None and len(s["late_steps"]) >= 5, s["evidence"]
         assert s["evidence"].startswith(f"rank {rank} is " + ("the straggler, chronic: late in" if late is None else
                                                                "a straggler in 1 of 10 steps only, transient: "))
-    assert len(missed) <= 0.05 * len(CASES), "\n".join(map(str, missed))
+    assert not missed, "\n".join(map(str, missed))
 
 
 # Two clean runs of one size differ by up to 2 ms in their median step here (3 ranks: up to 5 ms): a gain under 15 ms
@@ -99,6 +110,8 @@ def test_the_late_rank_is_named_chronic_or_transient_with_its_cause(jobs):
 @pytest.mark.parametrize("case", [c for c in CASES if c[0] <= 4 and c[2] >= 15], ids=lambda c: case_name(*c))
 def test_the_what_if_predicts_the_clean_twin_within_30_percent(case, jobs):
     out, clean, s = jobs[case_name(*case)]
+    if hidden(s, case[2], case[4]):
+        pytest.skip(f"this run's noise hides the sleep (test_the_late_rank_is_named...): {s['evidence']}")
     predicted = predicted_gain(str(out), s)
     if case[0] <= len(os.sched_getaffinity(0)):  # a core per rank
         measured = measured_gain(str(out), str(clean))
@@ -156,13 +169,18 @@ def test_two_late_ranks_are_both_named_and_the_gain_split_by_rank_and_op(jobs, c
     does not hold up (15 ms), and rank 3, found behind it, the rest; the sum is what the clean twin saves."""
     out = make(tmp_path / "two", 4, 1, 30, "forward", also=(3, 15))
     s = analyze(str(out), client=client).summary["straggler"]
+    if hidden(s, 15, None):
+        pytest.skip(f"this run's noise hides rank 3's 15 ms: {s['evidence']}")
     assert [(n["rank"], n["pattern"]) for n in s["ranks"]] == [(1, "chronic"), (3, "chronic")], s["evidence"]
     for n, share in zip(s["ranks"], (15_000, 15_000)):
         assert n["gain_us"] == pytest.approx(share, rel=0.3)
         assert [o["name"] for o in n["by_op"]] == ["straggler_sleep"]
     for st in s["what_if"]["steps"]:
         assert sum(st["by_rank"].values()) == pytest.approx(st["gain_us"], abs=0.01)
+    # 4 ranks on fewer cores: held to the sleep, as in test_the_what_if_predicts_the_clean_twin_within_30_percent
+    # (the twin once saved 11.1 ms here against the 30.7 ms predicted: its all-reduces stall for a core)
     clean, _, _ = jobs[case_name(4)]
-    assert predicted_gain(str(out), s) == pytest.approx(measured_gain(str(out), str(clean)), rel=0.5)
+    expected = measured_gain(str(out), str(clean)) if 4 <= len(os.sched_getaffinity(0)) else 30_000
+    assert predicted_gain(str(out), s) == pytest.approx(expected, rel=0.3)
     assert "; also rank 3, chronic: late in " in s["evidence"] and "fixing it as well would save" in s["evidence"]
     assert "by rank: rank 1 " in s["what_if_text"] and ", rank 3 " in s["what_if_text"]
