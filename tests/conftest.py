@@ -110,11 +110,19 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 @pytest.fixture(scope="session")
 def client():
-    """A real process-based LocalCluster with two single-threaded workers: tracefuse's embedded cluster."""
+    """A real process-based LocalCluster with two single-threaded workers: tracefuse's embedded cluster. Its TLS
+    credentials are this session's Dask config, as a user's own config holds a cluster's: the CLI called here
+    with ``--scheduler`` its address gets in."""
+    import dask
+
     from tracefuse_dask.cluster import connect
 
     with connect(workers=2) as c:
-        yield c
+        s = c.cluster.security
+        with dask.config.set({"distributed.comm.tls.ca-file": s.tls_ca_file,
+                              "distributed.comm.tls.client.cert": s.tls_client_cert,
+                              "distributed.comm.tls.client.key": s.tls_client_key}):
+            yield c
 
 
 def sbatch_exports() -> dict[str, str]:

@@ -91,30 +91,49 @@ def test_sbatch_script_is_valid_bash_and_starts_the_cluster_the_tests_use():
     assert "tracefuse merge" in text and "--scheduler-file" in text
 
 
-@pytest.mark.parametrize("failing, ran, code", [
-    (None, ["merge", "analyze", "diff"], 0),
-    ("merge", ["merge"], 1),  # the first failing step stops the job, with its code, and the scheduler file goes
-    ("diff", ["merge", "analyze", "diff"], 3),
+@pytest.mark.parametrize("failing, ran, code, tls", [
+    (None, ["merge", "analyze", "diff"], 0, False),
+    ("merge", ["merge"], 1, False),  # the first failing step stops the job, with its code, and the scheduler file goes
+    ("diff", ["merge", "analyze", "diff"], 3, False),
+    (None, ["merge", "analyze", "diff"], 0, True),
 ])
-def test_sbatch_script_runs_its_steps_in_order_and_stops_at_the_first_failure(tmp_path, failing, ran, code):
-    """The script with stand-ins for srun, dask and tracefuse that log what they are asked."""
+def test_sbatch_script_runs_its_steps_in_order_and_stops_at_the_first_failure(tmp_path, failing, ran, code, tls):
+    """The script with stand-ins for srun, dask and tracefuse that log what they are asked; with TLS_DIR, every
+    one of them gets its TLS files, and the scheduler speaks TLS only."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "srun").write_text(  # the scheduler writes its file; workers only read it
-        '#!/bin/sh\ncase "$*" in *"dask scheduler"*) for a; do [ "$p" = --scheduler-file ] && touch "$a"; p=$a; done;; '
+        '#!/bin/sh\necho "srun $*" >> "$CMDS"\n'
+        'case "$*" in *"dask scheduler"*) for a; do [ "$p" = --scheduler-file ] && touch "$a"; p=$a; done;; '
         'esac\n')
     (bin_dir / "tracefuse").write_text(
-        '#!/bin/sh\necho "$1" >> "$LOG"\n[ "$1" = "$FAIL" ] && exit "$CODE"\nexit 0\n')
+        '#!/bin/sh\necho "$1" >> "$LOG"\necho "tracefuse $*" >> "$CMDS"\n[ "$1" = "$FAIL" ] && exit "$CODE"\nexit 0\n')
     for f in bin_dir.iterdir():
         f.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "LOG": str(tmp_path / "log"),
            "FAIL": failing or "", "CODE": str(code), "SLURM_NTASKS": "2", "SLURM_JOB_ID": "7",
-           "PREVIOUS": str(tmp_path / "old.report")}
+           "PREVIOUS": str(tmp_path / "old.report"), "CMDS": str(tmp_path / "cmds"),
+           **({"TLS_DIR": "/home/me/tls"} if tls else {})}
     done = subprocess.run(["bash", str(DEPLOY / "slurm" / "tracefuse.sbatch"), "in", str(tmp_path / "m.json.gz")],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == code, done.stderr
     assert (tmp_path / "log").read_text().split() == ran
     assert not list(tmp_path.glob("tracefuse-scheduler-*.json"))
+    files = "--tls-ca-file /home/me/tls/ca.pem --tls-cert /home/me/tls/cert.pem --tls-key /home/me/tls/key.pem"
+    deadline = time.monotonic() + 10
+    while len(commands := (tmp_path / "cmds").read_text().splitlines()) < 2 + len(ran):
+        assert time.monotonic() < deadline, commands  # the scheduler's and workers' sruns run in the background
+        time.sleep(0.05)
+    assert len(commands) == 2 + len(ran)  # the scheduler, the workers, and each tracefuse step
+    for line in commands:
+        assert (files in line) == tls and ("--protocol tls" in line) == (tls and "dask scheduler" in line), line
+    if tls:  # the stand-in took them as the real CLI would
+        from tracefuse_dask.cli import _parser
+
+        for line in (c for c in commands if c.startswith("tracefuse ")):
+            args = _parser().parse_args(line.split()[1:])
+            assert (args.tls_ca_file, args.tls_cert, args.tls_key) == tuple(f"/home/me/tls/{n}.pem"
+                                                                              for n in ("ca", "cert", "key"))
 
 
 @pytest.mark.integration
@@ -220,45 +239,3 @@ def test_dask_scheduler_address_from_the_environment(scheduler_file, tmp_path, m
     with dask.config.set({"scheduler-address": address}):  # what DASK_SCHEDULER_ADDRESS sets
         assert main(["merge", str(tmp_path / "in"), "-o", str(tmp_path / "m.json"), "-q"]) == 0
     assert (tmp_path / "m.json").exists()
-
-
-@pytest.mark.integration
-def test_tls_cluster_from_dask_config(tmp_path):
-    from distributed.security import Security
-
-    from conftest import _free_port
-
-    sec = Security.temporary()
-    ca, cert, key = tmp_path / "ca.pem", tmp_path / "cert.pem", tmp_path / "key.pem"
-    ca.write_text(sec.tls_ca_file)
-    cert.write_text(sec.tls_scheduler_cert)
-    key.write_text(sec.tls_scheduler_key)
-    port = _free_port()
-    dask_cli = shutil.which("dask", path=os.path.dirname(sys.executable)) or "dask"
-    tls = ["--tls-ca-file", str(ca), "--tls-cert", str(cert), "--tls-key", str(key)]
-    procs = [subprocess.Popen([dask_cli, "scheduler", "--protocol", "tls", "--host", "127.0.0.1", "--port",
-                               str(port), "--dashboard-address", f"127.0.0.1:{_free_port()}", *tls],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-    try:
-        procs.append(subprocess.Popen([dask_cli, "worker", f"tls://127.0.0.1:{port}", "--nthreads", "1",
-                                       "--no-dashboard", "--host", "127.0.0.1", *tls],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        write_trace(tmp_path / "in" / "rank0.json", make_trace(0, [{"ph": "X", "name": "a", "pid": 1, "tid": 1,
-                                                                     "ts": 1.0, "dur": 1.0}]))
-        import dask
-
-        config = {"distributed.comm.tls.ca-file": str(ca), "distributed.comm.tls.client.cert": str(cert),
-                  "distributed.comm.tls.client.key": str(key), "distributed.comm.require-encryption": True}
-        with dask.config.set(config):
-            deadline = time.monotonic() + 60
-            while True:  # the scheduler takes a moment to listen
-                code = main(["merge", str(tmp_path / "in"), "-o", str(tmp_path / "m.json"), "-q", "--force",
-                             "--scheduler", f"tls://127.0.0.1:{port}", "--timeout", "20"])
-                if code == 0 or time.monotonic() > deadline:
-                    break
-                time.sleep(1)
-        assert code == 0 and (tmp_path / "m.json").exists()
-    finally:
-        for p in reversed(procs):
-            p.terminate()
-            p.wait(20)

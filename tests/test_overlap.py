@@ -491,7 +491,7 @@ def _merge_until_a_partition(server: S3Server, env: dict[str, str] | None = None
 
 @pytest.mark.serial  # timed
 def test_a_storage_server_killed_mid_merge_ends_the_run_in_seconds(own_s3, job, tmp_path):
-    """The default timeouts and retries (storage.files.S3_CONFIG and RETRY_WAITS) and a job that stops at its first
+    """The default timeouts and retries (storage.files.options_for and RETRY_WAITS) and a job that stops at its first
     unreachable storage: exit 1 with one clear line well within 15 s of the kill (the bound asserted is generous,
     for a loaded machine), the previous output intact, and the next run cleans up."""
     proc = _merge_until_a_partition(own_s3)

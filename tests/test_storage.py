@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import aiohttp
 import orjson
 import pytest
 
@@ -82,8 +83,11 @@ def test_write_group_joins_local_files(tmp_path, monkeypatch, kernel_copy):
     assert Path(dest).read_bytes() == want
 
 
-_BOUNDED = {"config_kwargs": {"connect_timeout": 5, "read_timeout": 60,
-                              "retries": {"max_attempts": 2, "mode": "standard"}}}
+# the 60 s default bound on a stall, over s3fs's 5 tries of botocore's 2, less their waits (6.9 s)
+_BOUNDED = {"config_kwargs": {"connect_timeout": 5, "read_timeout": pytest.approx(5.31),
+                              "retries": {"max_attempts": 1, "mode": "standard"}}}
+# the 60 s default bound over gcsfs's 6 tries, less their waits (36 s)
+_GCS_BOUNDED = {"requests_timeout": aiohttp.ClientTimeout(sock_connect=4.0, sock_read=4.0)}
 
 
 @pytest.mark.parametrize(
@@ -91,8 +95,8 @@ _BOUNDED = {"config_kwargs": {"connect_timeout": 5, "read_timeout": 60,
     [
         ("s3://b/k", {"anon": True}, {"anon": True, **_BOUNDED}),
         ("s3://b/k", {"s3": {"anon": True}, "gs": {"token": "anon"}}, {"anon": True, **_BOUNDED}),
-        ("gs://b/k", {"s3": {"anon": True}, "gs": {"token": "anon"}}, {"token": "anon"}),
-        ("gcs://b/k", {"gs": {"token": "anon"}}, {"token": "anon"}),
+        ("gs://b/k", {"s3": {"anon": True}, "gs": {"token": "anon"}}, {"token": "anon", **_GCS_BOUNDED}),
+        ("gcs://b/k", {"gs": {"token": "anon"}}, {"token": "anon", **_GCS_BOUNDED}),
         ("/tmp/x", {"s3": {"anon": True}}, {}),
         ("/tmp/x", {"anon": True}, {"anon": True}),
         ("s3://b/k", {"client_kwargs": {"endpoint_url": "http://x"}},
@@ -101,11 +105,23 @@ _BOUNDED = {"config_kwargs": {"connect_timeout": 5, "read_timeout": 60,
         pytest.param("s3://b/k", {"config_kwargs": {"retries": {"max_attempts": 9}, "read_timeout": 600}},
                      {"config_kwargs": {"connect_timeout": 5, "read_timeout": 600, "retries": {"max_attempts": 9}}},
                      id="the-user's-settings-win"),
+        pytest.param("s3://b/k", {"storage_timeout": 20}, {"config_kwargs": {
+            "connect_timeout": pytest.approx(1.31), "read_timeout": pytest.approx(1.31),
+            "retries": {"max_attempts": 1, "mode": "standard"}}}, id="--storage-timeout"),
+        pytest.param("s3://b/k", {"storage_timeout": 3}, {"config_kwargs": {
+            "connect_timeout": 1.0, "read_timeout": 1.0, "retries": {"max_attempts": 1, "mode": "standard"}}},
+                     id="never-under-a-second"),
     ],
 )
 def test_options_for(url, so, expected):
-    """S3 gets bounded timeouts and retries (storage.files.S3_CONFIG), each of which --storage-options overrides."""
+    """S3 gets each try's wait for a byte from the bound on a stall (storage.files.stall_wait), which
+    --storage-options overrides key by key; GCS its requests_timeout."""
     assert options_for(url, so) == expected
+
+
+def test_a_gcs_wait_for_a_byte_of_the_users_wins():
+    mine = aiohttp.ClientTimeout(total=5)
+    assert options_for("gs://b/k", {"requests_timeout": mine})["requests_timeout"] is mine
 
 
 @pytest.mark.parametrize("entry, expected", [

@@ -80,6 +80,40 @@ def _add_cluster_args(p: argparse.ArgumentParser, small: str = "") -> None:
     g.add_argument("--scheduler-file", metavar="PATH", help="connect through a Dask scheduler file")
     g.add_argument("--timeout", type=float, default=10.0, metavar="S",
                    help="seconds to wait for the scheduler (default: 10)")
+    g.add_argument("--tls-ca-file", metavar="PATH",
+                   help="with a tls:// scheduler: the CA certificate to trust it by (also Dask's config: "
+                        "distributed.comm.tls.ca-file)")
+    g.add_argument("--tls-cert", metavar="PATH",
+                   help="with a tls:// scheduler: this client's certificate (distributed.comm.tls.client.cert)")
+    g.add_argument("--tls-key", metavar="PATH",
+                   help="with a tls:// scheduler: this client's private key, if not in --tls-cert "
+                        "(distributed.comm.tls.client.key)")
+
+
+def _tls_config(args: argparse.Namespace) -> dict[str, Any]:
+    """Dask's config for the ``--tls-*`` files: a remote cluster's client reads them there, as from a user's own
+    ``distributed.comm.tls.*`` config."""
+    files = {"ca-file": getattr(args, "tls_ca_file", None), "client.cert": getattr(args, "tls_cert", None),
+             "client.key": getattr(args, "tls_key", None)}
+    if not any(files.values()):
+        return {}
+    import dask
+
+    if not (args.scheduler or args.scheduler_file or dask.config.get("scheduler-address", None)):
+        raise _UsageError("--tls-ca-file, --tls-cert and --tls-key are for a remote cluster's tls:// scheduler; "
+                          "give --scheduler or --scheduler-file too (the embedded cluster makes its own)")
+    if files["client.key"] and not files["client.cert"]:
+        raise _UsageError("--tls-key is the key of --tls-cert; give --tls-cert too")
+    return {"distributed.comm.require-encryption": True,
+            **{f"distributed.comm.tls.{k}": v for k, v in files.items() if v}}
+
+
+def _config(values: dict[str, Any]) -> contextlib.AbstractContextManager:
+    if not values:
+        return contextlib.nullcontext()  # dask is not imported for --help, --version or example
+    import dask
+
+    return dask.config.set(values)
 
 
 def _add_input_args(p: argparse.ArgumentParser) -> None:
@@ -89,6 +123,9 @@ def _add_input_args(p: argparse.ArgumentParser) -> None:
                    help="regex with a named group 'rank', applied to file names when a file has no "
                         f"distributedInfo.rank (default: {DEFAULT_RANK_REGEX})")
     p.add_argument("--storage-options", metavar="JSON", help="fsspec storage options as a JSON object")
+    p.add_argument("--storage-timeout", type=_positive(float), metavar="S",
+                   help="fail when the storage stops answering (no connection, or no byte) for this long, retries "
+                        "included (default: 60; a slow transfer that keeps arriving is never cut off)")
     p.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
 
 
@@ -219,6 +256,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="regex with a named group 'rank' for file names, as in analyze")
     d.add_argument("--format", choices=("parquet", "csv"), default="parquet", help="table files (default: parquet)")
     d.add_argument("--storage-options", metavar="JSON", help="fsspec storage options as a JSON object")
+    d.add_argument("--storage-timeout", type=_positive(float), metavar="S",
+                   help="fail when the storage stops answering (no connection, or no byte) for this long, retries "
+                        "included (default: 60; a slow transfer that keeps arriving is never cut off)")
     _add_bad_input_args(d)
     d.add_argument("-f", "--force", action="store_true", help="replace an existing output folder")
     d.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no verdict on stderr")
@@ -280,6 +320,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise _UsageError("--counters adds counter tracks to the --critical-path-trace trace; give "
                               "--critical-path-trace OUT too, or use tracefuse merge --counters")
         so = _storage_options(getattr(args, "storage_options", None))
+        if getattr(args, "storage_timeout", None):  # the storage layer's own option (storage.files.options_for)
+            so = {**(so or {}), "storage_timeout": args.storage_timeout}
+        tls = _tls_config(args)
     except _UsageError as e:
         command = parser._subparsers._group_actions[0].choices.get(args.command, parser)
         command.print_usage(sys.stderr)
@@ -296,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        with _handle_errors(debug):
+        with _handle_errors(debug), _config(tls):
             if args.command == "merge":
                 return _merge(args, so)
             if args.command == "analyze":

@@ -20,6 +20,12 @@ They keep freed heap for their next task in one malloc arena (``_WORKER_MALLOC``
 profiler (``_NO_PROFILER``).
 The scheduler runs in this process, as ``LocalCluster``'s does.
 
+Nobody else gets in: the scheduler and its worker programs speak TLS with a key and certificate made for the job
+(``Security.temporary()``, as ``LocalCluster(security=True)`` makes them), held in memory here and handed to the
+workers in their environment, which only this user can read. A client without them is refused at every port: on
+a shared machine, 127.0.0.1 keeps out other machines but not other users, and a client that connects can run any
+code as this user, with its credentials. The scheduler's and workers' HTTP servers serve nothing (no routes).
+
 Small inputs (``small_input``) have no worker programs: when neither a cluster nor a number of workers is
 given, their tasks run in threads of this process (``LocalCluster(processes=False)``, which re-imports
 nothing either), where they finish before worker programs would have started.
@@ -45,6 +51,7 @@ from distributed import (
     Client,
     LocalCluster,
     Scheduler,
+    Security,
     SpecCluster,
     as_completed,
     progress,
@@ -77,6 +84,8 @@ _WORKER_MALLOC = {"MALLOC_TOP_PAD_": str(256 * 2**20), "MALLOC_ARENA_MAX": "1"}
 # Without a dashboard nobody sees what Dask's statistical profiler gathers, and it interrupts each task every 10 ms
 # (an A100 rank's analysis took 3-4% longer with it; docs/performance.md, "Dask's statistical profiler").
 _NO_PROFILER = {"distributed.worker.profile.enabled": False}
+# Nobody is told about the embedded cluster's HTTP servers, which Dask starts anyway: they serve nothing.
+_NO_HTTP = {"distributed.scheduler.http.routes": [], "distributed.worker.http.routes": []}
 
 
 class _WorkerProgram(Subprocess):
@@ -90,14 +99,18 @@ class _WorkerProgram(Subprocess):
     process's stderr, its stdin is closed.
     """
 
-    def __init__(self, scheduler: str, name: str, worker_kwargs: dict) -> None:
+    def __init__(self, scheduler: str, name: str, worker_kwargs: dict, security: Security) -> None:
         self.scheduler = scheduler
         self.stop_timeout = _WORKER_STOP_TIMEOUT
         self.spec = {"cls": "distributed.Worker", "opts": {**worker_kwargs, "name": name}}
+        # the job's TLS credentials, as Dask's config names them: the worker's Security() reads them there
+        self.tls = {"distributed.comm.require-encryption": True, "distributed.comm.tls.ca-file": security.tls_ca_file,
+                    "distributed.comm.tls.worker.cert": security.tls_worker_cert,
+                    "distributed.comm.tls.worker.key": security.tls_worker_key}
         super().__init__()
 
     async def _start(self) -> None:
-        with dask.config.set({"logging.distributed": "critical", **_NO_PROFILER}):
+        with dask.config.set({"logging.distributed": "critical", **_NO_PROFILER, **_NO_HTTP, **self.tls}):
             config = dask.config.serialize(dask.config.global_config)
         self.process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "dask", "spec", self.scheduler, "--spec", json.dumps(self.spec),
@@ -122,11 +135,14 @@ def _embedded(n: int, in_process: bool) -> SpecCluster:
         with dask.config.set(_NO_PROFILER):
             return LocalCluster(n_workers=n, threads_per_worker=1, processes=False, dashboard_address="127.0.0.1:0",
                                 scheduler_kwargs={"dashboard": False}, silence_logs=False)
-    scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "port": 0, "dashboard": False,
-                                               "dashboard_address": "127.0.0.1:0"}}
+    security = Security.temporary()
+    scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "port": 0, "protocol": "tls", "security": security,
+                                               "dashboard": False, "dashboard_address": "127.0.0.1:0"}}
     kwargs = {"host": "127.0.0.1", "nthreads": 1, "memory_limit": parse_memory_limit("auto", 1, n, logger=log)}
-    worker = {"cls": _WorkerProgram, "options": {"worker_kwargs": kwargs}}
-    return SpecCluster(workers=dict.fromkeys(range(n), worker), scheduler=scheduler, worker=worker, name="tracefuse")
+    worker = {"cls": _WorkerProgram, "options": {"worker_kwargs": kwargs, "security": security}}
+    with dask.config.set(_NO_HTTP):  # the scheduler reads it as it starts, here
+        return SpecCluster(workers=dict.fromkeys(range(n), worker), scheduler=scheduler, worker=worker,
+                           name="tracefuse", security=security)
 
 
 SMALL_INPUT_BYTES = 64 * 2**20  # of trace: what the embedded cluster runs in this process (``small_input``)
@@ -180,16 +196,20 @@ def connect(
     address = scheduler or dask.config.get("scheduler-address", None)
     where = scheduler_file or address
     try:
+        if scheduler_file or address:
+            _check_tls_files(None if scheduler_file else address)
         if scheduler_file:
             c = Client(scheduler_file=scheduler_file, timeout=timeout)
         elif address:
             c = Client(address, timeout=timeout)
         else:
             c = None
-    except (OSError, TimeoutError, ValueError) as e:
-        raise SchedulerConnectionError(
+    except SchedulerConnectionError:
+        raise
+    except (OSError, TimeoutError, ValueError, TypeError) as e:
+        raise SchedulerConnectionError(_tls_problem(where, e) or (
             f"could not connect to the Dask scheduler at {where} within {timeout:g} s ({e}); check "
-            "--scheduler/--scheduler-file/DASK_SCHEDULER_ADDRESS, or omit them to use a local cluster"
+            "--scheduler/--scheduler-file/DASK_SCHEDULER_ADDRESS, or omit them to use a local cluster")
         ) from None
     if c is not None:
         with c:
@@ -218,6 +238,45 @@ def connect(
                 if isinstance(w, _WorkerProgram):
                     w.stop_timeout = _WORKER_ABANDON_TIMEOUT
             raise
+
+
+_TLS_FILES = (("tls_ca_file", "--tls-ca-file", "ca-file"), ("tls_client_cert", "--tls-cert", "client.cert"),
+              ("tls_client_key", "--tls-key", "client.key"))
+
+
+def _check_tls_files(address: str | None) -> None:
+    """The client's TLS files, as Dask's config gives them: each one set exists (Dask would say only "No such file
+    or directory"), and a tls:// ``address`` has a CA to trust it by."""
+    security = Security()
+    for field, flag, key in _TLS_FILES:
+        value = getattr(security, field)
+        if value and "-----BEGIN" not in value and not os.path.isfile(value):
+            raise SchedulerConnectionError(f"the TLS file {value} ({flag}, distributed.comm.tls.{key}) does not "
+                                           "exist; give the path of the file the cluster's administrator handed out")
+    if address and address.startswith("tls://") and not security.tls_ca_file:
+        raise SchedulerConnectionError(_tls_problem(address, TypeError("ssl_context")))
+
+
+def _tls_problem(where: str | None, e: BaseException) -> str | None:
+    """One line for a TLS failure between this client and the scheduler at ``where``, or None if it is not one."""
+    text = str(e)
+    if isinstance(e, TypeError) and "ssl_context" in text:
+        return (f"the Dask scheduler at {where} speaks TLS, and this client has no TLS files: give --tls-ca-file, "
+                "--tls-cert and --tls-key (or Dask's distributed.comm.tls.ca-file and client.cert/client.key)")
+    if "KEY_VALUES_MISMATCH" in text:
+        return "--tls-key is not the key of --tls-cert (distributed.comm.tls.client.key and client.cert)"
+    refused = ("refused this client's certificate: give one signed by the cluster's CA with --tls-cert and "
+               "--tls-key (distributed.comm.tls.client.cert and client.key)")
+    if "UNKNOWN_CA" in text or "CERTIFICATE_REQUIRED" in text or "BAD_CERTIFICATE" in text:
+        return f"the Dask scheduler at {where} {refused}"
+    if "UNEXPECTED_EOF" in text or "EOF occurred in violation of protocol" in text:  # TLS 1.3 refuses after
+        return f"the Dask scheduler at {where} ended the TLS handshake; most likely it {refused}"
+    if "CERTIFICATE_VERIFY_FAILED" in text or "certificate does not match" in text:
+        return (f"this client does not trust the certificate of the Dask scheduler at {where}: give the CA that "
+                "signed it with --tls-ca-file (distributed.comm.tls.ca-file)")
+    if "WRONG_VERSION_NUMBER" in text or ("SSL" in text and where and not where.startswith("tls://")):
+        return f"the Dask scheduler at {where} and this client disagree on TLS: use tls:// if it speaks TLS, tcp:// if not"
+    return None
 
 
 @contextlib.contextmanager

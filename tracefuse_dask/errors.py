@@ -19,6 +19,7 @@ __all__ = [
     "SchedulerConnectionError",
     "StorageAccessError",
     "StorageConnectionError",
+    "StorageStallError",
     "SKIPPABLE",
     "skipped_rank",
     "every_rank_failed",
@@ -78,6 +79,10 @@ class StorageAccessError(TraceFuseError, PermissionError):
 
 class StorageConnectionError(TraceFuseError, ConnectionError):
     """The storage endpoint could not be reached."""
+
+
+class StorageStallError(StorageConnectionError):
+    """The storage endpoint stopped answering: no connection or no byte within ``--storage-timeout``."""
 
 
 # What ``on_error="skip"`` skips a rank for: its own file is bad, missing or unreadable. Everything else (storage

@@ -23,6 +23,7 @@ from isal.isal_zlib import error as IsalError
 from ..errors import (
     StorageAccessError,
     StorageConnectionError,
+    StorageStallError,
     TraceFileNotFoundError,
     TraceFormatError,
     TraceFuseError,
@@ -31,8 +32,8 @@ from ..kineto.document import decode_json
 from ..kineto.header import GZIP_MAGIC
 from ..kineto.header import read_header as _read_header
 
-__all__ = ["RETRY_WAITS", "S3_CONFIG", "options_for", "parse_json", "read_bytes", "read_header", "read_start", "redact",
-           "retry_unreachable", "storage_errors"]
+__all__ = ["RETRY_WAITS", "STORAGE_TIMEOUT", "TIMEOUT_OPTION", "options_for", "parse_json", "read_bytes", "read_header", "read_start", "redact",
+           "retry_unreachable", "stall_wait", "storage_errors"]
 
 T = TypeVar("T")
 
@@ -42,36 +43,65 @@ _SECRET_KEY = re.compile(r"key|secret|token|password|credential|session|signatur
 _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID", "GOOGLE_APPLICATION_CREDENTIALS")
 
 
-#: botocore's settings for S3 unless ``--storage-options`` gives ``config_kwargs`` of its own (each key wins on its
-#: own): a failed request is retried twice, three tries in all (botocore's standard retry mode, whose
-#: ``max_attempts`` counts the retries), a connection waits 5 s at most, an answer 60 s (botocore's default; a
-#: server-side copy of a big part takes a while). The tasks themselves retry a storage that does not answer, at
-#: fixed times (``RETRY_WAITS``), so that a run whose storage is gone ends in seconds, and a storage that restarts
-#: within them is not noticed.
-S3_CONFIG = {"connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 2, "mode": "standard"}}
+#: The default bound (seconds) on a storage that stops answering (``--storage-timeout``; ``storage_timeout`` in
+#: the storage options): a connect, or a read that gets no byte, fails the run within about this long, retries
+#: included. A slow but live server is not cut off: the bound is on each wait for a byte, not on a transfer.
+STORAGE_TIMEOUT = 60.0
+TIMEOUT_OPTION = "storage_timeout"  # tracefuse's own storage option, taken out before fsspec sees the rest
+# What each client library tries a request that stalls, and waits between its tries, at most: botocore's standard
+# mode twice (``"retries": {"max_attempts": 1}`` counts the retries; it also retries throttling and 5xx answers),
+# up to 1 s apart, inside each of s3fs's five tries, 0.1-0.8 s apart (~1.9 s in all; not configurable); gcsfs six
+# times, 1-2, 2-3, 4-5, 8-9 and 16-17 s apart (31-36 s in all; not configurable either). Measured against a server
+# that accepts connections and never answers: 10 connections for S3, 6 for GCS.
+_TRIES = {"s3": (2 * 5, 5 * 1.0 + 1.9), "gs": (6, 36.0)}
+_MIN_WAIT = 1.0  # seconds: no wait for a byte is cut shorter than this, whatever the bound
+# The tasks themselves retry a storage that refuses connections, at fixed times (``RETRY_WAITS``), so that a run
+# whose storage is gone ends in seconds, and a storage that restarts within them is not noticed.
 RETRY_WAITS = (1.0, 2.0)  # seconds before a task that found the storage unreachable runs again
 
 
+def stall_wait(proto: str, bound: float) -> float:
+    """How long one try waits for a connection or a byte, so that all of ``proto``'s tries (``"s3"`` or ``"gs"``)
+    and the waits between them end within ``bound`` seconds; at least ``_MIN_WAIT`` (gcsfs's own waits alone
+    take 31-36 s)."""
+    tries, waits = _TRIES[proto]
+    return max(_MIN_WAIT, (bound - waits) / tries)
+
+
 def options_for(url: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The fsspec options for ``url``, with ``S3_CONFIG`` for S3.
+    """The fsspec options for ``url``: for S3 and GCS, with each try's wait for a connection or a byte
+    (``stall_wait``) set from the bound on a stall (``storage_timeout`` in the options, default
+    ``STORAGE_TIMEOUT``), unless the options set their own (botocore's ``config_kwargs``, each key on its own;
+    gcsfs's ``requests_timeout``).
 
     ``storage_options`` is either one set for every protocol, or one per
     protocol, ``{"s3": {...}, "gs": {...}}``, for mixed inputs and outputs.
     """
     so = dict(storage_options or {})
+    bound = float(so.pop(TIMEOUT_OPTION, None) or STORAGE_TIMEOUT)
     if "::" in url:
         return so  # fsspec hands each protocol of a chained URL its own dict
     proto = fsspec.core.split_protocol(url)[0] or "file"
     if so and all(isinstance(v, dict) for v in so.values()) and set(so) <= set(fsspec.available_protocols()):
         so = dict(so.get(proto) or so.get(_ALIASES.get(proto, ""), {}))
     if proto in ("s3", "s3a"):  # a copy: botocore rewrites the retries dict it is given
-        so["config_kwargs"] = copy.deepcopy({**S3_CONFIG, **(so.get("config_kwargs") or {})})
+        wait = stall_wait("s3", bound)
+        mine = {"connect_timeout": min(5.0, wait), "read_timeout": wait,
+                "retries": {"max_attempts": 1, "mode": "standard"}}
+        so["config_kwargs"] = copy.deepcopy({**mine, **(so.get("config_kwargs") or {})})
+    elif proto in ("gs", "gcs"):
+        import aiohttp
+
+        wait = stall_wait("gs", bound)
+        # gcsfs hands its requests_timeout to each request, where it replaces the session's timeouts
+        so.setdefault("requests_timeout", aiohttp.ClientTimeout(sock_connect=wait, sock_read=wait))
     return so
 
 
 def retry_unreachable(task: Callable[..., T]) -> Callable[..., T]:
-    """``task``, run again after each of ``RETRY_WAITS`` when it fails because the storage did not answer
-    (``StorageConnectionError``); the error of the last try is raised.
+    """``task``, run again after each of ``RETRY_WAITS`` when it fails because the storage could not be reached
+    (``StorageConnectionError``); the error of the last try is raised. A storage that stalled
+    (``StorageStallError``) is not tried again: the client libraries' tries took the bound already.
 
     For task functions: each writes only its own files, so running it again is safe.
     """
@@ -81,6 +111,8 @@ def retry_unreachable(task: Callable[..., T]) -> Callable[..., T]:
         for wait in RETRY_WAITS:
             try:
                 return task(*args, **kwargs)
+            except StorageStallError:
+                raise  # the client libraries' tries took the bound already
             except StorageConnectionError:
                 time.sleep(wait)
         return task(*args, **kwargs)
@@ -103,6 +135,28 @@ def redact(text: str, storage_options: Mapping[str, Any] | None = None) -> str:
         if len(secret) >= 4:
             text = text.replace(secret, "***")
     return text
+
+
+def _chain(e: BaseException | None) -> Iterator[BaseException]:
+    """``e`` and the exceptions it was raised while handling, innermost last."""
+    while e is not None:
+        yield e
+        e = e.__context__
+
+
+def _is_stall(e: BaseException) -> bool:
+    """A connect or a read that timed out (botocore's, aiohttp's, asyncio's, fsspec's), not one refused."""
+    return isinstance(e, TimeoutError) or "Timeout" in type(e).__name__
+
+
+def _endpoint(url: str, storage_options: Mapping[str, Any] | None) -> str:
+    so = options_for(url, storage_options)
+    found = so.get("endpoint_url") or (so.get("client_kwargs") or {}).get("endpoint_url")
+    if found:
+        return str(found)
+    if url.startswith(("gs://", "gcs://")):
+        return os.environ.get("STORAGE_EMULATOR_HOST") or "https://storage.googleapis.com"
+    return "its default endpoint"
 
 
 def _is_connection_error(e: BaseException) -> bool:
@@ -129,9 +183,19 @@ def storage_errors(url: str, storage_options: Mapping[str, Any] | None = None) -
         raise StorageAccessError(
             f"{url}: access denied ({redact(str(e), storage_options)}); check the credentials (environment, "
             "config files or --storage-options), whether they expired, and the bucket's policy") from None
-    except Exception as e:
-        if not _is_connection_error(e):
+    except Exception as raised:
+        # s3fs's handler of a read that timed out mid-body fails itself (IndexError on the timeout's empty args,
+        # s3fs 2026.x _fetch_range): the timeout is then what it was handling
+        e = next((c for c in _chain(raised) if _is_connection_error(c)), None)
+        if e is None:
             raise
+        if _is_stall(e):
+            bound = float((storage_options or {}).get(TIMEOUT_OPTION) or STORAGE_TIMEOUT)
+            why = redact(str(e) or type(e).__name__, storage_options)
+            raise StorageStallError(
+                f"{url}: the storage at {_endpoint(url, storage_options)} stopped answering (no connection or no "
+                f"byte within the {bound:g} s bound, retries included: {why}); check the endpoint and the "
+                "network, or raise --storage-timeout for a storage that is slow to answer") from None
         raise StorageConnectionError(
             f"{url}: cannot reach the storage ({redact(str(e), storage_options)}); check the endpoint "
             "(endpoint_url in --storage-options) and the network") from None
@@ -155,7 +219,7 @@ def read_start(path: str, storage_options: Mapping[str, Any] | None = None, size
 
 def read_header(path: str, storage_options: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], bool, int]:
     """A trace file's top-level keys but ``traceEvents``, without its events (``kineto.header.read_header``)."""
-    with _open_raw(path, storage_options) as raw:
+    with _open_raw(path, storage_options) as raw, storage_errors(path, storage_options):
         return _read_header(raw)
 
 

@@ -1,0 +1,151 @@
+"""Nothing waits forever: a storage that stops answering fails the run within ``--storage-timeout``, with one
+line naming the endpoint and nothing left behind; a slow storage that keeps sending is never cut off.
+
+The storages are real: SeaweedFS behind a proxy started here that either passes everything on at a set rate, or
+stops sending a response's body halfway; and a server that accepts connections and never answers."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import shared
+from tracefuse_dask.storage.files import stall_wait
+
+pytestmark = pytest.mark.integration
+
+
+class Proxy:
+    """A TCP proxy on 127.0.0.1 to ``port``: server bytes pass at ``rate`` bytes/s (None: at once), and each
+    connection's answer stops for good after ``stall_after`` bytes (None: never)."""
+
+    def __init__(self, port: int | None, rate: float | None = None, stall_after: int | None = None) -> None:
+        self.target, self.rate, self.stall_after = port, rate, stall_after
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            self.held.append(client)
+            if self.target is None:
+                continue  # accepts, and never answers
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            self.held.append(upstream)
+            threading.Thread(target=self._pipe, args=(client, upstream, None, None), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, self.rate, self.stall_after),
+                             daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket, rate: float | None, stall_after: int | None) -> None:
+        sent = 0
+        try:
+            while data := src.recv(8192 if rate is None else 4096):
+                if stall_after is not None and sent + len(data) > stall_after:
+                    dst.sendall(data[: max(0, stall_after - sent)])
+                    threading.Event().wait()  # holds the connection open, silent
+                dst.sendall(data)
+                sent += len(data)
+                if rate:
+                    time.sleep(len(data) / rate)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.sock.close()
+        for s in self.held:
+            s.close()
+
+
+def tracefuse(*args: str, timeout: float = 180) -> tuple[subprocess.CompletedProcess, float]:
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "tracefuse_dask", *args], capture_output=True, text=True,
+                          timeout=timeout, check=False)
+    return done, time.monotonic() - start
+
+
+def s3_options(s3, url: str) -> str:
+    return json.dumps({**s3.options, "client_kwargs": {"endpoint_url": url}})
+
+
+@pytest.fixture(scope="module")
+def gloo_on_s3(s3):
+    """The real gloo_4ranks job in a bucket of SeaweedFS: (its URL, its local folder)."""
+    folder = shared("gloo_4ranks")
+    fs = s3.fs()
+    bucket = s3.bucket("stalls")
+    for f in sorted(folder.glob("rank*.json.gz")):
+        fs.put(str(f), f"{bucket}/gloo/{f.name}")
+    return f"s3://{bucket}/gloo/", folder
+
+
+def assert_failed_in_time(done: subprocess.CompletedProcess, took: float, bound: float, endpoint: str,
+                          out: Path) -> None:
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 1 and len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"the storage at {endpoint} stopped answering" in errors[0]
+    assert f"within the {bound:g} s bound" in errors[0] and "--storage-timeout" in errors[0]
+    assert took < bound + 10, took  # the bound, and the interpreter's start and the cluster's
+    assert not list(out.parent.iterdir()), list(out.parent.iterdir())  # no output, no temporaries
+
+
+@pytest.mark.parametrize("where", ["input", "output"])
+def test_an_s3_endpoint_that_accepts_and_never_answers_fails_within_the_bound(where, gloo_on_s3, s3, tmp_path):
+    silent = Proxy(None)
+    try:
+        url, folder = gloo_on_s3
+        out = tmp_path / "out" / "m.json.gz"
+        out.parent.mkdir()
+        bound = 20.0
+        if where == "input":
+            args = [url, "-o", str(out), "--storage-options", s3_options(s3, silent.url)]
+        else:
+            args = [str(folder), "-o", "s3://stalls/out/m.json.gz", "--storage-options",
+                    s3_options(s3, silent.url)]
+        done, took = tracefuse("merge", *args, "--storage-timeout", f"{bound:g}")
+        assert_failed_in_time(done, took, bound, silent.url, out)
+    finally:
+        silent.close()
+
+
+def test_an_s3_answer_that_stops_halfway_fails_within_the_bound(gloo_on_s3, s3, tmp_path):
+    """The listing (a few kB) gets through; a rank's body (17 kB) stops after 10 kB."""
+    half = Proxy(s3.ports["s3.port"], stall_after=10_000)
+    try:
+        url, _ = gloo_on_s3
+        out = tmp_path / "out" / "m.json.gz"
+        out.parent.mkdir()
+        done, took = tracefuse("merge", url, "-o", str(out), "--storage-options", s3_options(s3, half.url),
+                               "--storage-timeout", "20")
+        assert_failed_in_time(done, took, 20.0, half.url, out)
+    finally:
+        half.close()
+
+
+def test_a_slow_s3_that_keeps_sending_is_never_cut_off(gloo_on_s3, s3, tmp_path):
+    """At 5 kB/s each of the job's 17 kB ranks takes longer than the 3 s bound, and far longer than its wait for a
+    byte (1 s): the run succeeds, with the bytes of a local merge."""
+    url, folder = gloo_on_s3
+    slow = Proxy(s3.ports["s3.port"], rate=5_000)
+    try:
+        assert stall_wait("s3", 3) == 1.0
+        done, took = tracefuse("merge", url, "-o", str(tmp_path / "slow.json.gz"), "--storage-options",
+                               s3_options(s3, slow.url), "--storage-timeout", "3", "--workers", "1")
+        assert done.returncode == 0, done.stderr
+        assert took > 4 * 17_000 / 5_000, took
+    finally:
+        slow.close()
+    local, _ = tracefuse("merge", str(folder), "-o", str(tmp_path / "local.json.gz"))
+    assert local.returncode == 0, local.stderr
+    assert (tmp_path / "slow.json.gz").read_bytes() == (tmp_path / "local.json.gz").read_bytes()
