@@ -319,7 +319,7 @@ class SocketMeter:
                     "kernel": {f"{k}_{d}": v for (k, d), v in self.kernel.items()}}
 
 
-def _client_main(conn: Any, address: str, storage_ports: list[int], verbose: bool) -> None:
+def _client_main(conn: Any, address: str, security: Any, storage_ports: list[int], verbose: bool) -> None:
     """The client process: nothing but a Dask client that runs ``merge_traces`` on request."""
     if verbose:  # the merge's phase times, on stderr
         logging.basicConfig(format="  client process: %(message)s", stream=sys.stderr)
@@ -332,7 +332,7 @@ def _client_main(conn: Any, address: str, storage_ports: list[int], verbose: boo
 
         from tracefuse_dask import merge_traces
 
-        client = Client(address, timeout=30)
+        client = Client(address, security=security, timeout=30)  # the embedded cluster's TLS credentials
     except BaseException:  # noqa: BLE001 - shipped to the parent
         conn.send((False, traceback.format_exc()))
         return
@@ -388,9 +388,9 @@ def _log_tasks(records: list[dict[str, Any]]) -> None:
 class ClientProcess:
     """A separate process running a Dask client on the given cluster, so that its sockets are the client's only."""
 
-    def __init__(self, ctx: Any, address: str, storage_ports: set[int], verbose: bool = False) -> None:
+    def __init__(self, ctx: Any, address: str, security: Any, storage_ports: set[int], verbose: bool = False) -> None:
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_client_main, args=(child, address, sorted(storage_ports), verbose))
+        self.proc = ctx.Process(target=_client_main, args=(child, address, security, sorted(storage_ports), verbose))
         self.proc.start()
         child.close()
         self._reply()
@@ -490,7 +490,8 @@ def run_s3(args: argparse.Namespace, ctx: Any, client: Any, root: str,
             f"/proc/<pid>/io is not used because its rchar/wchar do not count socket recv/send).\n")
         print("\n" + header, flush=True)
         client.run(_warm_s3, so)  # workers import s3fs and open their storage connections once, untimed
-        merger = ClientProcess(ctx, client.scheduler.address, set(weed.ports.values()), args.verbose)
+        merger = ClientProcess(ctx, client.scheduler.address, client.cluster.security, set(weed.ports.values()),
+                               args.verbose)
         per_size: dict[float, dict[str, int]] = {}
         try:
             merger.call("warm", so)

@@ -109,7 +109,7 @@ def _write_nameless(args: tuple[int, int, str]) -> int:
     return len(data)
 
 
-def _analyze_client(address: str, folder: str) -> tuple[float, int, int, int]:
+def _analyze_client(address: str, security: Any, folder: str) -> tuple[float, int, int, int]:
     """In a process of its own, a client that analyses ``folder``: (seconds, its peak RSS in bytes, ranks,
     collective calls)."""
     import resource
@@ -118,7 +118,7 @@ def _analyze_client(address: str, folder: str) -> tuple[float, int, int, int]:
 
     from tracefuse_dask import analyze
 
-    with Client(address) as client:
+    with Client(address, security=security) as client:  # the embedded cluster's TLS credentials
         t = time.perf_counter()
         a = analyze(folder, client=client)
         seconds = time.perf_counter() - t
@@ -245,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
                  "peak RSS MiB | client peak RSS MiB | collective calls |")
             emit("|---|---|---|---|---|---|---|---|")
             with TreeRSS() as mem:
-                s, client_peak, ranks, calls = in_child(ctx, _analyze_client, client.scheduler.address, job)
+                s, client_peak, ranks, calls = in_child(ctx, _analyze_client, client.scheduler.address,
+                                                               client.cluster.security, job)
             emit(f"| every rank of a {args.small_ranks:,}-rank job, each listing all ranks in its pg_config | "
                  f"{ranks:,} | {job_bytes / MB:,.0f} | {s:.2f} | {s / ranks * 1000:.1f} | {mem.peak / 2**20:,.0f} | "
                  f"{client_peak / 2**20:,.0f} | {calls:,} |")

@@ -338,6 +338,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    # fsspec's event loop logs a storage request its client library abandoned when the storage went away ("Task
+    # exception was never retrieved"), also as the interpreter exits; the run's one error line says what happened
+    # (--verbose shows them)
+    if not getattr(args, "verbose", False) and not debug:
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     try:
         with _handle_errors(debug), _config(tls):
             if args.command == "merge":

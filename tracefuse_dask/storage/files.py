@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import errno
 import functools
 import os
 import re
@@ -162,6 +163,8 @@ def _endpoint(url: str, storage_options: Mapping[str, Any] | None) -> str:
 def _is_connection_error(e: BaseException) -> bool:
     if isinstance(e, (ConnectionError, TimeoutError)):
         return True
+    if isinstance(e, OSError) and e.errno == errno.EREMOTEIO:
+        return True  # s3fs's 5xx answer ("We encountered an internal error"): a storage that is restarting
     name, module = type(e).__name__, type(e).__module__
     return ("Connect" in name or "Timeout" in name) and module.split(".")[0] in ("botocore", "aiohttp", "urllib3")
 
