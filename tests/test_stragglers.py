@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gloo_job import CASES, case_name, measured_gain, predicted_gain, step_times
+from gloo_job import CASES, _median, case_name, measured_gain, predicted_gain, step_times
 from tracefuse_dask import analyze
 from tracefuse_dask.analysis.what_if import NOISE, SIGNIFICANT, TRANSIENT
 
@@ -117,9 +117,8 @@ def test_the_what_if_predicts_the_clean_twin_within_30_percent(case, jobs):
         measured = measured_gain(str(out), str(clean))
         # the twin's median step is itself measured: within 30%, plus its own step-to-step spread (a 2-rank
         # twin once ran 4 ms slower than usual, and its 20 ms straggler measured 16.0 ms against 21.2 predicted)
-        times = sorted(step_times(str(clean)).values())
-        mid = times[len(times) // 2]
-        spread = sorted(abs(t - mid) for t in times)[len(times) // 2]
+        times = step_times(str(clean)).values()
+        spread = _median(abs(t - _median(times)) for t in times)
         assert abs(predicted - measured) <= 0.3 * measured + spread, (s["what_if_text"], measured, spread)
     else:
         assert predicted == pytest.approx(case[2] * 1e3, rel=0.3), s["what_if_text"]

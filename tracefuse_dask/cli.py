@@ -116,16 +116,20 @@ def _config(values: dict[str, Any]) -> contextlib.AbstractContextManager:
     return dask.config.set(values)
 
 
+def _add_storage_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--storage-options", metavar="JSON", help="fsspec storage options as a JSON object")
+    p.add_argument("--storage-timeout", type=_positive(float), metavar="S",
+                   help="fail when the storage stops answering (no connection, or no byte) for this long, retries "
+                        "included (default: 60; a slow transfer that keeps arriving is never cut off)")
+
+
 def _add_input_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("inputs", nargs="+", metavar="INPUT",
                    help="trace files, folders or globs; local paths or fsspec URLs (s3://, gs://, ...)")
     p.add_argument("--rank-regex", default=DEFAULT_RANK_REGEX, metavar="REGEX",
                    help="regex with a named group 'rank', applied to file names when a file has no "
                         f"distributedInfo.rank (default: {DEFAULT_RANK_REGEX})")
-    p.add_argument("--storage-options", metavar="JSON", help="fsspec storage options as a JSON object")
-    p.add_argument("--storage-timeout", type=_positive(float), metavar="S",
-                   help="fail when the storage stops answering (no connection, or no byte) for this long, retries "
-                        "included (default: 60; a slow transfer that keeps arriving is never cut off)")
+    _add_storage_args(p)
     p.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
 
 
@@ -255,10 +259,7 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--rank-regex", default=DEFAULT_RANK_REGEX, metavar="REGEX",
                    help="regex with a named group 'rank' for file names, as in analyze")
     d.add_argument("--format", choices=("parquet", "csv"), default="parquet", help="table files (default: parquet)")
-    d.add_argument("--storage-options", metavar="JSON", help="fsspec storage options as a JSON object")
-    d.add_argument("--storage-timeout", type=_positive(float), metavar="S",
-                   help="fail when the storage stops answering (no connection, or no byte) for this long, retries "
-                        "included (default: 60; a slow transfer that keeps arriving is never cut off)")
+    _add_storage_args(d)
     _add_bad_input_args(d)
     d.add_argument("-f", "--force", action="store_true", help="replace an existing output folder")
     d.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no verdict on stderr")
