@@ -215,7 +215,7 @@ def test_analyze_writes_the_report_folder(client, example, tmp_path):
               "queue_length", "memory_bw"]
     # no such logs here, and no --kernel-sequences
     empty = ["collective_trace_calls", "collective_trace_summary", "collective_trace_hints", "kernel_sequences"]
-    assert names == {f"{t}.parquet" for t in tables + empty} | {"summary.json", "report.html"}
+    assert names == {f"{t}.parquet" for t in tables + empty} | {"summary.json", "report.html", "commit.json"}
     assert all(pd.read_parquet(out / f"{t}.parquet").empty for t in empty)
     for t in tables:
         df = pd.read_parquet(out / f"{t}.parquet")

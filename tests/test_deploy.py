@@ -56,6 +56,17 @@ def test_kubernetes_manifests_parse_and_carry_the_required_fields(name, kind):
     if kind == "CronJob":
         assert doc["spec"]["concurrencyPolicy"] == "Forbid"
         assert any("secretRef" in str(c.get("envFrom")) for c in containers)
+    if kind in ("DaskCluster", "DaskJob"):  # the operator's clusters speak TLS only, with the Secret's files
+        files = "--tls-ca-file /tls/ca.crt --tls-cert /tls/tls.crt --tls-key /tls/tls.key"
+        for c in containers:
+            line = " ".join(c["command"])
+            assert files in line and {"name": "tls", "mountPath": "/tls", "readOnly": True} in c["volumeMounts"], line
+            if c["command"][:2] == ["dask", "scheduler"]:
+                assert "--protocol tls" in line
+            elif c["command"][:2] == ["dask", "worker"]:
+                assert c["command"][2].startswith("tls://")
+            else:
+                assert "--scheduler tls://" in line
 
 
 def test_the_commands_of_the_manifests_parse_with_our_cli():

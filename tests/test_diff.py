@@ -15,6 +15,7 @@ import pytest
 from conftest import SHARED, make_trace, read_trace, shared, write_trace
 
 from tracefuse_dask import MergeError, TraceFileNotFoundError, analyze, diff
+from tracefuse_dask.analysis import write_folder
 from tracefuse_dask.analysis.diff import _spread, name_key
 from tracefuse_dask.kineto.vocabulary import kernel_label as label
 from tracefuse_dask.cli import main
@@ -336,12 +337,15 @@ def test_bad_sides_say_which_run_and_leave_nothing(client, tmp_path):
         diff(str(shared("gloo_4ranks")), str(shared("gloo_4ranks")), client=client, fail_above="five")
     with pytest.raises(MergeError, match=r"format='json'; use 'parquet' or 'csv'"):
         diff(str(shared("gloo_4ranks")), str(shared("gloo_4ranks")), client=client, format="json")
-    (tmp_path / "other").mkdir()
-    (tmp_path / "other" / "summary.json").write_text('{"tool": "something else"}')
-    with pytest.raises(MergeError, match=r"other: its summary.json was not written by tracefuse analyze"):
+    (tmp_path / "uncommitted").mkdir()
+    (tmp_path / "uncommitted" / "summary.json").write_text('{"tool": "tracefuse_dask"}')
+    with pytest.raises(MergeError, match=r"uncommitted: no commit.json, so not a finished tracefuse folder: a run is "
+                                         r"writing it now, one stopped before it finished, or an older tracefuse"):
+        diff(str(tmp_path / "uncommitted"), str(shared("gloo_4ranks")), client=client)
+    write_folder({"summary.json": b'{"tool": "something else"}'}, str(tmp_path / "other"))
+    with pytest.raises(MergeError, match=r"other: not a report folder of tracefuse analyze"):
         diff(str(tmp_path / "other"), str(shared("gloo_4ranks")), client=client)
-    (tmp_path / "old").mkdir()
-    (tmp_path / "old" / "summary.json").write_text('{"tool": "tracefuse_dask", "version": "0.0.9", "ranks": [0]}')
+    write_folder({"summary.json": b'{"tool": "tracefuse_dask", "version": "0.0.9", "ranks": [0]}'}, str(tmp_path / "old"))
     with pytest.raises(MergeError, match=r"report without critical_path, straggler, steps, inputs .*0\.0\.9"):
         diff(str(tmp_path / "old"), str(shared("gloo_4ranks")), client=client)
     assert not (tmp_path / "out").exists()

@@ -79,6 +79,13 @@ def s3_options(s3, url: str) -> str:
     return json.dumps({**s3.options, "client_kwargs": {"endpoint_url": url}})
 
 
+def gcs_options(url: str) -> str:
+    return json.dumps({"endpoint_url": url, "token": "anon"})
+
+
+GCS_BOUND = 45.0  # gcsfs waits 31-36 s between its six tries, whatever the bound: 45 s leaves each try 1.5 s
+
+
 @pytest.fixture(scope="module")
 def gloo_on_s3(s3):
     """The real gloo_4ranks job in a bucket of SeaweedFS: (its URL, its local folder)."""
@@ -88,6 +95,17 @@ def gloo_on_s3(s3):
     for f in sorted(folder.glob("rank*.json.gz")):
         fs.put(str(f), f"{bucket}/gloo/{f.name}")
     return f"s3://{bucket}/gloo/", folder
+
+
+@pytest.fixture(scope="module")
+def gloo_on_gcs(gcs):
+    """The real gloo_4ranks job in a bucket of fake-gcs-server: (its URL, its local folder)."""
+    folder = shared("gloo_4ranks")
+    fs = gcs.fs()
+    bucket = gcs.bucket("stalls")
+    for f in sorted(folder.glob("rank*.json.gz")):
+        fs.put(str(f), f"{bucket}/gloo/{f.name}")
+    return f"gs://{bucket}/gloo/", folder
 
 
 def assert_failed_in_time(done: subprocess.CompletedProcess, took: float, bound: float, endpoint: str,
@@ -149,3 +167,34 @@ def test_a_slow_s3_that_keeps_sending_is_never_cut_off(gloo_on_s3, s3, tmp_path)
     local, _ = tracefuse("merge", str(folder), "-o", str(tmp_path / "local.json.gz"))
     assert local.returncode == 0, local.stderr
     assert (tmp_path / "slow.json.gz").read_bytes() == (tmp_path / "local.json.gz").read_bytes()
+
+
+@pytest.mark.parametrize("where", ["input", "output"])
+def test_a_gcs_endpoint_that_accepts_and_never_answers_fails_within_the_bound(where, gloo_on_gcs, tmp_path):
+    """One request series of gcsfs (six tries) fits the bound; no second series follows it (fsspec's isdir would
+    take the stall for "not a folder" and ask again)."""
+    silent = Proxy(None)
+    try:
+        url, folder = gloo_on_gcs
+        out = tmp_path / "out" / "m.json.gz"
+        out.parent.mkdir()
+        args = [url, "-o", str(out)] if where == "input" else [str(folder), "-o", "gs://stalls/out/m.json.gz"]
+        done, took = tracefuse("merge", *args, "--storage-options", gcs_options(silent.url), "--storage-timeout",
+                               f"{GCS_BOUND:g}")
+        assert_failed_in_time(done, took, GCS_BOUND, silent.url, out)
+    finally:
+        silent.close()
+
+
+def test_a_gcs_answer_that_stops_halfway_fails_within_the_bound(gloo_on_gcs, gcs, tmp_path):
+    """The listing gets through; a rank's body (17 kB) stops after 10 kB."""
+    half = Proxy(gcs.port, stall_after=10_000)
+    try:
+        url, _ = gloo_on_gcs
+        out = tmp_path / "out" / "m.json.gz"
+        out.parent.mkdir()
+        done, took = tracefuse("merge", url, "-o", str(out), "--storage-options", gcs_options(half.url),
+                               "--storage-timeout", f"{GCS_BOUND:g}")
+        assert_failed_in_time(done, took, GCS_BOUND, half.url, out)
+    finally:
+        half.close()

@@ -206,7 +206,8 @@ def analyze(
         ``critical_path_trace`` the embedded cluster has worker processes whatever the size.
     **options
         As ``tracefuse_dask.analysis.analyze``: ``ranks``, ``steps``, ``rank_regex``, ``format``,
-        ``keep_unlaunched_gpu``, ``gpu_spec``, ``cutoffs``, ``kernel_sequences``, ``on_error``, ``repair``.
+        ``keep_unlaunched_gpu``, ``gpu_spec``, ``cutoffs``, ``kernel_sequences``, ``on_error``, ``repair``,
+        ``skip_if_unchanged`` (not with ``critical_path_trace``).
     critical_path_trace
         Also merge the analysed ranks into this trace (as ``merge_traces`` with ``align="base"``), with the
         critical path marked for Perfetto: an arrow (flow ``critical_path``) from each of the path's events to
@@ -236,6 +237,9 @@ def analyze(
                          "too, or merge with merge_traces(..., counters=True)")
     if critical_path_trace is None:
         return analyze_ranks(urlpath, out_dir, client=client, force=force, **cluster, **common, **options)
+    if options.get("skip_if_unchanged"):
+        raise MergeError("skip_if_unchanged with critical_path_trace: the trace is not part of the report folder's "
+                         "commit; run the two apart, or without skip_if_unchanged")
     so = dict(storage_options or {})
     if out_dir is not None and critical_path_trace.startswith(out_dir.rstrip("/") + "/"):
         raise MergeError(f"{critical_path_trace} is inside the report folder {out_dir}, which is written as a whole; "

@@ -237,6 +237,9 @@ def _parser() -> argparse.ArgumentParser:
                         "on every rank, as HTA's get_frequent_cuda_kernel_sequences does on one")
     _add_bad_input_args(a)
     a.add_argument("-f", "--force", action="store_true", help="replace an existing report folder")
+    a.add_argument("--skip-if-unchanged", action="store_true",
+                   help="do nothing when the report folder's commit.json shows the same inputs, options and "
+                        "version; otherwise analyse again (implies --force)")
     a.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary on stderr")
     a.add_argument("-v", "--verbose", action="store_true", help="log what happens on stderr")
     _add_cluster_args(a, "; without it, inputs of up to 64 MiB of trace run in this process, unless "
@@ -320,6 +323,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "analyze" and args.counters and not args.critical_path_trace:
             raise _UsageError("--counters adds counter tracks to the --critical-path-trace trace; give "
                               "--critical-path-trace OUT too, or use tracefuse merge --counters")
+        if args.command == "analyze" and args.skip_if_unchanged and args.critical_path_trace:
+            raise _UsageError("--skip-if-unchanged compares with the report folder's commit.json, which does not "
+                              "cover the --critical-path-trace trace; run the two apart, or without "
+                              "--skip-if-unchanged")
         so = _storage_options(getattr(args, "storage_options", None))
         if getattr(args, "storage_timeout", None):  # the storage layer's own option (storage.files.options_for)
             so = {**(so or {}), "storage_timeout": args.storage_timeout}
@@ -340,10 +347,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     # fsspec's event loop logs a storage request its client library abandoned when the storage went away ("Task
-    # exception was never retrieved"), also as the interpreter exits; the run's one error line says what happened
-    # (--verbose shows them)
+    # exception was never retrieved"), also as the interpreter exits, and gcsfs and fsspec's prefetcher log the
+    # traceback of a request out of retries; the run's one error line says what happened (--verbose shows them)
     if not getattr(args, "verbose", False) and not debug:
-        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+        for name in ("asyncio", "gcsfs", "fsspec"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
         with _handle_errors(debug), _config(tls):
             if args.command == "merge":
@@ -414,7 +422,13 @@ def _analyze(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
                      counters=args.counters,
                      gpu_spec=args.gpu_spec, cutoffs=Cutoffs(args.runtime_cutoff, args.launch_delay_cutoff,
                                                              args.max_queue_length),
-                     kernel_sequences=args.kernel_sequences, on_error=args.on_error, repair=args.repair)
+                     kernel_sequences=args.kernel_sequences, on_error=args.on_error, repair=args.repair,
+                     skip_if_unchanged=args.skip_if_unchanged)
+    if result.summary.get("status") == "unchanged":
+        if not args.quiet:
+            print(f"unchanged: {args.output} is up to date: inputs, options and version as in its commit.json; "
+                  "nothing to do", file=sys.stderr)
+        return 0
     if not args.quiet:
         s = result.summary
         print(f"analysed {_count(len(s['ranks']), 'rank')}, {_count(len(s['steps']), 'step')} in {s['seconds']:.2f} s",

@@ -2,17 +2,20 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import io
 import json
 import logging
 import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import fsspec
 import numpy as np
+import orjson
 import pandas as pd
 from distributed import progress
 from pandas.api.types import union_categoricals
@@ -45,7 +48,8 @@ from ..kineto.layout import is_merged, split_merged
 from ..merge.plan import ranges
 from ..storage.inputs import TRACE_NAME, expand_inputs, rank_from_name, resolve_rank
 from ..storage.output import open_write
-from ..storage.runs import commit_folder, run_folder
+from ..storage.folders import COMMIT, commit_folder, read_committed
+from ..storage.runs import run_folder
 
 __all__ = ["Analysis", "analyze", "check_new", "is_report", "rank_stats", "read_report", "write_diff", "write_report"]
 
@@ -95,6 +99,9 @@ class Analysis:
     op_perf_by_category: pd.DataFrame
     gpu_speed: pd.DataFrame
     summary: dict[str, Any] = field(default_factory=dict)
+    made_from: dict[str, Any] | None = field(default=None, repr=False)
+    """What the analysis was made from (inputs with their size and etag or mtime, options, version), which its
+    report folder's commit records for ``--skip-if-unchanged``; None when it is not known."""
 
     def tables(self) -> dict[str, pd.DataFrame]:
         """Every table by name, as the report folder names its files."""
@@ -362,6 +369,7 @@ def analyze(
     kernel_sequences: str | None = None,
     on_error: str = "raise",
     repair: bool = False,
+    skip_if_unchanged: bool = False,
 ) -> Analysis:
     """Analyse per-rank traces, one Dask task per file, and reduce the small per-rank tables.
 
@@ -408,6 +416,10 @@ def analyze(
         ``merge_traces`` does.
     repair
         Recover the complete events of truncated files; ``summary["repaired"]`` says what was recovered.
+    skip_if_unchanged
+        Analyse nothing when the commit of the report folder ``out_dir`` shows the same inputs (size and etag or
+        mtime), options and tool version as now: return the report as read back, with ``summary["status"]``
+        ``"unchanged"``. Otherwise analyse, replacing the folder (``force``).
 
     Returns
     -------
@@ -430,10 +442,22 @@ def analyze(
         raise MergeError(str(e)) from None
     so = dict(storage_options or {})
     devices = load_devices(gpu_spec)
+    if skip_if_unchanged and out_dir is None:
+        raise MergeError("skip_if_unchanged compares with the report folder: give out_dir too")
     if out_dir is not None:
-        check_new(out_dir, so, force)
+        check_new(out_dir, so, force or skip_if_unchanged)
     files, skipped_names = expand_inputs(urlpath, storage_options=storage_options, rank_regex=rank_regex,
                                          names=_NAMES, subset=subset)
+    made_from = {"inputs": [{"path": f.path, "size": f.size, "stamp": f.stamp,
+                             "rank": f.rank_hint if f.hint_source == "key" else None} for f in files],
+                 "options": {"ranks": ranks if ranks is None or isinstance(ranks, str) else sorted(ranks),
+                             "steps": step_range, "rank_regex": rank_regex, "format": format,
+                             "keep_unlaunched_gpu": keep_unlaunched_gpu,
+                             "devices": hashlib.sha256(repr(devices).encode()).hexdigest(),
+                             "cutoffs": asdict(cutoffs or Cutoffs()), "kernel_sequences": kernel_sequences,
+                             "on_error": on_error, "repair": repair}}
+    if skip_if_unchanged and (done := unchanged_report(out_dir, made_from, so)) is not None:
+        return done
     with connect(client, scheduler=scheduler, scheduler_file=scheduler_file, workers=workers,
                  timeout=timeout, inputs=files) as c:
         futures = c.map(_analyze_files, [files[b.start:b.stop] for b in batches([f.trace_bytes for f in files])],
@@ -466,6 +490,7 @@ def analyze(
             analysis = _reduce(results, lambda wanted: walks_in(segments, wanted), skipped_names, step_range,
                                keep_unlaunched_gpu, devices, cutoffs or Cutoffs(), kernel_sequences or None, subset)
     analysis.summary["seconds"] = round(time.perf_counter() - started, 3)
+    analysis.made_from = made_from
     if out_dir is not None:
         write_report(analysis, out_dir, so, format=format)
     return analysis
@@ -686,20 +711,20 @@ def check_new(out_dir: str, so: Mapping[str, Any], force: bool) -> None:
 
 def write_report(analysis: Analysis, out_dir: str, storage_options: Mapping[str, Any] | None = None, *,
                  format: str = "parquet") -> None:
-    """Write the report folder: a file per table, ``report.html`` and ``summary.json`` (last:
-    a folder with ``summary.json`` is complete; see ``write_folder``)."""
+    """Write the report folder: a file per table, ``report.html``, ``summary.json`` and its commit (last; see
+    ``storage.folders``), which records ``analysis.made_from`` for ``--skip-if-unchanged``."""
     from .report import render_report
 
     files: dict[str, bytes | pd.DataFrame] = dict(
         (f"{name}.{format}", df) for name, df in analysis.tables().items())
     files["report.html"] = render_report(analysis.tables(), analysis.summary).encode()
     files["summary.json"] = json.dumps(analysis.summary, indent=1).encode()
-    write_folder(files, out_dir, storage_options, format=format)
+    write_folder(files, out_dir, storage_options, format=format, made_from=analysis.made_from)
 
 
 def write_diff(diff: Diff, out_dir: str, storage_options: Mapping[str, Any] | None = None, *,
                format: str = "parquet") -> None:
-    """Write ``tracefuse diff``'s folder: its tables, ``diff.html`` and ``diff.json`` (last)."""
+    """Write ``tracefuse diff``'s folder: its tables, ``diff.html``, ``diff.json`` and its commit (last)."""
     from .report import render_diff
 
     files: dict[str, bytes | pd.DataFrame] = {f"{name}.{format}": df for name, df in diff.tables.items()}
@@ -709,67 +734,94 @@ def write_diff(diff: Diff, out_dir: str, storage_options: Mapping[str, Any] | No
 
 
 def write_folder(files: Mapping[str, bytes | pd.DataFrame], out_dir: str,
-                 storage_options: Mapping[str, Any] | None = None, *, format: str = "parquet") -> None:
-    """Write ``files`` (bytes, or tables in ``format``) into the folder ``out_dir``, in the order given, in the
-    place of whatever is there: the caller checked before any work that it may (``check_new``), and a run of the
-    same job that ended meanwhile is replaced, as the last run to end wins.
+                 storage_options: Mapping[str, Any] | None = None, *, format: str = "parquet",
+                 made_from: Mapping[str, Any] | None = None) -> None:
+    """Write ``files`` (bytes, or tables in ``format``) into the folder ``out_dir``, in the place of whatever is
+    there: the caller checked before any work that it may (``check_new``), and a run of the same job that ended
+    meanwhile is replaced, as the last run to end wins.
 
-    The files are written in this run's own temporary folder first (``storage.runs.run_folder``), then the folder
-    takes the place of ``out_dir`` (``commit_folder``): a failed run leaves nothing behind, runs that write the
-    same folder at once leave each other alone, and a folder with its last file is complete.
+    The files are written in this run's own temporary folder first (``storage.runs.run_folder``), then committed in
+    the place of ``out_dir`` with ``commit.json`` last (``storage.folders.commit_folder``): a failed run leaves
+    nothing behind, runs that write the same folder at once leave one run's whole folder, and readers trust only a
+    committed folder.
     """
     so = dict(storage_options or {})
+    data = {name: content if isinstance(content, bytes) else _table_bytes(content, format)
+            for name, content in files.items()}
     with run_folder(out_dir, so) as tmp, storage_errors(out_dir, so):
         fs, path = fsspec.core.url_to_fs(out_dir, **options_for(out_dir, so))
         staged = f"{tmp}/folder"
-        for name, content in files.items():
+        for name, content in data.items():
             with open_write(f"{staged}/{name}", so) as fh:
-                if isinstance(content, bytes):
-                    fh.write(content)
-                elif format == "csv":
-                    fh.write(content.to_csv(index=False).encode())
-                else:
-                    content.to_parquet(fh, index=False)
-        commit_folder(fs, fsspec.core.url_to_fs(staged, **options_for(out_dir, so))[1], path, list(files))
+                fh.write(content)
+        commit_folder(fs, fsspec.core.url_to_fs(staged, **options_for(out_dir, so))[1], path, data, made_from)
+
+
+def _table_bytes(df: pd.DataFrame, format: str) -> bytes:
+    if format == "csv":
+        return df.to_csv(index=False).encode()
+    buf = io.BytesIO()
+    df.to_parquet(buf, index=False)
+    return buf.getvalue()
+
+
+def unchanged_report(out_dir: str, made_from: Mapping[str, Any], so: Mapping[str, Any]) -> Analysis | None:
+    """The report folder ``out_dir`` read back, with ``summary["status"]`` ``"unchanged"``, when its commit shows
+    it was made from ``made_from`` by this version; None when the folder must be (re)written."""
+    try:
+        report = read_report(out_dir, so)
+    except MergeError:  # none, half-written, being replaced, or another tool's: written again
+        return None
+    if report.summary.get("version") != __version__ or report.made_from != orjson.loads(orjson.dumps(made_from)):
+        return None
+    report.summary["status"] = "unchanged"
+    return report
 
 
 def is_report(url: str, storage_options: Mapping[str, Any] | None = None) -> bool:
-    """Whether ``url`` is a folder that ``analyze`` wrote (it holds ``summary.json``)."""
-    so = dict(storage_options or {})
-    with storage_errors(url, so):
-        fs, path = fsspec.core.url_to_fs(url, **options_for(url, so))
-        return fs.isdir(path) and fs.exists(f"{path.rstrip('/')}/summary.json")
-
-
-def read_report(url: str, storage_options: Mapping[str, Any] | None = None) -> Analysis:
-    """An ``analyze`` report folder read back into an ``Analysis``: its tables and ``summary.json``.
-
-    Raises
-    ------
-    MergeError
-        When the folder was not written by ``tracefuse analyze``, or by a version without the summary keys this
-        one reads; a table it lacks reads as empty.
-    """
+    """Whether ``url`` is a folder that ``analyze`` wrote, or is writing (it holds ``commit.json`` or
+    ``summary.json``): ``read_report`` reads it, or says why it cannot."""
     so = dict(storage_options or {})
     with storage_errors(url, so):
         fs, path = fsspec.core.url_to_fs(url, **options_for(url, so))
         path = path.rstrip("/")
-        try:
-            summary = json.loads(fs.cat_file(f"{path}/summary.json"))
-        except ValueError:
-            summary = None
-        if not isinstance(summary, dict) or summary.get("tool") != "tracefuse_dask":
-            raise MergeError(f"{url}: its summary.json was not written by tracefuse analyze")
-        missing = [k for k in ("critical_path", "straggler", "steps", "ranks", "inputs") if k not in summary]
-        if missing:
-            raise MergeError(f"{url}: an analyze report without {', '.join(missing)} in its summary.json (tracefuse "
-                             f"{summary.get('version')}); run tracefuse analyze on the traces again")
-        fmt = "parquet" if fs.exists(f"{path}/breakdown.parquet") else "csv"
-        tables = {}
-        for n in (f.name for f in fields(Analysis) if f.name != "summary"):
-            if not fs.exists(f"{path}/{n}.{fmt}"):  # a table an older version did not write
-                tables[n] = pd.DataFrame()
-                continue
-            with fs.open(f"{path}/{n}.{fmt}", "rb") as fh:
-                tables[n] = pd.read_parquet(fh) if fmt == "parquet" else pd.read_csv(fh)
-    return Analysis(**tables, summary=summary)
+        try:  # not fsspec's isdir, which takes a storage that stalls for "not a folder"
+            folder = fs.info(path)["type"] == "directory"
+        except FileNotFoundError:
+            return False
+        return folder and (fs.exists(f"{path}/{COMMIT}") or fs.exists(f"{path}/summary.json"))
+
+
+def read_report(url: str, storage_options: Mapping[str, Any] | None = None) -> Analysis:
+    """An ``analyze`` report folder read back into an ``Analysis``: its tables and ``summary.json``, each checked
+    against the folder's commit.
+
+    Raises
+    ------
+    MergeError
+        When the folder has no commit (a run is writing it, or stopped before it finished), a file is not the one
+        the commit lists (another run is replacing the folder), or it was not written by ``tracefuse analyze``, or
+        by a version without the summary keys this one reads. A table it lacks reads as empty.
+    """
+    folder = read_committed(url, storage_options)
+    try:
+        summary = json.loads(folder.read("summary.json")) if "summary.json" in folder.names else None
+    except ValueError:
+        summary = None
+    if not isinstance(summary, dict) or summary.get("tool") != "tracefuse_dask":
+        raise MergeError(f"{url}: not a report folder of tracefuse analyze (its summary.json is missing or was not "
+                         "written by tracefuse analyze)")
+    missing = [k for k in ("critical_path", "straggler", "steps", "ranks", "inputs") if k not in summary]
+    if missing:
+        raise MergeError(f"{url}: an analyze report without {', '.join(missing)} in its summary.json (tracefuse "
+                         f"{summary.get('version')}); run tracefuse analyze on the traces again")
+    fmt = "parquet" if "breakdown.parquet" in folder.names else "csv"
+    tables = {}
+    for n in (*TABLES, *_REDUCED):
+        name = f"{n}.{fmt}"
+        if name not in folder.names:  # a table an older version did not write
+            tables[n] = pd.DataFrame()
+            continue
+        data = io.BytesIO(folder.read(name))
+        tables[n] = pd.read_parquet(data) if fmt == "parquet" else pd.read_csv(data)
+    return Analysis(**tables, summary=summary, made_from=folder.made_from)

@@ -21,6 +21,7 @@ _CHUNK = 1 << 16
 _HEADER_LIMIT = 1 << 24
 _TAIL_LIMIT = 1 << 20  # the keys after the events are read from at most this many bytes at the end
 _CLOSE_TEXT = re.compile(r"\][ \t\n\r]*[,}]")
+_DAMAGED = (OSError, EOFError, ValueError, zlib.error, IsalError)  # what a damaged gzip stream raises
 _WS = re.compile(r"[ \t\n\r]*")
 
 
@@ -84,13 +85,21 @@ def read_header(raw: IO[bytes]) -> tuple[dict[str, Any], bool, int]:
     return {**header, **trailer}, True, nbytes + read
 
 
+def _storage_failure(e: BaseException) -> bool:
+    """Whether ``e``, raised by a read, is the storage's (a timeout, a lost connection, an error number), not a
+    damaged stream's: the run's storage errors report it, and a stall read again would take its bound twice."""
+    return isinstance(e, (TimeoutError, ConnectionError)) or (isinstance(e, OSError) and e.errno is not None)
+
+
 def _read_head(f: IO[bytes]) -> tuple[dict[str, Any], bool, int]:
     """The keys before ``traceEvents``, whether they end there, and the bytes read."""
     buf = b""
     while len(buf) < _HEADER_LIMIT:
         try:
             chunk = f.read(_CHUNK)
-        except (OSError, EOFError, ValueError, zlib.error, IsalError):
+        except _DAMAGED as e:
+            if _storage_failure(e):
+                raise
             chunk = b""  # a damaged stream: the whole-file read reports it (or repairs it)
         buf += chunk
         try:
@@ -113,7 +122,9 @@ def _read_trailer(raw: IO[bytes], gz: bool, limit: int) -> tuple[dict[str, Any] 
                 while chunk := f.read(_TAIL_LIMIT):
                     whole = whole and len(tail) + len(chunk) <= _TAIL_LIMIT
                     tail = (tail + chunk)[-_TAIL_LIMIT:]
-        except (OSError, EOFError, ValueError, zlib.error, IsalError):
+        except _DAMAGED as e:
+            if _storage_failure(e):
+                raise
             return None, raw.tell()
         return _scan_trailer(tail, whole), raw.tell()
     size = raw.seek(0, os.SEEK_END)

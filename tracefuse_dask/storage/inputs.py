@@ -115,7 +115,7 @@ def expand_inputs(
                 raise TraceFormatError(f"rank key {rank!r} for {path}: ranks must be ints >= 0")
             with storage_errors(path, storage_options):
                 fs, p = _fs_for(path, storage_options)
-                info = _info(fs, p, path, storage_options)
+                info = fs.info(p)
                 files.append(InputFile(path, info.get("size"), rank, "key", False, _stamp(info)))
         return _in_subset(files, subset), []
     items = [urlpath] if isinstance(urlpath, str) else list(urlpath)
@@ -132,13 +132,11 @@ def expand_inputs(
             fs.invalidate_cache()  # fsspec keeps its instances: a listing cached by an earlier run would be stale
             if _GLOB_CHARS.search(p):
                 found = fs.glob(p, detail=True)
-            elif fs.isdir(p):
-                found = {info["name"]: info for info in fs.ls(p, detail=True)}
-            else:
-                found = None
+            else:  # one request, whose stall fails the run (fsspec's isdir takes a stall for "not a folder")
+                info = fs.info(p)
+                found = {i["name"]: i for i in fs.ls(p, detail=True)} if info["type"] == "directory" else None
         if found is None:
             hint = rank_from_name(p, rank_regex)
-            info = _info(fs, p, item, storage_options)
             files.append(InputFile(item, info.get("size"), hint if hint is not None else order,
                                    "name" if hint is not None else "order", False, _stamp(info)))
             order += 1
@@ -170,11 +168,6 @@ def _in_subset(files: list[InputFile], subset: Container[int] | None) -> list[In
     if subset is None:
         return files
     return [f for f in files if f.hint_source not in ("key", "name") or f.rank_hint in subset]
-
-
-def _info(fs: Any, path: str, shown: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
-    with storage_errors(shown, storage_options):
-        return fs.info(path)
 
 
 def _stamp(info: Mapping[str, Any]) -> str | None:

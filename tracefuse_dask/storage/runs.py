@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import errno
-import itertools
 import logging
 import os
 import socket
@@ -37,7 +35,6 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import fsspec
-import fsspec.implementations.local
 import orjson
 
 from ..errors import StorageConnectionError
@@ -45,7 +42,7 @@ from .files import options_for, redact, storage_errors
 from .joins import protocol_of
 from .output import TMP_SUFFIX, is_output_part
 
-__all__ = ["commit_folder", "run_folder"]
+__all__ = ["run_folder"]
 
 log = logging.getLogger("tracefuse_dask")
 
@@ -297,32 +294,3 @@ def run_folder(out: str, storage_options: Mapping[str, Any] | None) -> Iterator[
             _quietly(_remove_if_empty, fs, root)
             fs.invalidate_cache()  # what was listed here is gone
 
-
-def commit_folder(fs: Any, staged: str, path: str, names: list[str]) -> None:
-    """Put the folder ``staged`` (this run's, holding ``names``) in the place of the folder ``path``.
-
-    On a local disk the folder is renamed into place, and a folder already there (an older report, or a run that
-    finished first) is first renamed into ``staged``'s parent, so ``path`` is at every moment absent or a whole
-    folder. Object stores have no folders to rename: the files are moved in the order of ``names`` after the old
-    last one is removed (the last file marks a complete folder, ``summary.json`` for a report), then files that
-    are not in ``names`` are removed.
-    """
-    if isinstance(fs, fsspec.implementations.local.LocalFileSystem):
-        fs.makedirs(fs._parent(path), exist_ok=True)
-        for k in itertools.count():
-            try:
-                os.rename(staged, path)
-                return
-            except OSError as e:
-                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
-                    raise
-            with contextlib.suppress(FileNotFoundError):  # another run moved it away first
-                os.rename(path, f"{fs._parent(staged)}/replaced-{k}")
-    with contextlib.suppress(FileNotFoundError):
-        fs.rm(f"{path}/{names[-1]}")
-    for name in names:
-        fs.mv(f"{staged}/{name}", f"{path}/{name}")
-    fs.invalidate_cache(path)
-    for extra in set(fs.ls(path, detail=False)) - {fs._strip_protocol(f"{path}/{name}") for name in names}:
-        with contextlib.suppress(FileNotFoundError):
-            fs.rm(extra, recursive=True)
