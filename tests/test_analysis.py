@@ -205,6 +205,19 @@ def example(tmp_path_factory) -> Path:
 
 
 @pytest.mark.integration
+def test_a_subset_of_numpy_ranks_or_a_generator_is_committed_as_plain_ranks(client, example, tmp_path):
+    """The report's commit records the ranks asked for as ints, however they were given, so that
+    --skip-if-unchanged compares like with like."""
+    import numpy as np
+
+    for name, ranks in (("numpy", np.arange(2)), ("generator", (r for r in (1, 0)))):
+        analyze(str(example), str(tmp_path / name), client=client, ranks=ranks)
+        commit = json.loads((tmp_path / name / "commit.json").read_text())
+        assert commit["made_from"]["options"]["ranks"] == [0, 1], name
+        assert sorted(json.loads((tmp_path / name / "summary.json").read_text())["ranks"]) == [0, 1]
+
+
+@pytest.mark.integration
 def test_analyze_writes_the_report_folder(client, example, tmp_path):
     out = tmp_path / "report"
     a = analyze(str(example), str(out), client=client)

@@ -434,7 +434,7 @@ def test_diff_from_and_to_s3_with_reports_in_the_bucket(client, s3, bucket_name)
     written = json.loads(fs.cat_file(f"{bucket}/2026-11-25/tracefuse/diff/diff.json"))
     assert written["verdict"] == got.summary["verdict"]
     assert sorted(p.rsplit("/", 1)[1] for p in fs.ls(f"{bucket}/2026-11-25/tracefuse/diff")) == [
-        "diff.html", "diff.json", "items.parquet", "step_stats.parquet", "steps.parquet"]
+        "commit.json", "diff.html", "diff.json", "items.parquet", "step_stats.parquet", "steps.parquet"]
 
 
 @pytest.mark.parametrize("steps, spread", [
@@ -466,7 +466,9 @@ def test_reports_in_csv_and_of_an_earlier_version_compare_their_op_groups_or_say
     got = diff(str(tmp_path / "csv"), str(tmp_path / "csv"), client=client)
     groups = got.tables["items"].query("what == 'op group' and rank == -1")
     assert len(groups) > 20 and groups["label"].str.startswith("aten::").any()
-    (tmp_path / "parquet" / "op_perf.parquet").unlink()
+    older = {p.name: p.read_bytes() for p in sorted((tmp_path / "parquet").iterdir())
+             if p.name not in ("op_perf.parquet", "commit.json")}
+    write_folder(older, str(tmp_path / "parquet"))  # committed, as an earlier version wrote it
     s = diff(str(tmp_path / "parquet"), str(tmp_path / "csv"), client=client).summary
     assert ("the base run's report has no op_perf table (an earlier version): op groups are not compared; run "
             "tracefuse analyze on its traces again") in s["notes"]

@@ -181,3 +181,25 @@ def test_a_folder_of_one_trace_without_a_rank_is_rank_0(tmp_path):
     write_trace(tmp_path / "one" / "other.json", make_trace(None, []))
     files, _ = expand_inputs(str(tmp_path / "one"))  # two: which is which cannot be guessed
     assert [f.rank_hint for f in files] == [None, None]
+
+
+def test_a_folder_served_over_http_lists_its_traces(tmp_path):
+    """A web server's index page of a folder is a folder (fsspec's HTTP isdir), though HTTP's info calls every URL
+    a file."""
+    import functools
+    import http.server
+    import threading
+
+    for rank in (0, 1):
+        write_trace(tmp_path / f"rank{rank}.json", make_trace(rank, []))
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        files, _ = expand_inputs(url)
+        assert [(f.path.rsplit("/", 1)[-1], f.rank_hint) for f in files] == [("rank0.json", 0), ("rank1.json", 1)]
+        (one,), _ = expand_inputs(url + "rank1.json")
+        assert one.path == url + "rank1.json" and one.rank_hint == 1
+    finally:
+        server.shutdown()

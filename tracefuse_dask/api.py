@@ -271,6 +271,7 @@ def analyze(
                                                       for m in marks.values() for ev in m.track),
                                 "warnings": merged.warnings}
     if out_dir is not None:
+        result.made_from = None  # the commit does not cover the trace: --skip-if-unchanged never skips this report
         write_report(result, out_dir, so, format=options.get("format", "parquet"))
     return result
 

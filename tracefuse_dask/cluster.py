@@ -110,7 +110,9 @@ class _WorkerProgram(Subprocess):
         super().__init__()
 
     async def _start(self) -> None:
-        with dask.config.set({"logging.distributed": "critical", **_NO_PROFILER, **_NO_HTTP, **self.tls}):
+        # gcsfs and fsspec log the traceback of a storage request out of retries: the run's error says it
+        quiet = {f"logging.{name}": "critical" for name in ("distributed", "gcsfs", "fsspec")}
+        with dask.config.set({**quiet, **_NO_PROFILER, **_NO_HTTP, **self.tls}):
             config = dask.config.serialize(dask.config.global_config)
         self.process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "dask", "spec", self.scheduler, "--spec", json.dumps(self.spec),

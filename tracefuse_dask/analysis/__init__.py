@@ -23,7 +23,7 @@ from pandas.api.types import union_categoricals
 from .._version import __version__
 from ..errors import (SKIPPABLE, MergeError, OutputExistsError, RankError, TraceFormatError, every_rank_failed,
                       skipped_rank)
-from ..storage.files import (options_for, read_bytes, read_start, retry_unreachable,
+from ..storage.files import (is_folder, options_for, read_bytes, read_start, retry_unreachable,
                              storage_errors)
 from ..cluster import batches, connect
 from ..model import DEFAULT_RANK_REGEX, InputFile, parse_steps, rank_subset
@@ -450,7 +450,8 @@ def analyze(
                                          names=_NAMES, subset=subset)
     made_from = {"inputs": [{"path": f.path, "size": f.size, "stamp": f.stamp,
                              "rank": f.rank_hint if f.hint_source == "key" else None} for f in files],
-                 "options": {"ranks": ranks if ranks is None or isinstance(ranks, str) else sorted(ranks),
+                 "options": {"ranks": ranks if ranks is None or isinstance(ranks, str)
+                             else sorted(int(r) for r in subset),
                              "steps": step_range, "rank_regex": rank_regex, "format": format,
                              "keep_unlaunched_gpu": keep_unlaunched_gpu,
                              "devices": hashlib.sha256(repr(devices).encode()).hexdigest(),
@@ -769,10 +770,12 @@ def unchanged_report(out_dir: str, made_from: Mapping[str, Any], so: Mapping[str
     """The report folder ``out_dir`` read back, with ``summary["status"]`` ``"unchanged"``, when its commit shows
     it was made from ``made_from`` by this version; None when the folder must be (re)written."""
     try:
+        if read_committed(out_dir, so).made_from != orjson.loads(orjson.dumps(made_from)):
+            return None
         report = read_report(out_dir, so)
     except MergeError:  # none, half-written, being replaced, or another tool's: written again
         return None
-    if report.summary.get("version") != __version__ or report.made_from != orjson.loads(orjson.dumps(made_from)):
+    if report.summary.get("version") != __version__:
         return None
     report.summary["status"] = "unchanged"
     return report
@@ -785,11 +788,7 @@ def is_report(url: str, storage_options: Mapping[str, Any] | None = None) -> boo
     with storage_errors(url, so):
         fs, path = fsspec.core.url_to_fs(url, **options_for(url, so))
         path = path.rstrip("/")
-        try:  # not fsspec's isdir, which takes a storage that stalls for "not a folder"
-            folder = fs.info(path)["type"] == "directory"
-        except FileNotFoundError:
-            return False
-        return folder and (fs.exists(f"{path}/{COMMIT}") or fs.exists(f"{path}/summary.json"))
+        return is_folder(fs, path) and (fs.exists(f"{path}/{COMMIT}") or fs.exists(f"{path}/summary.json"))
 
 
 def read_report(url: str, storage_options: Mapping[str, Any] | None = None) -> Analysis:

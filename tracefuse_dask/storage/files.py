@@ -33,7 +33,7 @@ from ..kineto.document import decode_json
 from ..kineto.header import GZIP_MAGIC
 from ..kineto.header import read_header as _read_header
 
-__all__ = ["RETRY_WAITS", "STORAGE_TIMEOUT", "TIMEOUT_OPTION", "options_for", "parse_json", "read_bytes", "read_header", "read_start", "redact",
+__all__ = ["RETRY_WAITS", "STORAGE_TIMEOUT", "TIMEOUT_OPTION", "is_folder", "options_for", "parse_json", "read_bytes", "read_header", "read_start", "redact",
            "retry_unreachable", "stall_wait", "storage_errors"]
 
 T = TypeVar("T")
@@ -202,6 +202,20 @@ def storage_errors(url: str, storage_options: Mapping[str, Any] | None = None) -
         raise StorageConnectionError(
             f"{url}: cannot reach the storage ({redact(str(e), storage_options)}); check the endpoint "
             "(endpoint_url in --storage-options) and the network") from None
+
+
+def is_folder(fs: Any, path: str) -> bool:
+    """Whether ``path`` is a folder of ``fs`` (False when it is missing), as fsspec's ``isdir`` says, except that a
+    storage that does not answer fails here: ``isdir`` takes a timeout for "not a folder", and the next request
+    would wait the bound again."""
+    try:
+        kind = fs.info(path)["type"]
+    except FileNotFoundError:
+        return False
+    except PermissionError:  # s3fs heads the key first: a policy may list the prefix and not read that key
+        return fs.isdir(path)
+    # over HTTP every URL is a file to info, and a page of links a folder to isdir
+    return kind == "directory" or (fs.protocol in ("http", "https", ("http", "https")) and fs.isdir(path))
 
 
 def _open_raw(path: str, storage_options: Mapping[str, Any] | None) -> IO[bytes]:

@@ -9,18 +9,21 @@ a file whose bytes are not the ones its commit lists is another run's, caught wh
 The files are first written in the run's own temporary folder (``runs.run_folder``). On a local disk that folder,
 its commit already in it, is then renamed into place: the place holds at every moment nothing or a whole folder.
 Object stores have no folders to rename, and runs that write one folder at once take turns there without a lock.
-Each round of a run removes the commit, copies its files into place, removes the files that are not its own, writes
-its commit last, and reads the commit back:
+A round of a run copies its files into place, removes the files that are not its own, and writes its commit last.
+The run then reads the folder back:
 
-- another run's commit, or none, means another run began a round after this run's last write: that run sees
-  everything this one wrote, and the folder is that run's to finish;
-- its own commit, with every file as it wrote it and nothing else, means the folder is whole;
-- otherwise another run wrote in between: the run waits a random while about as long as its round (two runs in
-  step fall out of step), looks again, and goes round again if the folder is still its commit and a mix.
+- a commit whose files are all there as it lists them, and nothing else, is a whole folder (this run's or a run's
+  that wrote after it): the run has ended;
+- its own commit over a mix means another run wrote in between: after a random while about as long as its round
+  (two runs in step fall out of step) it looks again, and goes round again if nothing changed;
+- another run's commit over a mix, or none, means another run is in its round: the run waits for it, and goes
+  round again itself only if no whole folder appears within three such whiles (that run died).
 
-The run whose commit is there last read the folder after every other run's writes, so the folder ends as one
-run's whole folder, never a mix (S3 and GCS are strongly consistent, for listings too). A run that dies halfway
-leaves a folder that readers refuse, until the next run replaces it.
+Every round ends with a commit, so after the last commit is written only a run that dies writes; the run that wrote
+it checks the folder after all other writes and goes round until it is whole. When every run has ended, the folder
+is the whole folder of one run, never a mix, and each run ended only once it saw a whole folder (S3 and GCS are
+strongly consistent, for listings too). A run that dies halfway leaves a folder that readers refuse, until the next
+run replaces it; a reader that reads while runs take turns is refused, or reads one run's whole folder.
 """
 from __future__ import annotations
 
@@ -47,6 +50,7 @@ __all__ = ["COMMIT", "Committed", "commit_folder", "read_committed"]
 
 COMMIT = "commit.json"
 ROUNDS = 10  # rounds a run takes on an object store before it gives up on a folder that others keep writing
+_WAITS = 3  # whiles a run waits for another run's round to end before it takes the folder again
 
 
 def _record(files: Mapping[str, bytes], made_from: Mapping[str, Any] | None) -> bytes:
@@ -65,7 +69,8 @@ def commit_folder(fs: Any, staged: str, path: str, files: Mapping[str, bytes],
     Raises
     ------
     OutputWriteError
-        When other runs kept writing into the folder for ``ROUNDS`` rounds of this one.
+        When other runs kept writing into the folder for ``ROUNDS`` rounds of this one, or kept it busy for
+        ``ROUNDS * (1 + _WAITS)`` looks.
     """
     record = _record(files, made_from)
     if isinstance(fs, fsspec.implementations.local.LocalFileSystem):
@@ -80,44 +85,54 @@ def commit_folder(fs: Any, staged: str, path: str, files: Mapping[str, bytes],
                     raise
             with contextlib.suppress(FileNotFoundError):  # another run moved it away first
                 os.rename(path, f"{fs._parent(staged)}/replaced-{k}")
-    took = 0.0
-    for k in range(ROUNDS):
-        # another run wrote in between: let it end its round (a random while, so that two runs in step fall out of
-        # step), then see whose folder it is
-        if k and _state(fs, path, files, record, pause=random.uniform(0.5, 1.5) * took) != "mixed":
+    took, waits, state = 0.0, 0, "mixed"
+    for _ in range(ROUNDS * (1 + _WAITS)):
+        if state == "mixed" or waits >= _WAITS:  # this run's round
+            started = time.monotonic()
+            for name in files:
+                fs.copy(f"{staged}/{name}", f"{path}/{name}")
+            for extra in _names(fs, path) - {*files, COMMIT}:
+                with contextlib.suppress(FileNotFoundError):
+                    fs.rm(f"{path}/{extra}", recursive=True)
+            fs.pipe(f"{path}/{COMMIT}", record)
+            took, waits = time.monotonic() - started, 0
+            if _state(fs, path, record) == "whole":
+                return
+        time.sleep(random.uniform(0.5, 1.5) * took)  # random: two runs in step fall out of step
+        state = _state(fs, path, record)
+        if state == "whole":
             return
-        started = time.monotonic()
-        with contextlib.suppress(FileNotFoundError):
-            fs.rm_file(f"{path}/{COMMIT}")
-        for name in files:
-            fs.copy(f"{staged}/{name}", f"{path}/{name}")
-        for extra in _names(fs, path) - set(files):
-            with contextlib.suppress(FileNotFoundError):
-                fs.rm(f"{path}/{extra}", recursive=True)
-        fs.pipe(f"{path}/{COMMIT}", record)
-        took = time.monotonic() - started
-        if _state(fs, path, files, record) != "mixed":
-            return
+        waits += state == "busy"
     raise OutputWriteError(f"{fs.unstrip_protocol(path)}: other runs kept writing into this folder while this one "
                            f"committed it ({ROUNDS} rounds); run again once they have ended")
 
 
-def _state(fs: Any, path: str, files: Mapping[str, bytes], record: bytes, pause: float = 0.0) -> str:
-    """After ``pause`` seconds, whose the folder ``path`` is: ``"other"`` (another run's commit, or none: another
-    run's round has begun), ``"whole"`` (this run's commit, with ``files`` as they are and nothing else) or
-    ``"mixed"`` (this run's commit, and another run's writes)."""
-    time.sleep(pause)
+def _state(fs: Any, path: str, record: bytes) -> str:
+    """Where the folder ``path`` stands for the run whose commit is ``record``: ``"whole"`` (a commit, with its files
+    as it lists them and nothing else), ``"mixed"`` (this run's commit over other files) or ``"busy"`` (another run's
+    commit over other files, or none: another run is in its round)."""
     try:
-        if fs.cat_file(f"{path}/{COMMIT}") != record:
-            return "other"
-    except FileNotFoundError:
-        return "other"
-    if _names(fs, path) != {*files, COMMIT}:
-        return "mixed"
-    try:
-        return "whole" if all(fs.cat_file(f"{path}/{name}") == data for name, data in files.items()) else "mixed"
-    except FileNotFoundError:  # another run removed it since the listing
-        return "mixed"
+        there = fs.cat_file(f"{path}/{COMMIT}")
+        listed = orjson.loads(there)["files"]
+    except (FileNotFoundError, orjson.JSONDecodeError, KeyError, TypeError):
+        return "busy"
+    mine = "mixed" if there == record else "busy"
+    if not isinstance(listed, dict) or _names(fs, path) != {*listed, COMMIT}:
+        return mine
+    for name, want in listed.items():
+        try:
+            data = fs.cat_file(f"{path}/{name}")
+        except FileNotFoundError:  # another run removed it since the listing
+            return mine
+        if not _matches(data, want):
+            return mine
+    return "whole"
+
+
+def _matches(data: bytes, want: Any) -> bool:
+    """Whether ``data`` is the file a commit lists as ``want``."""
+    return isinstance(want, dict) and len(data) == want.get("bytes") \
+        and hashlib.sha256(data).hexdigest() == want.get("sha256")
 
 
 def _names(fs: Any, path: str) -> set[str]:
@@ -165,8 +180,7 @@ class Committed:
                 data = self.fs.cat_file(f"{self.path}/{name}")
             except FileNotFoundError:
                 data = None
-        want = self.record["files"][name]
-        if data is None or len(data) != want["bytes"] or hashlib.sha256(data).hexdigest() != want["sha256"]:
+        if data is None or not _matches(data, self.record["files"][name]):
             raise MergeError(f"{self.url}: {name} is not the file its {COMMIT} lists: another run is replacing this "
                              "folder now, or one stopped halfway; read it again once that run has ended, or write "
                              "the folder again")
@@ -187,7 +201,7 @@ def read_committed(url: str, storage_options: Mapping[str, Any] | None = None) -
         path = path.rstrip("/")
         try:
             record = orjson.loads(fs.cat_file(f"{path}/{COMMIT}"))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # no folder, or a file in its place
             record = None
         except orjson.JSONDecodeError:
             record = {}
