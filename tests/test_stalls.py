@@ -86,26 +86,26 @@ def gcs_options(url: str) -> str:
 GCS_BOUND = 45.0  # gcsfs waits 31-36 s between its six tries, whatever the bound: 45 s leaves each try 1.5 s
 
 
-@pytest.fixture(scope="module")
-def gloo_on_s3(s3):
-    """The real gloo_4ranks job in a bucket of SeaweedFS: (its URL, its local folder)."""
+def _gloo_in(server, protocol: str) -> tuple[str, Path]:
+    """The real gloo_4ranks job in a bucket of ``server``: (its URL, its local folder)."""
     folder = shared("gloo_4ranks")
-    fs = s3.fs()
-    bucket = s3.bucket("stalls")
+    fs = server.fs()
+    bucket = server.bucket("stalls")
     for f in sorted(folder.glob("rank*.json.gz")):
         fs.put(str(f), f"{bucket}/gloo/{f.name}")
-    return f"s3://{bucket}/gloo/", folder
+    return f"{protocol}://{bucket}/gloo/", folder
+
+
+@pytest.fixture(scope="module")
+def gloo_on_s3(s3):
+    """The job in SeaweedFS."""
+    return _gloo_in(s3, "s3")
 
 
 @pytest.fixture(scope="module")
 def gloo_on_gcs(gcs):
-    """The real gloo_4ranks job in a bucket of fake-gcs-server: (its URL, its local folder)."""
-    folder = shared("gloo_4ranks")
-    fs = gcs.fs()
-    bucket = gcs.bucket("stalls")
-    for f in sorted(folder.glob("rank*.json.gz")):
-        fs.put(str(f), f"{bucket}/gloo/{f.name}")
-    return f"gs://{bucket}/gloo/", folder
+    """The job in fake-gcs-server."""
+    return _gloo_in(gcs, "gs")
 
 
 def assert_failed_in_time(done: subprocess.CompletedProcess, took: float, bound: float, endpoint: str,
@@ -169,31 +169,19 @@ def test_a_slow_s3_that_keeps_sending_is_never_cut_off(gloo_on_s3, s3, tmp_path)
     assert (tmp_path / "slow.json.gz").read_bytes() == (tmp_path / "local.json.gz").read_bytes()
 
 
-def test_a_gcs_endpoint_that_accepts_and_never_answers_fails_within_the_bound(gloo_on_gcs, tmp_path):
-    """One request series of gcsfs (six tries) fits the bound; no second series follows it (fsspec's isdir would
-    take the stall for "not a folder" and ask again). As the input: the output's requests are the ones the S3 test
-    stalls, and a GCS test waits 45 s."""
-    silent = Proxy(None)
+@pytest.mark.parametrize("stall", ["silent", "halfway"])
+def test_a_gcs_endpoint_that_stalls_fails_within_the_bound(stall, gloo_on_gcs, gcs, tmp_path):
+    """A server that accepts and never answers, and one whose listing gets through while a rank's body (17 kB)
+    stops after 10 kB: one request series of gcsfs (six tries) fits the bound, and no second series follows it
+    (fsspec's isdir would take the stall for "not a folder", the header pass for a damaged file, and ask again).
+    As the input only: the output's requests are the ones the S3 test stalls, and a GCS test waits 45 s."""
+    proxy = Proxy(None) if stall == "silent" else Proxy(gcs.port, stall_after=10_000)
     try:
         url, _ = gloo_on_gcs
         out = tmp_path / "out" / "m.json.gz"
         out.parent.mkdir()
-        done, took = tracefuse("merge", url, "-o", str(out), "--storage-options", gcs_options(silent.url),
+        done, took = tracefuse("merge", url, "-o", str(out), "--storage-options", gcs_options(proxy.url),
                                "--storage-timeout", f"{GCS_BOUND:g}")
-        assert_failed_in_time(done, took, GCS_BOUND, silent.url, out)
+        assert_failed_in_time(done, took, GCS_BOUND, proxy.url, out)
     finally:
-        silent.close()
-
-
-def test_a_gcs_answer_that_stops_halfway_fails_within_the_bound(gloo_on_gcs, gcs, tmp_path):
-    """The listing gets through; a rank's body (17 kB) stops after 10 kB."""
-    half = Proxy(gcs.port, stall_after=10_000)
-    try:
-        url, _ = gloo_on_gcs
-        out = tmp_path / "out" / "m.json.gz"
-        out.parent.mkdir()
-        done, took = tracefuse("merge", url, "-o", str(out), "--storage-options", gcs_options(half.url),
-                               "--storage-timeout", f"{GCS_BOUND:g}")
-        assert_failed_in_time(done, took, GCS_BOUND, half.url, out)
-    finally:
-        half.close()
+        proxy.close()
