@@ -23,7 +23,7 @@ from pandas.api.types import union_categoricals
 from .._version import __version__
 from ..errors import (SKIPPABLE, MergeError, OutputExistsError, RankError, TraceFormatError, every_rank_failed,
                       skipped_rank)
-from ..storage.files import (is_folder, options_for, read_bytes, read_start, retry_unreachable,
+from ..storage.files import (options_for, path_info, read_bytes, read_start, retry_unreachable,
                              storage_errors)
 from ..cluster import batches, connect
 from ..model import DEFAULT_RANK_REGEX, InputFile, parse_steps, rank_subset
@@ -788,7 +788,11 @@ def is_report(url: str, storage_options: Mapping[str, Any] | None = None) -> boo
     with storage_errors(url, so):
         fs, path = fsspec.core.url_to_fs(url, **options_for(url, so))
         path = path.rstrip("/")
-        return is_folder(fs, path) and (fs.exists(f"{path}/{COMMIT}") or fs.exists(f"{path}/summary.json"))
+        try:
+            folder = path_info(fs, path)["type"] == "directory"
+        except FileNotFoundError:
+            return False
+        return folder and (fs.exists(f"{path}/{COMMIT}") or fs.exists(f"{path}/summary.json"))
 
 
 def read_report(url: str, storage_options: Mapping[str, Any] | None = None) -> Analysis:

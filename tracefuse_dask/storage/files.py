@@ -33,8 +33,8 @@ from ..kineto.document import decode_json
 from ..kineto.header import GZIP_MAGIC
 from ..kineto.header import read_header as _read_header
 
-__all__ = ["RETRY_WAITS", "STORAGE_TIMEOUT", "TIMEOUT_OPTION", "is_folder", "options_for", "parse_json", "read_bytes", "read_header", "read_start", "redact",
-           "retry_unreachable", "stall_wait", "storage_errors"]
+__all__ = ["RETRY_WAITS", "STORAGE_TIMEOUT", "TIMEOUT_OPTION", "options_for", "parse_json", "path_info", "read_bytes",
+           "read_header", "read_start", "redact", "retry_unreachable", "stall_wait", "storage_errors"]
 
 T = TypeVar("T")
 
@@ -204,18 +204,21 @@ def storage_errors(url: str, storage_options: Mapping[str, Any] | None = None) -
             "(endpoint_url in --storage-options) and the network") from None
 
 
-def is_folder(fs: Any, path: str) -> bool:
-    """Whether ``path`` is a folder of ``fs`` (False when it is missing), as fsspec's ``isdir`` says, except that a
-    storage that does not answer fails here: ``isdir`` takes a timeout for "not a folder", and the next request
-    would wait the bound again."""
+def path_info(fs: Any, path: str) -> dict[str, Any]:
+    """``fs.info(path)``, its ``type`` ``"directory"`` wherever fsspec's ``isdir`` says so, in one request for a file
+    or a folder of an object store. Unlike ``isdir``, which takes a timeout for "not a folder" (and the next request
+    would wait the bound again), a storage that does not answer fails here; a missing path raises
+    ``FileNotFoundError``."""
     try:
-        kind = fs.info(path)["type"]
-    except FileNotFoundError:
-        return False
+        info = fs.info(path)
     except PermissionError:  # s3fs heads the key first: a policy may list the prefix and not read that key
-        return fs.isdir(path)
+        if not fs.isdir(path):
+            raise
+        return {"name": path, "type": "directory"}
     # over HTTP every URL is a file to info, and a page of links a folder to isdir
-    return kind == "directory" or (fs.protocol in ("http", "https", ("http", "https")) and fs.isdir(path))
+    if info["type"] != "directory" and fs.protocol in ("http", "https", ("http", "https")) and fs.isdir(path):
+        return {**info, "type": "directory"}
+    return info
 
 
 def _open_raw(path: str, storage_options: Mapping[str, Any] | None) -> IO[bytes]:

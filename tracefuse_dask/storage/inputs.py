@@ -12,7 +12,7 @@ import fsspec
 
 from ..errors import RankError, TraceFileNotFoundError, TraceFormatError
 from ..model import DEFAULT_RANK_REGEX, InputFile
-from .files import is_folder, options_for, storage_errors
+from .files import options_for, path_info, storage_errors
 from .output import MANIFEST_SUFFIX, TMP_SUFFIX
 
 __all__ = ["TRACE_NAME", "expand_inputs", "is_own_artifact", "rank_from_name", "relative_sources", "resolve_rank"]
@@ -132,10 +132,10 @@ def expand_inputs(
             fs.invalidate_cache()  # fsspec keeps its instances: a listing cached by an earlier run would be stale
             if _GLOB_CHARS.search(p):
                 found = fs.glob(p, detail=True)
-            elif is_folder(fs, p):
-                found = {info["name"]: info for info in fs.ls(p, detail=True)}
+            elif (info := path_info(fs, p))["type"] == "directory":
+                found = {i["name"]: i for i in fs.ls(p, detail=True)}
             else:
-                found, info = None, fs.info(p)
+                found = None
         if found is None:
             hint = rank_from_name(p, rank_regex)
             files.append(InputFile(item, info.get("size"), hint if hint is not None else order,
