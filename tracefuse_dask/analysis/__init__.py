@@ -738,8 +738,8 @@ def write_folder(files: Mapping[str, bytes | pd.DataFrame], out_dir: str,
                  storage_options: Mapping[str, Any] | None = None, *, format: str = "parquet",
                  made_from: Mapping[str, Any] | None = None) -> None:
     """Write ``files`` (bytes, or tables in ``format``) into the folder ``out_dir``, in the place of whatever is
-    there: the caller checked before any work that it may (``check_new``), and a run of the same job that ended
-    meanwhile is replaced, as the last run to end wins.
+    there: the caller checked before any work that it may (``check_new``), and a run that ended meanwhile is
+    replaced; of runs that commit at once, one run's whole folder stays.
 
     The files are written in this run's own temporary folder first (``storage.runs.run_folder``), then committed in
     the place of ``out_dir`` with ``commit.json`` last (``storage.folders.commit_folder``): a failed run leaves
@@ -770,12 +770,12 @@ def unchanged_report(out_dir: str, made_from: Mapping[str, Any], so: Mapping[str
     """The report folder ``out_dir`` read back, with ``summary["status"]`` ``"unchanged"``, when its commit shows
     it was made from ``made_from`` by this version; None when the folder must be (re)written."""
     try:
-        if read_committed(out_dir, so).made_from != orjson.loads(orjson.dumps(made_from)):
+        committed = read_committed(out_dir, so)
+        if committed.record.get("version") != __version__ \
+                or committed.made_from != orjson.loads(orjson.dumps(made_from)):
             return None
         report = read_report(out_dir, so)
     except MergeError:  # none, half-written, being replaced, or another tool's: written again
-        return None
-    if report.summary.get("version") != __version__:
         return None
     report.summary["status"] = "unchanged"
     return report

@@ -28,7 +28,7 @@ def manifest_of(files: list[InputFile], request: MergeRequest) -> dict[str, Any]
         "inputs": [{"path": f.path, "size": f.size, "stamp": f.stamp, "rank": f.rank_hint if f.hint_source == "key"
                     else None} for f in files],
         "options": {**request.options.describe(), "ranks": ranks if ranks is None or isinstance(ranks, str)
-                    else sorted(int(r) for r in ranks), "rank_regex": request.rank_regex,
+                    else sorted(int(r) for r in request.subset), "rank_regex": request.rank_regex,
                     "gzip_members": request.gzip_members,
                     "on_error": request.on_error, "repair": request.repair, "align": request.align,
                     "format": request.format},

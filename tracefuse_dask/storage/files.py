@@ -205,20 +205,17 @@ def storage_errors(url: str, storage_options: Mapping[str, Any] | None = None) -
 
 
 def path_info(fs: Any, path: str) -> dict[str, Any]:
-    """``fs.info(path)``, its ``type`` ``"directory"`` wherever fsspec's ``isdir`` says so, in one request for a file
-    or a folder of an object store. Unlike ``isdir``, which takes a timeout for "not a folder" (and the next request
-    would wait the bound again), a storage that does not answer fails here; a missing path raises
-    ``FileNotFoundError``."""
+    """``fs.info(path)``, its ``type`` ``"directory"`` wherever fsspec's ``isdir`` says so; a missing path raises
+    ``FileNotFoundError``. Unlike ``isdir``, which takes a timeout for "not a folder" (and the next request would
+    wait the bound again), an object store that does not answer fails here."""
+    if fs.protocol in ("http", "https", ("http", "https")):  # info calls every URL a file, and any failure missing
+        return {"name": path, "type": "directory"} if fs.isdir(path) else fs.info(path)
     try:
-        info = fs.info(path)
+        return fs.info(path)
     except PermissionError:  # s3fs heads the key first: a policy may list the prefix and not read that key
         if not fs.isdir(path):
             raise
         return {"name": path, "type": "directory"}
-    # over HTTP every URL is a file to info, and a page of links a folder to isdir
-    if info["type"] != "directory" and fs.protocol in ("http", "https", ("http", "https")) and fs.isdir(path):
-        return {**info, "type": "directory"}
-    return info
 
 
 def _open_raw(path: str, storage_options: Mapping[str, Any] | None) -> IO[bytes]:

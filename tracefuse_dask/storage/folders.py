@@ -10,14 +10,10 @@ The files are first written in the run's own temporary folder (``runs.run_folder
 its commit already in it, is then renamed into place: the place holds at every moment nothing or a whole folder.
 Object stores have no folders to rename, and runs that write one folder at once take turns there without a lock.
 A round of a run copies its files into place, removes the files that are not its own, and writes its commit last.
-The run then reads the folder back:
-
-- a commit whose files are all there as it lists them, and nothing else, is a whole folder (this run's or a run's
-  that wrote after it): the run has ended;
-- its own commit over a mix means another run wrote in between: after a random while about as long as its round
-  (two runs in step fall out of step) it looks again, and goes round again if nothing changed;
-- another run's commit over a mix, or none, means another run is in its round: the run waits for it, and goes
-  round again itself only if no whole folder appears within three such whiles (that run died).
+The run then reads the folder back. A commit whose files are all there as it lists them, and nothing else, is a
+whole folder (this run's, or a run's that committed after it): the run has ended. Otherwise another run is in its
+round (or died in it): the run waits a while, longer each time and random (two runs in step fall out of step), and
+after ``_WAITS`` whiles without a whole folder takes its turn again, up to ``ROUNDS`` rounds.
 
 Every round ends with a commit, so after the last commit is written only a run that dies writes; the run that wrote
 it checks the folder after all other writes and goes round until it is whole. When every run has ended, the folder
@@ -50,7 +46,7 @@ __all__ = ["COMMIT", "Committed", "commit_folder", "read_committed"]
 
 COMMIT = "commit.json"
 ROUNDS = 10  # rounds a run takes on an object store before it gives up on a folder that others keep writing
-_WAITS = 3  # whiles a run waits for another run's round to end before it takes the folder again
+_WAITS = 3  # whiles a run waits for a whole folder before it takes its turn again
 
 
 def _record(files: Mapping[str, bytes], made_from: Mapping[str, Any] | None) -> bytes:
@@ -69,8 +65,7 @@ def commit_folder(fs: Any, staged: str, path: str, files: Mapping[str, bytes],
     Raises
     ------
     OutputWriteError
-        When other runs kept writing into the folder for ``ROUNDS`` rounds of this one, or kept it busy for
-        ``ROUNDS * (1 + _WAITS)`` looks.
+        When other runs kept writing into the folder for ``ROUNDS`` rounds of this one.
     """
     record = _record(files, made_from)
     if isinstance(fs, fsspec.implementations.local.LocalFileSystem):
@@ -85,9 +80,12 @@ def commit_folder(fs: Any, staged: str, path: str, files: Mapping[str, bytes],
                     raise
             with contextlib.suppress(FileNotFoundError):  # another run moved it away first
                 os.rename(path, f"{fs._parent(staged)}/replaced-{k}")
-    took, waits, state = 0.0, 0, "mixed"
-    for _ in range(ROUNDS * (1 + _WAITS)):
-        if state == "mixed" or waits >= _WAITS:  # this run's round
+    rounds = waits = 0
+    while True:
+        if rounds == 0 or waits == _WAITS:  # this run's round
+            if rounds == ROUNDS:
+                raise OutputWriteError(f"{fs.unstrip_protocol(path)}: other runs kept writing into this folder while "
+                                       f"this one committed it ({ROUNDS} rounds); run again once they have ended")
             started = time.monotonic()
             for name in files:
                 fs.copy(f"{staged}/{name}", f"{path}/{name}")
@@ -95,38 +93,30 @@ def commit_folder(fs: Any, staged: str, path: str, files: Mapping[str, bytes],
                 with contextlib.suppress(FileNotFoundError):
                     fs.rm(f"{path}/{extra}", recursive=True)
             fs.pipe(f"{path}/{COMMIT}", record)
-            took, waits = time.monotonic() - started, 0
-            if _state(fs, path, record) == "whole":
+            took, rounds, waits = time.monotonic() - started, rounds + 1, 0
+            if _whole(fs, path):
                 return
-        time.sleep(random.uniform(0.5, 1.5) * took)  # random: two runs in step fall out of step
-        state = _state(fs, path, record)
-        if state == "whole":
+        # another run is in its round, or died in it: a while for it, longer each time (up to 64 of this run's
+        # rounds), random so that two runs in step fall out of step
+        time.sleep(random.uniform(0.5, 1.5) * took * 2 ** min(rounds + waits, 6))
+        if _whole(fs, path):
             return
-        waits += state == "busy"
-    raise OutputWriteError(f"{fs.unstrip_protocol(path)}: other runs kept writing into this folder while this one "
-                           f"committed it ({ROUNDS} rounds); run again once they have ended")
+        waits += 1
 
 
-def _state(fs: Any, path: str, record: bytes) -> str:
-    """Where the folder ``path`` stands for the run whose commit is ``record``: ``"whole"`` (a commit, with its files
-    as it lists them and nothing else), ``"mixed"`` (this run's commit over other files) or ``"busy"`` (another run's
-    commit over other files, or none: another run is in its round)."""
+def _whole(fs: Any, path: str) -> bool:
+    """Whether the folder ``path`` is whole: a commit, with its files as it lists them and nothing else (this run's
+    commit or another's)."""
     try:
-        there = fs.cat_file(f"{path}/{COMMIT}")
-        listed = orjson.loads(there)["files"]
+        listed = orjson.loads(fs.cat_file(f"{path}/{COMMIT}"))["files"]
     except (FileNotFoundError, orjson.JSONDecodeError, KeyError, TypeError):
-        return "busy"
-    mine = "mixed" if there == record else "busy"
+        return False
     if not isinstance(listed, dict) or _names(fs, path) != {*listed, COMMIT}:
-        return mine
-    for name, want in listed.items():
-        try:
-            data = fs.cat_file(f"{path}/{name}")
-        except FileNotFoundError:  # another run removed it since the listing
-            return mine
-        if not _matches(data, want):
-            return mine
-    return "whole"
+        return False
+    try:
+        return all(_matches(fs.cat_file(f"{path}/{name}"), want) for name, want in listed.items())
+    except FileNotFoundError:  # another run removed it since the listing
+        return False
 
 
 def _matches(data: bytes, want: Any) -> bool:
