@@ -143,6 +143,12 @@ class InputFile:
     stamp: str | None = None  # the storage's etag, or else its mtime: changes when the file does
 
     @property
+    def identity(self) -> dict[str, Any]:
+        """What a ``--skip-if-unchanged`` record keeps of the file: path, size, stamp, and a rank given as a key."""
+        return {"path": self.path, "size": self.size, "stamp": self.stamp,
+                "rank": self.rank_hint if self.hint_source == "key" else None}
+
+    @property
     def trace_bytes(self) -> int | None:
         """About how many bytes of trace the file holds: its size, a ``.gz`` file's times ``GZIP_RATIO``; None
         when unknown. What tasks are grouped (``cluster.batches``) and the embedded cluster sized by."""

@@ -48,7 +48,7 @@ from ..kineto.layout import is_merged, split_merged
 from ..merge.plan import ranges
 from ..storage.inputs import TRACE_NAME, expand_inputs, rank_from_name, resolve_rank
 from ..storage.output import open_write
-from ..storage.folders import COMMIT, commit_folder, read_committed
+from ..storage.folders import COMMIT, Committed, commit_folder, read_committed
 from ..storage.runs import run_folder
 
 __all__ = ["Analysis", "analyze", "check_new", "is_report", "rank_stats", "read_report", "write_diff", "write_report"]
@@ -448,8 +448,7 @@ def analyze(
         check_new(out_dir, so, force or skip_if_unchanged)
     files, skipped_names = expand_inputs(urlpath, storage_options=storage_options, rank_regex=rank_regex,
                                          names=_NAMES, subset=subset)
-    made_from = {"inputs": [{"path": f.path, "size": f.size, "stamp": f.stamp,
-                             "rank": f.rank_hint if f.hint_source == "key" else None} for f in files],
+    made_from = {"inputs": [f.identity for f in files],
                  "options": {"ranks": ranks if ranks is None or isinstance(ranks, str)
                              else sorted(int(r) for r in subset),
                              "steps": step_range, "rank_regex": rank_regex, "format": format,
@@ -774,7 +773,7 @@ def unchanged_report(out_dir: str, made_from: Mapping[str, Any], so: Mapping[str
         if committed.record.get("version") != __version__ \
                 or committed.made_from != orjson.loads(orjson.dumps(made_from)):
             return None
-        report = read_report(out_dir, so)
+        report = _report_in(committed)
     except MergeError:  # none, half-written, being replaced, or another tool's: written again
         return None
     report.summary["status"] = "unchanged"
@@ -806,7 +805,12 @@ def read_report(url: str, storage_options: Mapping[str, Any] | None = None) -> A
         the commit lists (another run is replacing the folder), or it was not written by ``tracefuse analyze``, or
         by a version without the summary keys this one reads. A table it lacks reads as empty.
     """
-    folder = read_committed(url, storage_options)
+    return _report_in(read_committed(url, storage_options))
+
+
+def _report_in(folder: Committed) -> Analysis:
+    """``read_report`` of a folder whose commit is read."""
+    url = folder.url
     try:
         summary = json.loads(folder.read("summary.json")) if "summary.json" in folder.names else None
     except ValueError:

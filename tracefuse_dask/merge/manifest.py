@@ -25,8 +25,7 @@ def manifest_of(files: list[InputFile], request: MergeRequest) -> dict[str, Any]
         "tool": "tracefuse_dask",
         "version": __version__,
         "output": request.out,
-        "inputs": [{"path": f.path, "size": f.size, "stamp": f.stamp, "rank": f.rank_hint if f.hint_source == "key"
-                    else None} for f in files],
+        "inputs": [f.identity for f in files],
         "options": {**request.options.describe(), "ranks": ranks if ranks is None or isinstance(ranks, str)
                     else sorted(int(r) for r in request.subset), "rank_regex": request.rank_regex,
                     "gzip_members": request.gzip_members,
