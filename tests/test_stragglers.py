@@ -64,8 +64,14 @@ def jobs(tmp_path_factory, client):
     make(root / "warm-up", 2)
     got = {}
     for ws in sorted({c[0] for c in CASES}):  # each size's twin first, then its cases, back to back
-        clean = make(root / f"clean{ws}", ws)
-        got[case_name(ws)] = (clean, clean, analyze(str(clean), client=client).summary["straggler"])
+        # a twin with more ranks than cores can hold a straggler of the machine's making: in CI a 3-rank twin had
+        # rank 0 late in most steps, over its 6.6 ms bar; such a twin is made once more, and the second stands
+        for again in ("", "-again"):
+            clean = make(root / f"clean{ws}{again}", ws)
+            verdict = analyze(str(clean), client=client).summary["straggler"]
+            if verdict["rank"] is None:
+                break
+        got[case_name(ws)] = (clean, clean, verdict)
         for case in (c for c in CASES if c[0] == ws):
             out = make(root / "_".join(map(str, case[:4])), *case)
             got[case_name(*case)] = (out, clean, analyze(str(out), client=client).summary["straggler"])
