@@ -108,6 +108,35 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         yield
 
 
+# .ci/run runs each test once: first the whole suite in a fresh clone with nothing beside it, which lists the tests
+# that passed there in TRACEFUSE_PASSED_TO; then the suite with ../shared beside it, less the tests listed in
+# TRACEFUSE_PASSED_IN (every test that needs ../shared skips without it, so a test that passed there has run whole)
+_PASSED: set[str] = set()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Under xdist, the controller sees each worker's reports: a test passed when its call did and nothing failed."""
+    if report.failed:
+        _PASSED.discard(report.nodeid)
+    elif report.when == "call" and report.passed:
+        _PASSED.add(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if (to := os.environ.get("TRACEFUSE_PASSED_TO")) and not hasattr(session.config, "workerinput"):
+        Path(to).write_text("".join(f"{nodeid}\n" for nodeid in sorted(_PASSED)))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not (given := os.environ.get("TRACEFUSE_PASSED_IN")):
+        return
+    passed = set(Path(given).read_text().splitlines())
+    done = [item for item in items if item.nodeid in passed]
+    if done:
+        config.hook.pytest_deselected(items=done)
+        items[:] = [item for item in items if item.nodeid not in passed]
+
+
 @pytest.fixture(scope="session")
 def client():
     """A real process-based LocalCluster with two single-threaded workers: tracefuse's embedded cluster. Its TLS

@@ -126,7 +126,13 @@ def make_job(out: str, world_size: int, slow_rank: int = -1, slow_ms: float = 0.
     A clean twin: ``slow_ms=0``. Every rank also waits ``load_ms`` for its input in each step. With more ranks
     than cores the model is smaller (``SIZES``), so that a rank's sleep is not work the others did meanwhile.
     """
+    # what the ranks import, imported once before they fork: torch._dynamo, which DDP imports as it is made, took
+    # 5 s of an 8-rank job on 2 cores (1 s of a core a rank)
+    import torch._dynamo  # noqa: F401
+    import torch.distributed  # noqa: F401
     import torch.multiprocessing as mp
+    import torch.nn.parallel  # noqa: F401
+    import torch.profiler  # noqa: F401
 
     if placement not in PLACEMENTS:
         raise ValueError(f"placement must be one of {PLACEMENTS}, not {placement!r}")
@@ -137,7 +143,8 @@ def make_job(out: str, world_size: int, slow_rank: int = -1, slow_ms: float = 0.
            "placement": placement, "late_steps": [] if clean else late, "steps": steps, "batch": batch,
            "width": width, "load_ms": load_ms, "also": None if clean or not also else list(also)}
     os.makedirs(out, exist_ok=True)
-    mp.spawn(_worker, args=(job, out, _free_port()), nprocs=world_size, join=True)
+    # forked, so that each rank starts with them (spawned, each would import torch again: 1.3 s of a core)
+    mp.start_processes(_worker, args=(job, out, _free_port()), nprocs=world_size, join=True, start_method="fork")
     with open(os.path.join(out, "job.json"), "w") as f:
         json.dump(job, f, indent=1)
     return job

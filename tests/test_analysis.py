@@ -10,7 +10,7 @@ import pytest
 
 from conftest import make_trace, shared, write_trace
 from tracefuse_dask import TraceFormatError, analyze, merge_traces
-from tracefuse_dask.analysis import rank_stats
+from tracefuse_dask.analysis import Analysis, rank_stats
 from tracefuse_dask.cli import main
 from tracefuse_dask.errors import OutputExistsError, RankError
 from tracefuse_dask.kineto.vocabulary import kernel_category, kernel_type
@@ -338,40 +338,42 @@ def test_analyze_from_s3_to_s3(client, s3, example, bucket_name):
 @pytest.mark.integration
 def test_1024_ranks_run_in_batches_and_reduce_to_small_tables(client, tmp_path, monkeypatch):
     """Small files share tasks as the merge's do; one file a task (the batches patched in this client, which builds
-    the graph), the per-rank tables are joined on the cluster, 64 tasks a reduce task."""
+    the graph), the per-rank tables are joined on the cluster, ``_COMBINE`` tasks a reduce task: 8 here, so that 128
+    files make the 16 reduce tasks that 1,024 make with its 64 (each rank's analysis is what a run of 1,024 pays)."""
     from distributed import get_task_stream
 
     import tracefuse_dask.analysis
     from tracefuse_dask.cluster import batches
 
-    d = tmp_path / "many"
-    for r in range(1024):
-        events = [x("ProfilerStep#1", 0, 100, cat="user_annotation"), x("aten::mm", 10, 20), launch(12, 2, 1),
-                  kernel("gemm_kernel", 20, 30 + (200 if r == 17 else 0), 7, 1)]
-        write_trace(d / f"rank{r}.json", make_trace(r, events, world_size=1024))
-    sizes = [p.stat().st_size for p in d.iterdir()]
-    runs, results = {}, {}
-    for name, batching in (("batched", batches), ("one a task", lambda s: [range(i, i + 1) for i in range(len(s))])):
-        monkeypatch.setattr(tracefuse_dask.analysis, "batches", batching)
+    for n in (1024, 128):
+        for r in range(n):
+            events = [x("ProfilerStep#1", 0, 100, cat="user_annotation"), x("aten::mm", 10, 20), launch(12, 2, 1),
+                      kernel("gemm_kernel", 20, 30 + (200 if r == 17 else 0), 7, 1)]
+            write_trace(tmp_path / str(n) / f"rank{r}.json", make_trace(r, events, world_size=n))
+
+    def run(n: int) -> tuple[dict[str, int], Analysis]:
         with get_task_stream(client) as ts:
-            a = analyze(str(d), client=client)
-        keys = {str(t["key"]).split("-")[0]: set() for t in ts.data}
+            a = analyze(str(tmp_path / str(n)), client=client)
+        keys: dict[str, set] = {}
         for t in ts.data:
-            keys[str(t["key"]).split("-")[0]].add(t["key"])
-        runs[name] = {k: len(v) for k, v in keys.items()}
-        results[name] = a
-        assert a.breakdown["rank"].tolist() == list(range(1024))
-        stats = a.rank_stats.set_index("metric")
-        assert stats.loc["gpu_span_us", "outlier_ranks"] == [17]
+            keys.setdefault(str(t["key"]).split("-")[0], set()).add(t["key"])
+        assert a.breakdown["rank"].tolist() == list(range(n))
+        assert a.rank_stats.set_index("metric").loc["gpu_span_us", "outlier_ranks"] == [17]
+        return {k: len(v) for k, v in keys.items()}, a
+
+    sizes = [p.stat().st_size for p in (tmp_path / "1024").iterdir()]
     # up to 64 tasks, the client joins their results itself
-    assert runs["batched"] == {"_analyze_files": len(batches(sizes))} and len(batches(sizes)) < 8
-    # the client gets 16 results, not 1024, without the critical path's segments, and then those of the path's walks
-    assert runs["one a task"] == {"_analyze_files": 1024, "_combine": 16, "_without_segments": 16,
-                                  "_segments_in": 16}
+    assert run(1024)[0] == {"_analyze_files": len(batches(sizes))} and len(batches(sizes)) < 8
+    batched = run(128)[1]
+    monkeypatch.setattr(tracefuse_dask.analysis, "batches", lambda s: [range(i, i + 1) for i in range(len(s))])
+    monkeypatch.setattr(tracefuse_dask.analysis, "_COMBINE", 8)
+    tasks, one_a_task = run(128)
+    # the client gets 16 results, not 128, without the critical path's segments, and then those of the path's walks
+    assert tasks == {"_analyze_files": 128, "_combine": 16, "_without_segments": 16, "_segments_in": 16}
     # the same tables and summary either way, though reduce tasks send the client their text coded
-    for name, table in results["batched"].tables().items():
-        pd.testing.assert_frame_equal(results["one a task"].tables()[name], table)
-    assert {**results["one a task"].summary, "seconds": 0} == {**results["batched"].summary, "seconds": 0}
+    for name, table in batched.tables().items():
+        pd.testing.assert_frame_equal(one_a_task.tables()[name], table)
+    assert {**one_a_task.summary, "seconds": 0} == {**batched.summary, "seconds": 0}
 
 
 def test_a_reduce_task_without_ranks_gives_no_segments(client, tmp_path, monkeypatch):

@@ -364,40 +364,49 @@ USABLE_S = 3.0
 """The report of the 8 × 50 MB A100 job must be usable (its first screen drawn, every table sortable) this soon."""
 
 
-@pytest.mark.integration
-@pytest.mark.serial  # timed
-def test_the_report_of_an_8_by_50_mb_a100_job_is_a_page_to_navigate(browser, client, tmp_path):
-    """The A100 trace made into 8 ranks of 50 MB by make_dataset.py, analysed, and opened in headless Chromium at
-    1,400 px: usable within USABLE_S, no horizontal scrolling, no console errors, every table sortable and
-    holding every row, and every answer linking to its section."""
+@pytest.fixture(scope="module")
+def a100_report(client, tmp_path_factory) -> Path:
+    """The report page of the A100 trace made into 8 ranks of 50 MB by make_dataset.py."""
     from conftest import SHARED, shared
 
     from tracefuse_dask import analyze
 
     source = shared("real", "hta_trace_filter") / "sampled_rank-0.json.gz"
-    job = tmp_path / "job"
+    tmp = tmp_path_factory.mktemp("a100-8x50")
     subprocess.run([sys.executable, str(SHARED.parent / "tools" / "make_dataset.py"), "--source", str(source),
-                    "--ranks", "8", "--mb-per-rank", "50", "--gzip", "--jobs", "2", "--out", str(job)], check=True,
-                   capture_output=True, timeout=600)
-    analyze(str(job), str(tmp_path / "report"), client=client)
-    path = tmp_path / "report" / "report.html"
+                    "--ranks", "8", "--mb-per-rank", "50", "--gzip", "--jobs", "2", "--out", str(tmp / "job")],
+                   check=True, capture_output=True, timeout=600)
+    analyze(str(tmp / "job"), str(tmp / "report"), client=client)
+    return tmp / "report" / "report.html"
+
+
+def _usable(browser, path: Path) -> float:
+    """Open the page at 1,400 px and wait until it is usable: its first screen drawn, the plots and tables on it
+    ready (the rest are built as they come into view). Seconds from the start of the page's load."""
     browser.set_window_size(1400, 1000)
+    browser.get_log("browser")
+    browser.get(path.resolve().as_uri())
+    ready = """var seen = function (e) { return e.getBoundingClientRect().top < window.innerHeight; };
+        return document.readyState === 'complete'
+        && Array.from(document.querySelectorAll('table.tf')).filter(seen)
+           .every(function (t) { return t.classList.contains('dataTable'); })
+        && Array.from(document.querySelectorAll('div.plot')).filter(seen)
+           .every(function (p) { return !!p.querySelector('.main-svg'); })"""
+    deadline = time.monotonic() + 60
+    while not browser.execute_script(ready):
+        assert time.monotonic() < deadline, "the page was not ready in 60 s"
+        time.sleep(0.02)
+    return browser.execute_script("return performance.now()") / 1e3
+
+
+@pytest.mark.integration
+def test_the_report_of_an_8_by_50_mb_a100_job_is_a_page_to_navigate(browser, a100_report):
+    """Opened in headless Chromium at 1,400 px: no horizontal scrolling, no console errors, every table sortable
+    and holding every row, and every answer linking to its section."""
+    path = a100_report
     try:
-        browser.get_log("browser")
-        browser.get(path.resolve().as_uri())
-        # usable: its first screen drawn, the plots and tables on it ready (the rest are as they come into view)
-        ready = """var seen = function (e) { return e.getBoundingClientRect().top < window.innerHeight; };
-            return document.readyState === 'complete'
-            && Array.from(document.querySelectorAll('table.tf')).filter(seen)
-               .every(function (t) { return t.classList.contains('dataTable'); })
-            && Array.from(document.querySelectorAll('div.plot')).filter(seen)
-               .every(function (p) { return !!p.querySelector('.main-svg'); })"""
+        _usable(browser, path)
         deadline = time.monotonic() + 60
-        while not browser.execute_script(ready):
-            assert time.monotonic() < deadline, "the page was not ready in 60 s"
-            time.sleep(0.02)
-        usable_s = browser.execute_script("return performance.now()") / 1e3
-        assert usable_s < USABLE_S, f"usable after {usable_s:.2f} s"
         assert browser.execute_script("return document.documentElement.scrollWidth") <= \
             browser.execute_script("return document.documentElement.clientWidth")
         assert console_errors(browser) == []
@@ -432,3 +441,16 @@ def test_the_report_of_an_8_by_50_mb_a100_job_is_a_page_to_navigate(browser, cli
         assert browser.execute_script("return document.querySelectorAll('nav.toc a').length") == len(headings(page))
     finally:
         browser.set_window_size(1280, 1000)
+
+
+@pytest.mark.integration
+@pytest.mark.serial  # timed
+def test_the_report_of_an_8_by_50_mb_a100_job_is_usable_within_3_s(browser, a100_report):
+    """Usable within USABLE_S, with the machine to itself (the page is made by the test above, which needs no
+    such quiet)."""
+    try:
+        usable_s = _usable(browser, a100_report)
+        assert usable_s < USABLE_S, f"usable after {usable_s:.2f} s"
+    finally:
+        browser.set_window_size(1280, 1000)
+

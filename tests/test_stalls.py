@@ -118,37 +118,42 @@ def assert_failed_in_time(done: subprocess.CompletedProcess, took: float, bound:
     assert not list(out.parent.iterdir()), list(out.parent.iterdir())  # no output, no temporaries
 
 
-@pytest.mark.parametrize("where", ["input", "output"])
-def test_an_s3_endpoint_that_accepts_and_never_answers_fails_within_the_bound(where, gloo_on_s3, s3, tmp_path):
-    silent = Proxy(None)
+def _at_once(runs: dict[str, tuple[Proxy, list[str], float]], tmp_path: Path) -> dict[str, tuple]:
+    """Each run (its proxy, its ``tracefuse merge`` arguments after the input and its bound) at once, each in a
+    thread: they wait on their storage, not on the machine. Each case: (the run, seconds, bound, endpoint, out)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(case: str) -> tuple:
+        proxy, args, bound = runs[case]
+        out = tmp_path / case / "out" / "m.json.gz"
+        out.parent.mkdir(parents=True)
+        args = [str(out) if a == "OUT" else a for a in args]
+        return (*tracefuse("merge", *args, "--storage-timeout", f"{bound:g}"), bound, proxy.url, out)
+
     try:
-        url, folder = gloo_on_s3
-        out = tmp_path / "out" / "m.json.gz"
-        out.parent.mkdir()
-        bound = 20.0
-        if where == "input":
-            args = [url, "-o", str(out), "--storage-options", s3_options(s3, silent.url)]
-        else:
-            args = [str(folder), "-o", "s3://stalls/out/m.json.gz", "--storage-options",
-                    s3_options(s3, silent.url)]
-        done, took = tracefuse("merge", *args, "--storage-timeout", f"{bound:g}")
-        assert_failed_in_time(done, took, bound, silent.url, out)
+        with ThreadPoolExecutor(len(runs)) as pool:
+            return dict(zip(runs, pool.map(one, runs)))
     finally:
-        silent.close()
+        for proxy, _, _ in runs.values():
+            proxy.close()
 
 
-def test_an_s3_answer_that_stops_halfway_fails_within_the_bound(gloo_on_s3, s3, tmp_path):
-    """The listing (a few kB) gets through; a rank's body (17 kB) stops after 10 kB."""
-    half = Proxy(s3.ports["s3.port"], stall_after=10_000)
-    try:
-        url, _ = gloo_on_s3
-        out = tmp_path / "out" / "m.json.gz"
-        out.parent.mkdir()
-        done, took = tracefuse("merge", url, "-o", str(out), "--storage-options", s3_options(s3, half.url),
-                               "--storage-timeout", "20")
-        assert_failed_in_time(done, took, 20.0, half.url, out)
-    finally:
-        half.close()
+@pytest.fixture(scope="module")
+def s3_stalls(gloo_on_s3, s3, tmp_path_factory):
+    """An S3 endpoint that accepts and never answers, as the input and as the output; and an answer that stops
+    halfway: the listing (a few kB) gets through, a rank's body (17 kB) stops after 10 kB."""
+    url, folder = gloo_on_s3
+    silent, mute, half = Proxy(None), Proxy(None), Proxy(s3.ports["s3.port"], stall_after=10_000)
+    return _at_once({"input": (silent, [url, "-o", "OUT", "--storage-options", s3_options(s3, silent.url)], 20.0),
+                     "output": (mute, [str(folder), "-o", "s3://stalls/out/m.json.gz", "--storage-options",
+                                       s3_options(s3, mute.url)], 20.0),
+                     "halfway": (half, [url, "-o", "OUT", "--storage-options", s3_options(s3, half.url)], 20.0)},
+                    tmp_path_factory.mktemp("s3-stalls"))
+
+
+@pytest.mark.parametrize("case", ["input", "output", "halfway"])
+def test_an_s3_endpoint_that_stalls_fails_within_the_bound(case, s3_stalls):
+    assert_failed_in_time(*s3_stalls[case])
 
 
 def test_a_slow_s3_that_keeps_sending_is_never_cut_off(gloo_on_s3, s3, tmp_path):
@@ -169,19 +174,18 @@ def test_a_slow_s3_that_keeps_sending_is_never_cut_off(gloo_on_s3, s3, tmp_path)
     assert (tmp_path / "slow.json.gz").read_bytes() == (tmp_path / "local.json.gz").read_bytes()
 
 
+@pytest.fixture(scope="module")
+def gcs_stalls(gloo_on_gcs, gcs, tmp_path_factory):
+    url, _ = gloo_on_gcs
+    proxies = {"silent": Proxy(None), "halfway": Proxy(gcs.port, stall_after=10_000)}
+    return _at_once({stall: (p, [url, "-o", "OUT", "--storage-options", gcs_options(p.url)], GCS_BOUND)
+                     for stall, p in proxies.items()}, tmp_path_factory.mktemp("gcs-stalls"))
+
+
 @pytest.mark.parametrize("stall", ["silent", "halfway"])
-def test_a_gcs_endpoint_that_stalls_fails_within_the_bound(stall, gloo_on_gcs, gcs, tmp_path):
+def test_a_gcs_endpoint_that_stalls_fails_within_the_bound(stall, gcs_stalls):
     """A server that accepts and never answers, and one whose listing gets through while a rank's body (17 kB)
     stops after 10 kB: one request series of gcsfs (six tries) fits the bound, and no second series follows it
     (fsspec's isdir would take the stall for "not a folder", the header pass for a damaged file, and ask again).
     As the input only: the output's requests are the ones the S3 test stalls, and a GCS test waits 45 s."""
-    proxy = Proxy(None) if stall == "silent" else Proxy(gcs.port, stall_after=10_000)
-    try:
-        url, _ = gloo_on_gcs
-        out = tmp_path / "out" / "m.json.gz"
-        out.parent.mkdir()
-        done, took = tracefuse("merge", url, "-o", str(out), "--storage-options", gcs_options(proxy.url),
-                               "--storage-timeout", f"{GCS_BOUND:g}")
-        assert_failed_in_time(done, took, GCS_BOUND, proxy.url, out)
-    finally:
-        proxy.close()
+    assert_failed_in_time(*gcs_stalls[stall])

@@ -28,8 +28,8 @@ GENERATOR = Path(__file__).with_name("gloo_job.py")
 
 def make(out: Path, ws: int, rank: int = -1, ms: float = 0, placement: str = "forward",
          late: list[int] | None = None, also: tuple[int, float] | None = None) -> Path:
-    """One job, in a fresh interpreter (torch's spawn re-imports the main module); once more if gloo fails to
-    start, which is the machine, not the job."""
+    """One job, in a fresh interpreter (its ranks fork from it: not from this one, with its threads); once more if
+    gloo fails to start, which is the machine, not the job."""
     cmd = [sys.executable, str(GENERATOR), "--out", str(out), "--world-size", str(ws), "--slow-rank", str(rank),
            "--slow-ms", str(ms), "--placement", placement]
     if late is not None:
