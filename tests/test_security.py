@@ -31,7 +31,28 @@ NO_TLS_CONFIG = {f"distributed.comm.tls.{k}": None for k in ("ca-file", "client.
 
 def refused(*addresses: tuple[str, Security | None], wait: float = 10.0) -> list[str | None]:
     """For each (address, security), None if a client got in and ran code there; else how it was kept out. Each
-    tries in a thread of its own: a Dask client at an HTTP port waits for an answer that never comes."""
+    tries in a thread of its own (a Dask client at an HTTP port waits for an answer that never comes), all in a
+    process of their own, with this one's Dask config: a client kept out is garbage, whose finalizer, when the
+    collector runs it in a thread that is starting another client, closes it under distributed's loop lock, which
+    that thread already holds, and every later client of the process waits for it (twice at the end of the suite)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    here, there = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=_attempts, args=(addresses, wait, dask.config.get("distributed.comm"), there),
+                          daemon=True)
+    process.start()
+    try:
+        assert here.poll(wait + 60), "the attempts did not end"
+        return here.recv()
+    finally:
+        process.kill()
+        process.join()
+
+
+def _attempts(addresses: tuple[tuple[str, Security | None], ...], wait: float, comm: dict, out) -> None:
+    """``refused``'s attempts, in its child process; the outcomes go to ``out``."""
+    dask.config.set({"distributed.comm": comm})
     outcome: list[str | None] = ["kept waiting"] * len(addresses)
 
     def attempt(i: int, address: str, security: Security | None) -> None:
@@ -48,7 +69,7 @@ def refused(*addresses: tuple[str, Security | None], wait: float = 10.0) -> list
     deadline = time.monotonic() + wait
     for t in threads:
         t.join(max(0.0, deadline - time.monotonic()))
-    return outcome
+    out.send(outcome)
 
 
 def test_the_embedded_cluster_refuses_a_client_without_the_jobs_credentials_at_every_port():
