@@ -544,13 +544,25 @@ def test_an_input_storage_that_goes_away_leaves_no_local_temporaries(own_s3, tmp
 
 
 def test_a_storage_server_restarted_mid_merge_is_not_noticed(own_s3, job, tmp_path):
+    """A server back within the tasks' retries (``RETRY_WAITS``: after 1 s and 2 s more) is not noticed. Idle, SeaweedFS
+    is back in about a second; on a loaded machine it can take longer than the retries, and then the run fails as
+    documented for a server that went away (one clear line, no output): that is asserted instead."""
+    from tracefuse_dask.storage.files import RETRY_WAITS
+
     proc = _merge_until_a_partition(own_s3)
+    gone = time.monotonic()
     own_s3.proc.kill()
     own_s3.proc.wait()
     own_s3.proc = None
-    own_s3.start()  # about a second without a server
+    own_s3.start()  # back once it lists the bucket
+    down = time.monotonic() - gone
     _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err
+    if down > sum(RETRY_WAITS):
+        assert proc.returncode == 1 and "cannot reach the storage" in err and "s3://traces/" in err, (down, err)
+        assert not own_s3.fs().exists("traces/out/merged.json")
+        pytest.skip(f"the server was back after {down:.1f} s, after the {sum(RETRY_WAITS):g} s of retries: the run "
+                    "failed as documented for a server that went away")
+    assert proc.returncode == 0, (down, err)
     fs = own_s3.fs()
     local = tmp_path / "local.json"
     assert tracefuse("merge", str(job), "-o", str(local), "-q", "--workers", "1").wait(300) == 0
