@@ -30,10 +30,15 @@ COLUMNS = ["shape", "checkout", "ranks", "MB", "task s (best round)", "speed vs 
 
 def _child(paths: list[str]) -> None:
     """Time the per-rank task of the ``tracefuse_dask`` on ``PYTHONPATH`` on each of ``paths``; a JSON line."""
+    import importlib
     import inspect
 
-    from tracefuse_dask import analysis
     from tracefuse_dask.model import DEFAULT_RANK_REGEX, InputFile
+
+    try:  # where the task is: analysis/tasks.py, or analysis/__init__.py before analysis/ was one folder a phase
+        analysis = importlib.import_module("tracefuse_dask.analysis.tasks")
+    except ImportError:
+        analysis = importlib.import_module("tracefuse_dask.analysis")
 
     extra: dict = {}
     takes = inspect.signature(analysis._analyze_file).parameters
@@ -42,7 +47,7 @@ def _child(paths: list[str]) -> None:
 
         extra["devices"] = load_devices()
     if "cutoffs" in takes:
-        from tracefuse_dask.analysis.counters import Cutoffs
+        Cutoffs = importlib.import_module("tracefuse_dask").Cutoffs
 
         extra.update(cutoffs=Cutoffs(), sequences_of=None)
     if "repair" in takes:

@@ -223,7 +223,7 @@ def predicted_gain(out: str, straggler: dict[str, Any]) -> float:
 
 
 # (world size, late rank, ms, where, late steps (None: all)): one rank late in every step or in one, each placement
-# A one-step straggler must save 40% of a step to stand out of the noise (``analysis.what_if.TRANSIENT``): in
+# A one-step straggler must save 40% of a step to stand out of the noise (``analysis.cross_rank.what_if.TRANSIENT``): in
 # one clean run of 11 here one rank's fix saved 43% of one step (15-32% in the others), so those sleep 30 ms. 5 ms in every step of a 2-rank job
 # is within 2.5 times its step-to-step spread (about 2 ms) in some runs: the smallest delay here is 10 ms.
 CASES = [(2, 1, 20, "forward", None), (2, 0, 10, "backward", None), (2, 1, 30, "optimizer", [3]),

@@ -14,8 +14,8 @@ from tracefuse_dask.analysis import Analysis, rank_stats
 from tracefuse_dask.cli import main
 from tracefuse_dask.errors import OutputExistsError, RankError
 from tracefuse_dask.kineto.vocabulary import kernel_category, kernel_type
-from tracefuse_dask.analysis.rank import LAUNCHER_COLUMNS, _launchers, analyze_rank, union_length
-from tracefuse_dask.analysis.trace import Args
+from tracefuse_dask.analysis.per_rank.rank import LAUNCHER_COLUMNS, _launchers, analyze_rank, union_length
+from tracefuse_dask.analysis.per_rank.decode import Args
 from tracefuse_dask.synth import write_example
 
 import numpy as np
@@ -342,7 +342,7 @@ def test_1024_ranks_run_in_batches_and_reduce_to_small_tables(client, tmp_path, 
     files make the 16 reduce tasks that 1,024 files make with the default 64, in an eighth of the time."""
     from distributed import get_task_stream
 
-    import tracefuse_dask.analysis
+    import tracefuse_dask.analysis.run
     from tracefuse_dask.cluster import batches
 
     for n in (1024, 128):
@@ -363,13 +363,13 @@ def test_1024_ranks_run_in_batches_and_reduce_to_small_tables(client, tmp_path, 
 
     sizes = [p.stat().st_size for p in (tmp_path / "1024").iterdir()]
     # up to 64 tasks, the client joins their results itself
-    assert run(1024)[0] == {"_analyze_files": len(batches(sizes))} and len(batches(sizes)) < 8
+    assert run(1024)[0] == {"analyze_files": len(batches(sizes))} and len(batches(sizes)) < 8
     batched = run(128)[1]
-    monkeypatch.setattr(tracefuse_dask.analysis, "batches", lambda s: [range(i, i + 1) for i in range(len(s))])
-    monkeypatch.setattr(tracefuse_dask.analysis, "_COMBINE", 8)
+    monkeypatch.setattr(tracefuse_dask.analysis.run, "batches", lambda s: [range(i, i + 1) for i in range(len(s))])
+    monkeypatch.setattr(tracefuse_dask.analysis.run, "_COMBINE", 8)
     tasks, one_a_task = run(128)
     # the client gets 16 results, not 128, without the critical path's segments, and then those of the path's walks
-    assert tasks == {"_analyze_files": 128, "_combine": 16, "_without_segments": 16, "_segments_in": 16}
+    assert tasks == {"analyze_files": 128, "combine": 16, "without_segments": 16, "segments_in": 16}
     # the same tables and summary either way, though reduce tasks send the client their text coded
     for name, table in batched.tables().items():
         pd.testing.assert_frame_equal(one_a_task.tables()[name], table)
@@ -379,8 +379,8 @@ def test_1024_ranks_run_in_batches_and_reduce_to_small_tables(client, tmp_path, 
 def test_a_reduce_task_without_ranks_gives_no_segments(client, tmp_path, monkeypatch):
     """65 tasks, one a file: the second reduce task holds only a JSON file without traceEvents (ignored), so its
     critical path segments have no rows, nor any column but ``rank``; the path's walks come from the first."""
-    import tracefuse_dask.analysis
-    from tracefuse_dask.analysis.critical_path import walks_in
+    import tracefuse_dask.analysis.run
+    from tracefuse_dask.analysis.cross_rank.critical_path import walks_in
 
     d = tmp_path / "many"
     for r in range(64):
@@ -388,7 +388,7 @@ def test_a_reduce_task_without_ranks_gives_no_segments(client, tmp_path, monkeyp
                   kernel("gemm_kernel", 20, 30, 7, 1)]
         write_trace(d / f"rank{r:02d}.json", make_trace(r, events, world_size=64))
     (d / "zz_notes.json").write_text('{"notes": "not a trace"}')
-    monkeypatch.setattr(tracefuse_dask.analysis, "batches", lambda s: [range(i, i + 1) for i in range(len(s))])
+    monkeypatch.setattr(tracefuse_dask.analysis.run, "batches", lambda s: [range(i, i + 1) for i in range(len(s))])
     a = analyze(str(d), client=client)
     assert a.summary["ignored"] == [f"{d / 'zz_notes.json'}: a JSON file without traceEvents, not a trace"]
     assert len(a.breakdown) == 64 and len(a.critical_path) and a.summary["critical_path"]
@@ -401,7 +401,7 @@ def test_an_unknown_phase_or_category_decodes_the_same_values():
     import orjson
     from msgspec.structs import asdict
 
-    from tracefuse_dask.analysis.trace import decode_trace
+    from tracefuse_dask.analysis.per_rank.decode import decode_trace
 
     known = decode_trace(orjson.dumps({"traceEvents": small_rank()})).traceEvents
     for extra in (x("a", 1, 1, cat="my_category"), {"ph": "Z", "name": "z", "pid": HOST, "tid": TID, "ts": 1}):
@@ -417,8 +417,8 @@ def test_steps_select_the_union_of_their_spans():
     import orjson
     from hypothesis import given, strategies as st
 
-    from tracefuse_dask.analysis.rank import _in_steps
-    from tracefuse_dask.analysis.trace import decode_trace
+    from tracefuse_dask.analysis.per_rank.rank import _in_steps
+    from tracefuse_dask.analysis.per_rank.decode import decode_trace
 
     @given(st.lists(st.tuples(st.integers(0, 60), st.integers(0, 30)), min_size=1, max_size=6),
            st.lists(st.integers(0, 100), max_size=20), st.lists(st.integers(0, 100), max_size=10),
@@ -444,11 +444,11 @@ def test_steps_select_the_union_of_their_spans():
 
 @pytest.mark.parametrize("text", [None, "string"])  # pandas' default text type, and its nullable one
 def test_tables_travel_with_their_texts_as_categories_and_come_back_the_same(text):
-    """Reduce tasks' text columns travel as categoricals (``_coded``); joined over parts with other categories,
+    """Reduce tasks' text columns travel as categoricals (``as_categories``); joined over parts with other categories,
     missing values, a part where the column holds no text, an empty part, one part, or parts whose columns
     differ, they come back as the table a plain join gives, pandas's text in its Python storage, where equal
     texts are one string."""
-    from tracefuse_dask.analysis import _coded, _in_rank_order, _joined, _texts
+    from tracefuse_dask.analysis.transport import as_categories, as_text, in_rank_order, join_parts
 
     def frame(rank, names, **more):
         return pd.DataFrame({"rank": [rank] * len(names), "name": pd.array(names, dtype=text),
@@ -462,17 +462,17 @@ def test_tables_travel_with_their_texts_as_categories_and_come_back_the_same(tex
     no_text = pd.DataFrame({"rank": [2], "name": [None], "us": [4.0]}).astype({"name": object})
     other = frame(3, ["aten::add"], extra=[1])
     for parts in ([a, b], [a, b, no_text], [a, a.iloc[:0], b], [b], [a, other]):
-        coded = [_coded(p) for p in parts]
+        coded = [as_categories(p) for p in parts]
         if isinstance(a["name"].dtype, pd.StringDtype):  # pandas 2's default text is object: not coded
             assert isinstance(coded[0]["name"].dtype, pd.CategoricalDtype)
         expected = python_storage(pd.concat([p for p in parts if len(p)], ignore_index=True))
-        pd.testing.assert_frame_equal(_texts(_joined(coded)), expected)
-    assert _joined([a.iloc[:0], b.iloc[:0].assign(extra=0)]).columns.tolist() == ["rank", "name", "us", "extra"]
-    parts = [_coded(b), _coded(a)]  # out of rank order: sorted, each rank's rows in their order
-    pd.testing.assert_frame_equal(_texts(_in_rank_order(parts)), python_storage(pd.concat([a, b], ignore_index=True)))
+        pd.testing.assert_frame_equal(as_text(join_parts(coded)), expected)
+    assert join_parts([a.iloc[:0], b.iloc[:0].assign(extra=0)]).columns.tolist() == ["rank", "name", "us", "extra"]
+    parts = [as_categories(b), as_categories(a)]  # out of rank order: sorted, each rank's rows in their order
+    pd.testing.assert_frame_equal(as_text(in_rank_order(parts)), python_storage(pd.concat([a, b], ignore_index=True)))
     assert parts == []
     if isinstance(a["name"].dtype, pd.StringDtype):
-        joined = _texts(_joined([_coded(frame(0, ["aten::mm"] * 3)), _coded(frame(1, ["aten::mm", "x"]))]))
+        joined = as_text(join_parts([as_categories(frame(0, ["aten::mm"] * 3)), as_categories(frame(1, ["aten::mm", "x"]))]))
         assert len({id(t) for t in joined["name"].to_numpy(dtype=object)[:4]}) == 1
 
 

@@ -10,7 +10,8 @@ import pytest
 
 from tracefuse_dask import TraceFormatError, analyze
 from tracefuse_dask.cli import main
-from tracefuse_dask.analysis.collective_trace import looks_like_collective_trace, parse_collective_trace, summarize
+from tracefuse_dask.analysis.cross_rank.collective_trace import summarize
+from tracefuse_dask.analysis.per_rank.collective_trace import looks_like_collective_trace, parse_collective_trace
 
 DATA = Path(__file__).parent / "data" / "collective_trace"
 LOGS = sorted(DATA.glob("collective_trace.log-*"))
@@ -112,7 +113,7 @@ def test_gzipped_logs_and_exports_are_recognised(client, tmp_path):
 
 def test_an_empty_table_summarises_as_grouping_it_would():
     """An empty table of plain columns takes a shortcut past pandas' grouping; a typed one keeps its types."""
-    from tracefuse_dask.analysis import CT_COLUMNS
+    from tracefuse_dask.analysis.schema import CT_COLUMNS
 
     summary, hints, verdict = summarize(pd.DataFrame(columns=CT_COLUMNS))
     assert summary.empty and hints.empty and verdict["rank"] is None

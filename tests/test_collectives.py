@@ -5,11 +5,12 @@ import pickle
 
 import pandas as pd
 import pytest
-
 from conftest import shared, write_trace
+
 from tracefuse_dask import Cutoffs, analyze
-from tracefuse_dask.analysis.collectives import canonical_op, group_spec, instance_metrics, match_collectives
-from tracefuse_dask.analysis.rank import analyze_rank
+from tracefuse_dask.analysis.cross_rank.collectives import instance_metrics, match_collectives
+from tracefuse_dask.analysis.per_rank.rank import analyze_rank
+from tracefuse_dask.kineto.collectives import canonical_op, group_spec
 from tracefuse_dask.synth import make_rank_trace
 
 HOST = 100
@@ -100,9 +101,12 @@ def test_group_spec_takes_lists_of_ranks_only(ranks, spec):
 def test_a_group_known_only_from_pg_config_reports_its_missing_rank():
     """Ranks 0 and 1 call twice, rank 2 of the same 3-rank group once: the second call lacks it, found
     through the reduce tasks' join (in any order of tasks) and the group's rank spec from pg_config."""
-    from tracefuse_dask.analysis import _batch, _combine, _joined, _reduce, _texts
-    from tracefuse_dask.analysis.critical_path import walks_in
-    from tracefuse_dask.analysis.rank import TABLES, rows_for
+    from tracefuse_dask.analysis.cross_rank.critical_path import walks_in
+    from tracefuse_dask.analysis.per_rank.rank import rows_for
+    from tracefuse_dask.analysis.reduce import reduce_ranks
+    from tracefuse_dask.analysis.schema import TABLES
+    from tracefuse_dask.analysis.tasks import batch, combine
+    from tracefuse_dask.analysis.transport import as_text, join_parts
 
     def rank(r, calls):
         events = [e for k in range(calls) for e in nccl_call(100 + 200 * k, 110 + 200 * k, 20, k + 1)]
@@ -114,16 +118,16 @@ def test_a_group_known_only_from_pg_config_reports_its_missing_rank():
     ranks = [rank(0, 2), rank(1, 2), rank(2, 1)]
     files = [{"ranks": [rt], "world_size": 3, "notes": [], "repaired": []} for rt in ranks]
     # as reduce tasks send them: text columns as categoricals, joined by the client over their categories
-    results = [_combine([_batch(files[2:])], coded=True), _combine([_batch([{"ignored": "x.txt: ignored"}])],
+    results = [combine([batch(files[2:])], coded=True), combine([batch([{"ignored": "x.txt: ignored"}])],
                                                                    coded=True),
-               _combine([_batch(files[:1]), _batch(files[1:2])], coded=True)]
-    segments = _joined([res["tables"]["path_segments"] for res in results])
-    a = _reduce(results, lambda wanted: walks_in(segments, wanted), [], None, False, (), Cutoffs(), None)
+               combine([batch(files[:1]), batch(files[1:2])], coded=True)]
+    segments = join_parts([res["tables"]["path_segments"] for res in results])
+    a = reduce_ranks(results, lambda wanted: walks_in(segments, wanted), [], None, False, (), Cutoffs(), None)
     assert a.summary["ignored"] == ["x.txt: ignored"] and a.summary["collectives"]["matched"] == 1
     assert a.summary["collectives"]["problem_examples"] == [
         "unmatched allreduce #1 of group 0: no call from rank(s) [2]"]
-    for name in TABLES:  # with their text in Python storage (``_texts``)
-        pd.testing.assert_frame_equal(getattr(a, name), _texts(rows_for(ranks, name)))
+    for name in TABLES:  # with their text in Python storage (``as_text``)
+        pd.testing.assert_frame_equal(getattr(a, name), as_text(rows_for(ranks, name)))
 
 
 def calls_of(rank, events, base=0, pgs=None):

@@ -1,4 +1,4 @@
-"""Launch statistics, queue length and memory bandwidth (``analysis.counters``) on hand-built streams whose answers
+"""Launch statistics, queue length and memory bandwidth (``analysis.per_rank.counters``) on hand-built streams whose answers
 are known: a full queue, copies of known bandwidth and duration, launches with known delays, ROCm's calls; and across
 ranks, a rank whose kernels wait long for their launches named through the CLI. HTA's own figures on the real
 traces are in test_hta_agreement.py."""
@@ -10,7 +10,7 @@ import pytest
 from conftest import make_trace, write_trace
 
 from tracefuse_dask import Cutoffs, MergeError, analyze
-from tracefuse_dask.analysis.rank import analyze_rank
+from tracefuse_dask.analysis.per_rank.rank import analyze_rank
 from tracefuse_dask.cli import main
 
 PID, TID = 100, 100

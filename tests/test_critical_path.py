@@ -30,16 +30,10 @@ from conftest import (
 from perfetto_rules import assert_perfetto_rules, load_exact, ns
 
 from tracefuse_dask import MergeError, analyze, merge_traces
-from tracefuse_dask.analysis.critical_path import (
-    _NONE,
-    GPU_KINDS,
-    KINDS,
-    LABELS,
-    WHAT_IF_TID,
-    _runs,
-    _short_runs,
-    _used_texts,
-)
+from tracefuse_dask.analysis.cross_rank.critical_path import _runs
+from tracefuse_dask.analysis.per_rank.walker import _short_runs, _used_texts
+from tracefuse_dask.analysis.report.marks import WHAT_IF_TID
+from tracefuse_dask.analysis.schema import GPU_KINDS, KINDS, LABELS, NO_EVENT
 from tracefuse_dask.kineto.layout import CRITICAL_PATH_PID
 from tracefuse_dask.kineto.times import to_ns
 from tracefuse_dask.synth import write_example
@@ -434,13 +428,13 @@ def test_short_segments_are_joined_under_the_ops_they_ran_in_and_their_time_by_k
     out = _short_runs(walk, kind, name, src, t0, t1, np.full(len(segs), 12), label, category)
     assert out[-1].tolist() == [0, 0, 4, 0, 0, 0, 0, 0, 0, 0]
     got = [(w, KINDS[k], texts[n], s, a, b) for w, k, n, s, a, b in zip(*(v.tolist() for v in out[:-1]))]
-    assert got == [(0, "cpu_op", "linear", _NONE, 85, 100), (0, "cpu_op", "mm", _NONE, 80, 85),
-                   (0, "kernel", "mm (kernels)", _NONE, 78, 80),  # alone, but under a label: no event either
+    assert got == [(0, "cpu_op", "linear", NO_EVENT, 85, 100), (0, "cpu_op", "mm", NO_EVENT, 80, 85),
+                   (0, "kernel", "mm (kernels)", NO_EVENT, 78, 80),  # alone, but under a label: no event either
                    (0, "cpu_op", "d", 4, 40, 78),  # long: its own name and event
-                   (0, "cpu_op", "to", _NONE, 38, 40),
-                   (1, "cpu_op", "add", _NONE, 34, 38), (1, "cpu_op", "mul", _NONE, 25, 34),
-                   (1, "cpu_op", "h", _NONE, 24, 25),  # its own label, but one of a run: no event
-                   (2, "cpu_op", "a", _NONE, 4, 10), (2, "cpu_op", "b", _NONE, 0, 4)]  # a's two pieces: one segment
+                   (0, "cpu_op", "to", NO_EVENT, 38, 40),
+                   (1, "cpu_op", "add", NO_EVENT, 34, 38), (1, "cpu_op", "mul", NO_EVENT, 25, 34),
+                   (1, "cpu_op", "h", NO_EVENT, 24, 25),  # its own label, but one of a run: no event
+                   (2, "cpu_op", "a", NO_EVENT, 4, 10), (2, "cpu_op", "b", NO_EVENT, 0, 4)]  # a's two pieces: one segment
     for kind in ("cpu_op", "kernel"):
         for w in (0, 1, 2):
             assert sum(b - a for x, k, *_, a, b in got if (x, k) == (w, kind)) == \
@@ -459,7 +453,7 @@ def test_a_walks_rows_are_a_slice_when_together_and_every_row_when_not():
 def test_a_ranks_texts_keep_what_its_segments_and_work_rows_use():
     texts = ["unused", "a", "pid 1", "", "b", "cat"]
     segments = pd.DataFrame({"walk": [0], "kind": [0], "name": [1], "start_ns": [0], "end_ns": [1], "pid": [2],
-                             "tid": [3], "event_ns": [_NONE]})
+                             "tid": [3], "event_ns": [NO_EVENT]})
     work = pd.DataFrame({"call": [0, 0], "kind": [0, 1], "name": [3, 4], "cat": [3, 5], "count": [1, 1],
                          "ns": [5, 2]})
     seg, wk, kept = _used_texts(segments, work, texts)

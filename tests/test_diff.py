@@ -15,8 +15,8 @@ import pytest
 from conftest import SHARED, make_trace, read_trace, shared, write_trace
 
 from tracefuse_dask import MergeError, TraceFileNotFoundError, analyze, diff
-from tracefuse_dask.analysis import write_folder
-from tracefuse_dask.analysis.diff import _spread, name_key
+from tracefuse_dask.analysis.folder import write_folder
+from tracefuse_dask.analysis.diff.compare import _spread, name_key
 from tracefuse_dask.kineto.vocabulary import kernel_label as label
 from tracefuse_dask.cli import main
 from tracefuse_dask.synth import write_example

@@ -19,7 +19,7 @@ import pytest
 from conftest import BASE, make_trace, shared, write_trace
 from perfetto_rules import assert_perfetto_rules, load_exact, ns
 from tracefuse_dask import MergeError, analyze, merge_traces
-from tracefuse_dask.analysis.counters import counter_series
+from tracefuse_dask.analysis.per_rank.counters import counter_series
 from tracefuse_dask.cli import main
 from tracefuse_dask.kineto.events import RankEvents
 from tracefuse_dask.kineto.vocabulary import QUEUE_CALLS

@@ -124,7 +124,8 @@ def test_op_perf_is_written_for_every_trace_and_modelled_where_shapes_were_recor
 
 def test_an_op_without_flops_has_no_roofline():
     """A pure copy (a Triton cast) moves bytes and computes nothing: no roofline, not a division by zero."""
-    from tracefuse_dask.analysis.op_perf import OP_PERF_COLUMNS, _row
+    from tracefuse_dask.analysis.per_rank.op_perf import _row
+    from tracefuse_dask.analysis.schema import OP_PERF_COLUMNS
     from tracefuse_dask.perf.devices import load_devices
 
     h100 = next(d for d in load_devices() if d.name == "H100-SXM5")
@@ -141,7 +142,7 @@ def test_an_op_without_flops_has_no_roofline():
 def test_busy_time_is_the_union_of_each_calls_kernels(kernels, huge):
     """The vectorised union per call equals a plain one, also on the path for spans too long for int64 lifting."""
 
-    from tracefuse_dask.analysis import op_perf
+    from tracefuse_dask.analysis.per_rank import op_perf
 
     leaf = np.array([c for c, _, _ in kernels], dtype=np.int64)
     start = np.array([s + (2**61 if huge and c % 2 else 0) for c, s, _ in kernels], dtype=np.int64)
@@ -191,7 +192,7 @@ def test_gpu_spec_gives_an_unknown_device_its_roofline_through_the_cli(tmp_path)
 
 def test_a_groups_main_kernel_is_the_one_its_calls_spent_most_time_in():
     """By total time over the group's calls, not by count or by the first; of equal times, the first name."""
-    from tracefuse_dask.analysis.op_perf import _main_kernels
+    from tracefuse_dask.analysis.per_rank.op_perf import _main_kernels
 
     group = np.array([0, 0, 0, 1, 2, 2])
     names = np.array(["a", "b", "a", "c", "e", "d"], dtype=object)

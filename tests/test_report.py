@@ -16,8 +16,8 @@ import pandas as pd
 import pytest
 
 from browser import chromium, console_errors, open_page
-from tracefuse_dask.analysis import report
-from tracefuse_dask.analysis.report import render_report
+from tracefuse_dask.analysis.report import page as report
+from tracefuse_dask.analysis.report.page import render_report
 
 HOSTILE = "</script><script>alert(1)</script><img src=x onerror=alert(2)><!-- \u2028 \u2029 -->"
 HOSTILE_OP = "<b>&\"'"

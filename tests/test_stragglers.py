@@ -17,7 +17,7 @@ import pytest
 
 from gloo_job import CASES, _median, case_name, measured_gain, predicted_gain, step_times
 from tracefuse_dask import analyze
-from tracefuse_dask.analysis.what_if import NOISE, SIGNIFICANT, TRANSIENT
+from tracefuse_dask.analysis.cross_rank.what_if import NOISE, SIGNIFICANT, TRANSIENT
 
 pytest.importorskip("torch", reason="the gloo jobs need torch (a test extra: pip install -e '.[test]')")
 # gloo jobs timed against their twins; one worker makes them all (--dist loadscope), with the machine to itself

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from tracefuse_dask.analysis.what_if import replay, stragglers, timeline
+from tracefuse_dask.analysis.cross_rank.what_if import replay, stragglers, timeline
 
 
 def hand_built(late_ns: dict[int, int], steps: int = 3, only: int | None = None):

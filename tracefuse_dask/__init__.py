@@ -41,7 +41,7 @@ __all__ = [
 
 
 _LAZY = {"merge_traces": "api", "TraceFuse": "api", "analyze": "api", "diff": "api", "Analysis": "api", "Diff": "api",
-         "MergeSummary": "model", "Cutoffs": "analysis.counters"}
+         "MergeSummary": "model", "Cutoffs": "analysis.schema"}
 
 
 def __getattr__(name: str) -> object:

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from distributed import Client
 
     from .analysis import Analysis
-    from .analysis.diff import Diff
-    from .analysis.info import describe_traces
+    from .analysis.schema import Diff
+    from .info import describe_traces
 
 __all__ = ["Analysis", "Diff", "TraceFuse", "analyze", "describe_traces", "diff", "merge_traces"]
 
@@ -168,16 +168,16 @@ def _clock_estimate(client: Client, paths: dict[int, str], storage_options: dict
 
 
 def _counter_series(counters: bool) -> Callable[..., tuple[Any, Any]] | None:
-    """The analysis's ``counters.counter_series`` when ``counters`` is asked, which the merge's rank tasks call
+    """The analysis's ``per_rank.counters.counter_series`` when ``counters`` is asked, which the merge's rank tasks call
     (the merge does not import the analysis); imported only then, as a merge does not otherwise load pandas."""
     if not counters:
         return None
-    from .analysis.counters import counter_series
+    from .analysis.per_rank.counters import counter_series
 
     return counter_series
 
 
-_ANALYSIS = {"Analysis": "analysis", "Diff": "analysis.diff", "describe_traces": "analysis.info"}
+_ANALYSIS = {"Analysis": "analysis", "Diff": "analysis.schema", "describe_traces": "info"}
 
 
 def analyze(
@@ -227,7 +227,7 @@ def analyze(
     """
     from .analysis import analyze as analyze_ranks
     from .analysis import check_new, write_report
-    from .analysis.critical_path import WHAT_IF_TID, trace_marks
+    from .analysis.report.marks import WHAT_IF_TID, trace_marks
     from .cluster import connect
 
     cluster = {"scheduler": scheduler, "scheduler_file": scheduler_file, "workers": workers, "timeout": timeout}
@@ -318,7 +318,7 @@ def diff(
     Diff
         ``tables`` and ``summary`` (what ``diff.json`` holds: ``base``, ``new``, ``step_time``, ``regressions``,
         ``improvements``, ``added``, ``removed``, ``renamed``, ``straggler``, ``failing``, ``verdict``, ``notes``,
-        ``warnings``). Kernels and ops keep their exact names (``analysis.diff.RUN_VARIANT``); ``label`` is the
+        ``warnings``). Kernels and ops keep their exact names (``analysis.diff.compare.RUN_VARIANT``); ``label`` is the
         shortened one the verdict uses.
 
     Examples
@@ -328,7 +328,7 @@ def diff(
     """
     from .analysis import Analysis, check_new, is_report, read_report, write_diff
     from .analysis import analyze as analyze_ranks
-    from .analysis.diff import compare
+    from .analysis.diff.compare import compare
     from .cluster import connect
 
     threshold = _percent(fail_above)

@@ -410,8 +410,8 @@ def _merge(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
 
 
 def _analyze(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
-    from .analysis.counters import Cutoffs
-    from .analysis.critical_path import path_line
+    from .analysis.schema import Cutoffs
+    from .analysis.report.marks import path_line
     from .api import analyze
 
     result = analyze(args.inputs, args.output, storage_options=so, ranks=args.ranks, steps=args.steps,
@@ -444,7 +444,7 @@ def _analyze(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
         if s["devices"]["note"]:
             print(f"note: {s['devices']['note']}", file=sys.stderr)
         if s["begin_end"]["unclosed"]:
-            from .merge.plan import ranges
+            from .model import ranges
 
             print(f"note: {s['begin_end']['unclosed']:,} B events without their E in rank(s) "
                   f"{ranges(s['begin_end']['unclosed_ranks'])}: {s['begin_end']['why']}", file=sys.stderr)
@@ -520,7 +520,7 @@ def _diff(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
 
 def _info(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
     from .api import describe_traces
-    from .analysis.info import format_table
+    from .info import format_table
 
     report = describe_traces(args.inputs, storage_options=so, rank_regex=args.rank_regex, workers=args.workers,
                              scheduler=args.scheduler, scheduler_file=args.scheduler_file, timeout=args.timeout,

@@ -283,7 +283,7 @@ class RankTask:
     compress: bool = False
     repair: bool = False
     marks: Marks | None = None
-    # with ``options.counters``: the analysis's ``counters.counter_series``, which the API hands to the merge
+    # with ``options.counters``: the analysis's ``analysis.per_rank.counters.counter_series``, which the API hands to the merge
     counter_series: Callable[..., tuple[Any, Any]] | None = None
 
 
@@ -325,3 +325,17 @@ class MergeSummary:
     def to_json(self) -> dict[str, Any]:
         """The summary as a JSON-ready dict."""
         return asdict(self)
+
+
+def ranges(values: list[int]) -> str:
+    """Sorted ranks as a short text: ``[0, 1, 2, 5]`` is ``0-2,5`` (messages)."""
+    out: list[str] = []
+    start = prev = values[0]
+    for v in values[1:] + [None]:  # type: ignore[list-item]
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if v is not None:
+            start = prev = v
+    return ",".join(out)

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 __all__ = [
+    "BLOCKING_CALLS",
     "BLOCKING_COPIES",
     "COLLECTIVE_CALL_PREFIXES",
     "COLLECTIVE_OP_PREFIXES",
@@ -101,6 +102,7 @@ SYNC_CALLS = frozenset(f"{api}{call}" for api in ("cuda", "hip")
 # (``aten::item``, ``.cpu()``, ``.tolist()``), which HTA lists as blocking too; ROCm's ``hipMemcpyWithStream`` is
 # what ``aten::_local_scalar_dense`` calls there. A copy that returned before its work ended did not block.
 BLOCKING_COPIES = frozenset({"cudaMemcpy", "cudaMemcpyAsync", "hipMemcpy", "hipMemcpyAsync", "hipMemcpyWithStream"})
+BLOCKING_CALLS = SYNC_CALLS | BLOCKING_COPIES  # a call that blocks the host until device work ends
 # Kineto's ``cuda_sync`` events, which PyTorch writes only when its CUDA sync events are turned on: the device side
 # of a synchronisation, with the stream it waits on and the correlation of its runtime call.
 # "Stream Sync" names the stream its call waits on; "Stream Wait Event" makes a stream wait for another's work.

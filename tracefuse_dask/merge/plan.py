@@ -19,7 +19,7 @@ from dask.base import tokenize
 from distributed import Client
 
 from ..cluster import BATCH_BYTES, batches, flat, outcomes
-from ..errors import SKIPPABLE, MergeError, RankError, TraceFileNotFoundError, TraceFormatError, skipped_rank
+from ..errors import SKIPPABLE, MergeError, RankError, TraceFormatError, skipped_rank
 from ..kineto.array_form import COMPOSER_KEYS, COMPOSER_MERGED, MERGED_BY_COMPOSER
 from ..kineto.document import check_document, paused_gc
 from ..kineto.events import RankEvents
@@ -31,10 +31,11 @@ from ..model import (
     MergeOptions,
     PortableFilter,
     RankHeader,
-    RankTask,
     RankSet,
+    RankTask,
     parse_steps,
     parse_window,
+    ranges,
     rank_subset,
 )
 from ..storage.files import parse_json, read_header, retry_unreachable, storage_errors
@@ -42,7 +43,7 @@ from ..storage.inputs import resolve_rank
 from ..storage.output import open_write, writing
 
 __all__ = ["MergeNotes", "MergePlan", "MergeRequest", "build_options", "plan_merge",
-           "ranges", "settle"]
+           "settle"]
 
 log = logging.getLogger("tracefuse_dask")
 
@@ -53,7 +54,7 @@ ALIGN = ("auto", "base", "clock-sync", "collectives")
 # to a summary with ``clock_offset_us``, ``clock_offset_spread_us`` and ``clock_note``, as ``analyze`` gives it.
 ClockEstimate = Callable[[Client, dict[int, str], dict[str, Any]], dict[str, Any]]
 
-# What computes one device's counter series for ``counters``: the analysis's ``counters.counter_series``, which
+# What computes one device's counter series for ``counters``: the analysis's ``analysis.per_rank.counters.counter_series``, which
 # ``api`` hands in (``RankTask.counter_series``), so that the tracks follow the analysis's definitions.
 CounterSeries = Callable[..., tuple[Any, Any]]
 
@@ -518,14 +519,3 @@ def _earliest(f: InputFile, storage_options: Mapping[str, Any] | None, earliest:
     return h.earliest_ns, h.earliest_kept_ns
 
 
-def ranges(values: list[int]) -> str:
-    out: list[str] = []
-    start = prev = values[0]
-    for v in values[1:] + [None]:  # type: ignore[list-item]
-        if v is not None and v == prev + 1:
-            prev = v
-            continue
-        out.append(str(start) if start == prev else f"{start}-{prev}")
-        if v is not None:
-            start = prev = v
-    return ",".join(out)

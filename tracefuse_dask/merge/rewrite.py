@@ -141,7 +141,7 @@ def counter_events(sel: RankEvents, dev_map: dict[Any, int], shift: int,
     Per device pid, in order: each stream's queue length (name ``Queue length``, args ``{"stream 7": n}``), then
     each copy kind's memory bandwidth (``Memcpy BW (GB/s)``, args ``{"Memcpy HtoD": x}``); Perfetto names a track
     by the name and the arg's key, ``Queue length stream 7``, ``Memcpy BW (GB/s) Memcpy HtoD``.
-    ``counter_series`` (the analysis's ``counters.counter_series``) computes the series, so that they are those
+    ``counter_series`` (the analysis's ``analysis.per_rank.counters.counter_series``) computes the series, so that they are those
     of the analysis's ``queue_length`` and ``memory_bw`` tables; this side only picks the events and places the
     samples. Perfetto keys a counter track by its process and its name plus the arg's key (``json_trace_parser.cc``,
     case ``'C'``): the event needs no tid and the device's merged pid makes each track the rank's own. A sample is
@@ -172,7 +172,7 @@ def counter_events(sel: RankEvents, dev_map: dict[Any, int], shift: int,
             if type(corr) is int or type(corr) is str:
                 calls.setdefault(corr, i)
     per_device: dict[int, tuple[list[Any], ...]] = {}
-    for i in work:  # device work on a stream, as the analysis has it (``rank._gpu_arrays``)
+    for i in work:  # device work on a stream, as the analysis has it (``analysis.per_rank.rank._gpu_arrays``)
         ev = events[i]
         name, args = ev.get("name", ""), ev.get("args")
         if type(args) is not dict:

@@ -18,11 +18,11 @@ from ..cluster import BATCH_BYTES, batches, biggest_first, flat, outcomes
 from ..errors import SKIPPABLE, MergeError
 from ..kineto.document import check_document, decode_json, paused_gc
 from ..kineto.events import RankEvents
-from ..model import RankResult, RankTask
+from ..model import RankResult, RankTask, ranges
 from ..storage.files import read_bytes, retry_unreachable, storage_errors
 from ..storage.output import gzip_member, open_write, writing
 from .fastpath import handles, rewrite_fast
-from .plan import MergeNotes, MergePlan, ranges, settle
+from .plan import MergeNotes, MergePlan, settle
 from .rewrite import rewrite
 
 __all__ = ["SEP", "rewrite_ranks"]

@@ -39,20 +39,18 @@ import re
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
-from ..kineto.vocabulary import is_comm_kernel, kernel_label, kernel_type
-from .critical_path import LABELS
-from .op_perf import OP_PERF_COLUMNS
+from ...kineto.vocabulary import is_comm_kernel, kernel_label, kernel_type
+from ..schema import ITEM_COLUMNS, LABELS, MEANS, OP_PERF_COLUMNS, Diff
 
 if TYPE_CHECKING:
-    from . import Analysis
+    from ..schema import Analysis
 
-__all__ = ["BREAKDOWN", "ITEM_COLUMNS", "RUN_VARIANT", "Diff", "compare", "name_key"]
+__all__ = ["BREAKDOWN", "RUN_VARIANT", "compare", "name_key"]
 
 MIN_CHANGE_PCT = 1.0
 MIN_SHARE = 0.01
@@ -62,10 +60,6 @@ LISTED = 100  # job-wide and per-rank rows of each list in diff.json; the tables
 BREAKDOWN = ("computation_us", "communication_us", "exposed_comm_us", "memcpy_us", "idle_us")
 # per rank and name: summed per step, or the mean of the ranks' (rates); beside each figure in the items
 _SUMMED = ("us", "count", "wait_us")
-_MEANS = ("algbw_gbps", "busbw_gbps", "tflops_s", "roofline_pct")
-_EXTRAS = ("count", "mean_us", "wait_us", *_MEANS, "kernel")
-ITEM_COLUMNS = ["what", "name", "label", "rank", "base", "new", "delta_us", "delta_pct", "significant",
-                "ranks_regressed", *(f"{side}_{x}" for x in _EXTRAS for side in ("base", "new"))]
 _ORDER = ("kernel", "op group", "critical path", "collective", "op")
 ROOTS = ("step time", "rank step time", "kernel", "op group", "op", "collective")  # what can fail a check
 # What differs between two runs of one program and says nothing about the kernel or op, each with an example from
@@ -79,21 +73,6 @@ RUN_VARIANT = (
 )
 _STEP = "ProfilerStep#"  # the step itself: its time is the step's, never a root change
 _PATH_LABEL = "(?:" + "|".join(map(re.escape, LABELS)) + ")$"  # what a critical-path name adds to its op's
-
-
-@dataclass
-class Diff:
-    """The comparison: ``tables`` (``items``, one row per figure compared, job-wide (rank -1) and per rank;
-    ``steps``, the step times of both runs; ``step_stats``, their min, median and max per run and rank) and
-    ``summary`` (``diff.json``)."""
-
-    tables: dict[str, pd.DataFrame]
-    summary: dict[str, Any]
-
-    @property
-    def failed(self) -> bool:
-        """Whether a regression went above ``fail_above`` (``tracefuse diff`` exits 3)."""
-        return bool(self.summary["failing"])
 
 
 def name_key(name: str) -> str:
@@ -273,13 +252,13 @@ class _Side:
             long = pd.DataFrame({"rank": df["rank"], "us": df[value], "count": df["count"],
                                  "name": name.replace(renamed) if renamed else name,
                                  **{x: df[x] for x in ("algbw_gbps", "busbw_gbps", "wait_us") if x in df}})
-        for x in (*_SUMMED, *_MEANS):
+        for x in (*_SUMMED, *MEANS):
             if x not in long:
                 long[x] = nan
         long = long.dropna(subset=["us"])
         g = long.groupby(["rank", "name"], as_index=False, sort=True)
         out = g.agg(us=("us", "sum"), **{x: (x, lambda c: c.sum(min_count=1)) for x in ("count", "wait_us")},
-                    **{x: (x, "mean") for x in _MEANS})
+                    **{x: (x, "mean") for x in MEANS})
         if table == "op_perf":  # an op group's main kernel: the one its calls spent most time in, on the rank
             first = long.sort_values(["us", "kernel"], ascending=[False, True], kind="stable")
             firsts = first.drop_duplicates(["rank", "name"]).set_index(["rank", "name"])
@@ -347,14 +326,14 @@ def _items(what: str, per_rank: Sequence[pd.DataFrame], ranks: Sequence[list[int
     if all(p.empty for p in per_rank):  # such as the kernels of a CPU-only job
         return pd.DataFrame(columns=ITEM_COLUMNS)
     limit = max(noise, MIN_CHANGE_PCT)
-    wide = [{x: p.set_index(["name", "rank"])[x].unstack("rank").reindex(columns=r) for x in (*_SUMMED, *_MEANS)}
+    wide = [{x: p.set_index(["name", "rank"])[x].unstack("rank").reindex(columns=r) for x in (*_SUMMED, *MEANS)}
             for p, r in zip(per_rank, ranks)]
     names = wide[0]["us"].index.union(wide[1]["us"].index)
     job = _frame(what, names, -1, *(w["us"].reindex(names).fillna(0.0).mean(axis=1) for w in wide))
     job["significant"] = job["delta_pct"].abs() > limit
     for side, w, p in zip(("base", "new"), wide, per_rank):
         job[f"{side}_count"] = w["count"].reindex(names).fillna(0.0).mean(axis=1).to_numpy()
-        for x in ("wait_us", *_MEANS):  # over the ranks that have it
+        for x in ("wait_us", *MEANS):  # over the ranks that have it
             job[f"{side}_{x}"] = w[x].reindex(names).mean(axis=1).to_numpy()
         if "kernel" in p:  # the job's: the lowest rank's
             first = p.drop_duplicates("name").set_index("name")
@@ -365,7 +344,7 @@ def _items(what: str, per_rank: Sequence[pd.DataFrame], ranks: Sequence[list[int
     both = per_rank[0].merge(per_rank[1], on=["rank", "name"], how="outer", suffixes=("_b", "_n"))
     both[["us_b", "us_n", "count_b", "count_n"]] = both[["us_b", "us_n", "count_b", "count_n"]].fillna(0.0)
     each = _frame(what, both["name"], both["rank"].astype(int), both["us_b"], both["us_n"])
-    for x in ("count", "wait_us", *_MEANS, *(("kernel",) if "kernel" in per_rank[0] else ())):
+    for x in ("count", "wait_us", *MEANS, *(("kernel",) if "kernel" in per_rank[0] else ())):
         each[f"base_{x}"], each[f"new_{x}"] = both[f"{x}_b"].to_numpy(), both[f"{x}_n"].to_numpy()
     if "label" in per_rank[0]:
         each["label"] = both["label_b"].fillna(both["label_n"]).to_numpy()

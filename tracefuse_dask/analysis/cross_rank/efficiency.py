@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..perf.devices import Device
+from ...perf.devices import Device
 
 __all__ = ["GPU_SPEED_COLUMNS", "gpu_speed", "link_use", "node_of"]
 

@@ -65,8 +65,8 @@ class Timeline:
 
 def timeline(matched: pd.DataFrame, anchors: pd.DataFrame, offsets_ns: Mapping[int, float]) -> Timeline | None:
     """The replay graph of a job (None when fewer than two ranks share a step): ``matched``, the collective calls
-    matched into instances (``collectives.match_collectives``, with ``done_ns``); ``anchors``, every rank's
-    ``critical_path.rank_pieces`` anchors with a leading ``rank`` column (a step's start, ``floor_ns``, and its
+    matched into instances (``cross_rank.collectives.match_collectives``, with ``done_ns``); ``anchors``, every rank's
+    ``per_rank.walker.rank_pieces`` anchors with a leading ``rank`` column (a step's start, ``floor_ns``, and its
     end on the host, ``host_ns``); ``offsets_ns``, each rank's clock offset (what to subtract)."""
     if anchors.empty or matched.empty:
         return None
@@ -270,7 +270,7 @@ def verdict(waiting: dict[str, Any], table: pd.DataFrame, what_if: dict[str, Any
     steps, every named rank, the what-if and the lines the CLI and the report print (``evidence``,
     ``what_if_text``). ``waiting``: ``collectives.straggler``'s verdict, from the waiting alone, which is the
     verdict when there is no what-if (no step that every rank has); ``table``: its per-rank table; ``causes``:
-    each named rank's ``critical_path.straggler_cause``."""
+    each named rank's ``cross_rank.critical_path.straggler_cause``."""
     if what_if is None:
         return {**waiting, "pattern": None, "late_steps": [], "ranks": [], "what_if": None, "what_if_step_us": None,
                 "what_if_text": None, "cause": causes.get(waiting["rank"]) if waiting["rank"] is not None else None}

@@ -4,7 +4,7 @@ One rank's events go in; small tables come out. The numbers follow
 HolisticTraceAnalysis's definitions where it has them (temporal breakdown,
 kernel breakdown, idle time breakdown), so that the two agree.
 
-A trace's text decodes straight into msgspec structs (``trace.decode_trace``) whose
+A trace's text decodes straight into msgspec structs (``decode.decode_trace``) whose
 types check what ``RankEvents`` checks and whose ``args`` hold only the keys
 read here. Columns come out in C-level passes, rules run once per distinct
 name, cat or pid, and subtree totals are prefix sums over the call tree's order.
@@ -14,7 +14,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import compress
 from operator import attrgetter
 from typing import Any
@@ -23,13 +23,11 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from .collectives import group_spec, rank_collectives
-from .counters import LAUNCH_COLUMNS, Cutoffs, launch_stats, memory_bw, memory_kind, queue_length
-from .sequences import SEQUENCE_COLUMNS, rank_sequences
-from .critical_path import rank_pieces
-from .op_perf import op_perf_table, owners
-from .trace import NO_ARGS, Args, Event, durations, events_decoder, json_text
-from ..kineto.vocabulary import (
+from ...kineto.collectives import group_spec
+from ...kineto.events import RankEvents
+from ...kineto.layout import map_tid
+from ...kineto.times import to_ns, to_ns_array
+from ...kineto.vocabulary import (
     KERNEL_WAIT_NS,
     LAUNCH_CALLS,
     QUEUE_CALLS,
@@ -44,21 +42,21 @@ from ..kineto.vocabulary import (
     kernel_type,
     on_device,
 )
-from ..model import MergeOptions
-from ..kineto.events import RankEvents
-from ..kineto.layout import map_tid
-from ..kineto.times import to_ns, to_ns_array
-from ..perf import has_model, needs_context
-from ..perf.vllm import CONTEXT as VLLM_CONTEXT
-from ..perf.devices import Device, detect
+from ...model import MergeOptions
+from ...perf import has_model, needs_context
+from ...perf.devices import Device, detect
+from ...perf.vllm import CONTEXT as VLLM_CONTEXT
+from ..schema import Cutoffs, RankTables
+from .collectives import rank_collectives
+from .counters import LAUNCH_COLUMNS, launch_stats, memory_bw, memory_kind, queue_length
+from .decode import NO_ARGS, Args, Event, durations, events_decoder, json_text
+from .op_perf import op_perf_table, owners
+from .sequences import SEQUENCE_COLUMNS, rank_sequences
+from .walker import rank_pieces
 
-__all__ = ["RankTables", "analyze_events", "analyze_rank", "union_length"]
+__all__ = ["analyze_events", "analyze_rank", "rows_for", "union_length"]
 
 _FLOW_OR_M = frozenset({"s", "t", "f", "M"})
-TABLES = ("breakdown", "breakdown_by_step", "kernels", "kernel_categories", "ops", "kernel_launchers", "op_perf",
-          "idle", "collectives", "launch_stats", "launch_worst", "queue_length", "memory_bw", "kernel_sequences")
-PIECES = ("path_anchors", "path_segments", "path_work")
-"""The tables a rank's task gives only for the cross-rank critical path (``critical_path.rank_pieces``)."""
 
 
 def _merged(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -80,24 +78,6 @@ def union_length(starts: np.ndarray, ends: np.ndarray) -> int:
     """The total length of the union of intervals ``[starts, ends)``."""
     s, e = _merged(starts, ends)
     return int((e - s).sum())
-
-
-@dataclass
-class RankTables:
-    """What one rank's task returns: small tables, and the numbers ``summary.json`` holds."""
-
-    rank: int
-    path: str
-    tables: dict[str, pd.DataFrame]
-    numbers: dict[str, Any]
-    steps: list[int]
-    host: str | None = None
-    pg_config: dict[str, str] = field(default_factory=dict)  # pg_name: rank spec (``group_spec``)
-    base: int = 0  # the file's ``baseTimeNanoseconds``
-    texts: list[str] = field(default_factory=list)  # what the codes of path_segments and path_work stand for
-    begin_end: tuple[int, int, int] = (0, 0, 0)  # B/E pairs, B left open, E that closed nothing (``durations``)
-    # the device table's name for the rank's GPU (None: unknown), the trace's, and how many GPUs the node has
-    device: tuple[str | None, str, int] = (None, "", 0)
 
 
 _CORRELATION_TYPES = frozenset({int, str})
@@ -258,7 +238,7 @@ def analyze_rank(events: list[Any], rank: int, path: str, steps: tuple[int, int]
     devices
         The device table (``perf.devices.load_devices``) for ``op_perf``'s roofline; empty: no roofline.
     cutoffs
-        HTA's thresholds for the launch statistics and the queue length (``counters.Cutoffs``).
+        HTA's thresholds for the launch statistics and the queue length (``schema.Cutoffs``).
     sequences_of
         The operator whose frequent kernel sequences to find (``sequences.rank_sequences``); None: none.
 

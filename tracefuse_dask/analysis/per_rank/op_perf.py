@@ -16,17 +16,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..kineto.vocabulary import is_collective_call
-from ..perf import category, work
-from ..perf.devices import Device
+from ...kineto.vocabulary import is_collective_call
+from ...perf import category, work
+from ...perf.devices import Device
 
-__all__ = ["OP_PERF_COLUMNS", "OVER_ROOF", "by_category", "op_perf_table", "owners", "roofline_summary"]
+from ..schema import OP_PERF_COLUMNS
 
-OP_PERF_COLUMNS = ["name", "category", "input_dims", "input_types", "concrete_inputs", "context", "calls", "kernel_us",
-                   "kernel", "gflop", "data_mib", "flops_per_byte", "tflops_s", "tb_s", "precision", "roof",
-                   "peak_tflops", "peak_tb_s", "roof_tflops", "roofline_pct", "over_roof", "bound"]
-OVER_ROOF = ("above 100% of its roof: not capped. A memory-bound op passes the DRAM roof when its operands sit in the "
-             "cache (L2), or when the byte model counts tensors that a fused kernel only slices")
+__all__ = ["op_perf_table", "owners"]
 
 
 def owners(leaf: np.ndarray, parent: list[int], modelled: np.ndarray) -> np.ndarray:
@@ -152,35 +148,3 @@ def _row(name: str, dims: str, types: str, concrete: str, context: str, n: int, 
                   name_of_roof, peak if peak else nan, bw, roof, pct, bool(pct > 100), bound]
 
 
-def by_category(op_perf: pd.DataFrame) -> pd.DataFrame:
-    """Per rank and category: the kernel time, its share of the rank's op kernel time, how much of it has a model
-    and a roofline, and the time-weighted % of roofline over that part."""
-    columns = ["rank", "category", "kernel_us", "time_pct", "roofline_us", "roofline_pct"]
-    if op_perf.empty:
-        return pd.DataFrame([], columns=columns)
-    t = op_perf.assign(roofed=op_perf["kernel_us"].where(op_perf["roofline_pct"].notna(), 0.0),
-                       weighted=(op_perf["kernel_us"] * op_perf["roofline_pct"]).fillna(0.0))
-    g = t.groupby(["rank", "category"], sort=True)[["kernel_us", "roofed", "weighted"]].sum().reset_index()
-    total = g.groupby("rank")["kernel_us"].transform("sum")
-    g["time_pct"] = 100.0 * g["kernel_us"] / total.where(total > 0)
-    g["roofline_pct"] = g["weighted"] / g["roofed"].where(g["roofed"] > 0)
-    g = g.rename(columns={"roofed": "roofline_us"})
-    return g.sort_values(["rank", "kernel_us", "category"], ascending=[True, False, True], ignore_index=True)[columns]
-
-
-def roofline_summary(categories: pd.DataFrame) -> dict[str, Any] | None:
-    """Over all ranks, per category: the kernel time, its share and the time-weighted % of roofline; and a line
-    that says it (None without a roofline anywhere)."""
-    if categories.empty or not (categories["roofline_us"] > 0).any():
-        return None
-    t = categories.assign(weighted=(categories["roofline_pct"] * categories["roofline_us"]).fillna(0.0))
-    g = t.groupby("category")[["kernel_us", "roofline_us", "weighted"]].sum()
-    g = g.sort_values("kernel_us", ascending=False)
-    total = float(g["kernel_us"].sum())
-    rows = {str(c): {"kernel_us": round(float(r["kernel_us"]), 3),
-                     "time_pct": round(100.0 * float(r["kernel_us"]) / total, 2) if total else None,
-                     "roofline_pct": round(float(r["weighted"] / r["roofline_us"]), 2) if r["roofline_us"] > 0
-                     else None} for c, r in g.iterrows()}
-    parts = [f"{c} {v['time_pct']:.0f}% of op kernel time at {v['roofline_pct']:.0f}% of roofline"
-             for c, v in rows.items() if v["roofline_pct"] is not None and v["time_pct"] is not None][:4]
-    return {"categories": rows, "text": "; ".join(parts)}

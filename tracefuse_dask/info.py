@@ -5,16 +5,16 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..errors import SKIPPABLE, MergeError, RankError, TraceFormatError, every_rank_failed, skipped_rank
-from ..storage.files import parse_json, retry_unreachable
-from ..cluster import batches, connect
-from ..model import DEFAULT_RANK_REGEX, InputFile
-from ..kineto.document import check_document, paused_gc
-from ..kineto.events import is_device_event
-from ..kineto.layout import is_merged, split_merged
-from ..kineto.array_form import COMPOSER_MERGED, MERGED_BY_COMPOSER
-from ..kineto.times import to_ns
-from ..storage.inputs import expand_inputs, resolve_rank
+from .errors import SKIPPABLE, MergeError, RankError, TraceFormatError, every_rank_failed, skipped_rank
+from .storage.files import parse_json, retry_unreachable
+from .cluster import batches, connect
+from .model import DEFAULT_RANK_REGEX, InputFile
+from .kineto.document import check_document, paused_gc
+from .kineto.events import is_device_event
+from .kineto.layout import is_merged, split_merged
+from .kineto.array_form import COMPOSER_MERGED, MERGED_BY_COMPOSER
+from .kineto.times import to_ns
+from .storage.inputs import expand_inputs, resolve_rank
 
 __all__ = ["describe_traces", "format_table"]
 

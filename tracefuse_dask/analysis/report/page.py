@@ -30,9 +30,8 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
-from .critical_path import path_line
-from .diff import ITEM_COLUMNS, Diff
-from .op_perf import OVER_ROOF
+from ..schema import ITEM_COLUMNS, OVER_ROOF, Diff
+from .marks import path_line
 
 __all__ = ["SECTIONS", "Page", "render_diff", "render_report"]
 

@@ -9,9 +9,9 @@ import msgspec
 import orjson
 from msgspec import UNSET, Raw, Struct, UnsetType
 
-from ..kineto.events import begin_end_pairs, decode_or_none
-from ..kineto.times import Duration, Micros, to_ns
-from ..kineto.vocabulary import KnownCategory, KnownPhase
+from ...kineto.events import begin_end_pairs, decode_or_none
+from ...kineto.times import Duration, Micros, to_ns
+from ...kineto.vocabulary import KnownCategory, KnownPhase
 
 __all__ = ["NO_ARGS", "Args", "Event", "Trace", "decode_trace", "durations", "events_decoder", "json_text"]
 

@@ -1,0 +1,1 @@
+"""``tracefuse diff``: two analyses compared (``compare``). Pure functions; no IO, no Dask."""
