@@ -40,22 +40,29 @@ def _child(paths: list[str]) -> None:
     except ImportError:
         analysis = importlib.import_module("tracefuse_dask.analysis")
 
-    extra: dict = {}
     takes = inspect.signature(analysis._analyze_file).parameters
-    if "devices" in takes:
+    if "request" in takes:  # the options as one AnalyzeRequest
+        from tracefuse_dask.analysis.schema import AnalyzeRequest
         from tracefuse_dask.perf.devices import load_devices
 
-        extra["devices"] = load_devices()
-    if "cutoffs" in takes:
-        Cutoffs = importlib.import_module("tracefuse_dask").Cutoffs
+        request = AnalyzeRequest(devices=load_devices())
 
-        extra.update(cutoffs=Cutoffs(), sequences_of=None)
-    if "repair" in takes:
-        extra["repair"] = False
+        def task(path: str, rank: int) -> dict:
+            return analysis._analyze_file(InputFile(path, rank_hint=rank, hint_source="order"), request)
+    else:  # a checkout before it: the options one by one, those its task takes
+        extra: dict = {}
+        if "devices" in takes:
+            from tracefuse_dask.perf.devices import load_devices
 
-    def task(path: str, rank: int) -> dict:
-        return analysis._analyze_file(InputFile(path, rank_hint=rank, hint_source="order"), None, None, None,
-                                      DEFAULT_RANK_REGEX, False, **extra)
+            extra["devices"] = load_devices()
+        if "cutoffs" in takes:
+            extra.update(cutoffs=importlib.import_module("tracefuse_dask").Cutoffs(), sequences_of=None)
+        if "repair" in takes:
+            extra["repair"] = False
+
+        def task(path: str, rank: int) -> dict:
+            return analysis._analyze_file(InputFile(path, rank_hint=rank, hint_source="order"), None, None, None,
+                                          DEFAULT_RANK_REGEX, False, **extra)
 
     for r, p in enumerate(paths):  # warm: imports, caches, the page cache
         task(p, r)

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from conftest import shared, write_trace
 
-from tracefuse_dask import Cutoffs, analyze
+from tracefuse_dask import analyze
 from tracefuse_dask.analysis.cross_rank.collectives import instance_metrics, match_collectives
 from tracefuse_dask.analysis.per_rank.rank import analyze_rank
 from tracefuse_dask.kineto.collectives import canonical_op, group_spec
@@ -104,7 +104,7 @@ def test_a_group_known_only_from_pg_config_reports_its_missing_rank():
     from tracefuse_dask.analysis.cross_rank.critical_path import walks_in
     from tracefuse_dask.analysis.per_rank.rank import rows_for
     from tracefuse_dask.analysis.reduce import reduce_ranks
-    from tracefuse_dask.analysis.schema import TABLES
+    from tracefuse_dask.analysis.schema import TABLES, AnalyzeRequest
     from tracefuse_dask.analysis.tasks import batch, combine
     from tracefuse_dask.analysis.transport import as_text, join_parts
 
@@ -122,7 +122,7 @@ def test_a_group_known_only_from_pg_config_reports_its_missing_rank():
                                                                    coded=True),
                combine([batch(files[:1]), batch(files[1:2])], coded=True)]
     segments = join_parts([res["tables"]["path_segments"] for res in results])
-    a = reduce_ranks(results, lambda wanted: walks_in(segments, wanted), [], None, False, (), Cutoffs(), None)
+    a = reduce_ranks(results, lambda wanted: walks_in(segments, wanted), [], AnalyzeRequest())
     assert a.summary["ignored"] == ["x.txt: ignored"] and a.summary["collectives"]["matched"] == 1
     assert a.summary["collectives"]["problem_examples"] == [
         "unmatched allreduce #1 of group 0: no call from rank(s) [2]"]

@@ -3,6 +3,7 @@ and the summary)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,7 @@ from .cross_rank.sequences import top_sequences
 from .cross_rank.what_if import stragglers as what_ifs
 from .cross_rank.what_if import timeline as replay_graph
 from .cross_rank.what_if import verdict as straggler_verdict
-from .schema import CT_COLUMNS, PIECES, TABLES, Analysis, Cutoffs, RankTables
+from .schema import CT_COLUMNS, PIECES, TABLES, Analysis, AnalyzeRequest, RankTables
 from .transport import as_text, in_rank_order
 
 __all__ = ["rank_stats", "reduce_ranks"]
@@ -84,14 +85,70 @@ def rank_stats(breakdown: pd.DataFrame, by_step: pd.DataFrame, launches: pd.Data
                                        "note"])
 
 
+@dataclass
+class _Gathered:
+    """What the tasks' results hold besides their tables: the ranks (in rank order), collective_trace's calls, and
+    what the summary reports of the inputs."""
+
+    per_rank: list[RankTables]
+    ct_calls: list[pd.DataFrame]
+    warnings: list[str]
+    ignored: list[str]
+    skipped: list[dict[str, Any]]
+
+
+@dataclass
+class _Collectives:
+    """The collectives matched across ranks, the clock offsets they give, and their instances' metrics."""
+
+    matched: pd.DataFrame
+    problems: list[str]
+    clocks: dict[str, Any]
+    offsets: dict[int, float]
+    instances: pd.DataFrame
+    waits: pd.DataFrame
+
+
 # The reduce runs with the cyclic collector paused, as the tasks do: it builds and frees many objects and no
 # cycles, and a full collection over the client's objects cost 50-70 ms of an 8-rank analysis.
 def reduce_ranks(results: list[dict[str, Any]], segments_of: Callable[[list[tuple[int, int]]], pd.DataFrame],
-            skipped_names: list[str], steps: tuple[int, int] | None, keep_unlaunched_gpu: bool,
-            devices: tuple[Device, ...], cutoffs: Cutoffs, sequences_of: str | None,
-            subset: Any = None) -> Analysis:
+                 skipped_names: list[str], request: AnalyzeRequest) -> Analysis:
     """The cross-rank reduce of the tasks' joined results (``combine``, without the critical path's segments,
     which ``segments_of`` gives for the walks asked for); it takes their tables out of them."""
+    got = _gather(results, skipped_names, request.subset)
+    per_rank = got.per_rank
+    # each table's parts are dropped once joined, so that the client holds each table about once
+    tables = {name: as_text(in_rank_order([res["tables"].pop(name) for res in results])) for name in TABLES}
+    stats = rank_stats(tables["breakdown"], tables["breakdown_by_step"], tables["launch_stats"],
+                       tables["queue_length"])
+    coll = _collectives(tables["collectives"], per_rank, request.devices)
+    stragglers, verdict = straggler(coll.instances, coll.waits, coll.matched)
+    gpu = bool("kernel_count" in tables["breakdown"] and (tables["breakdown"]["kernel_count"] > 0).any())
+    pieces = {name: as_text(in_rank_order([res["tables"].pop(name) for res in results]))
+              for name in PIECES if name != "path_segments"}
+    texts = {rt.rank: rt.texts for rt in per_rank}
+    path, path_steps, path_origin = stitch(pieces["path_anchors"], segments_of, tables["collectives"], coll.matched,
+                                           coll.offsets, texts)
+    speed, slow_gpu = gpu_speed(tables["op_perf"])
+    verdict = _what_if(verdict, stragglers, coll, pieces, path_steps, gpu, texts)
+    ct = _one_source_per_rank(pd.concat(got.ct_calls, ignore_index=True), got.warnings) if got.ct_calls \
+        else pd.DataFrame(columns=CT_COLUMNS)
+    ct_summary, ct_hints, ct_verdict = summarize(ct)
+    op_perf_categories = by_category(tables["op_perf"])
+    summary = _summary(got, request, tables, stats, coll, gpu, verdict, slow_gpu, op_perf_categories, path_steps,
+                       path_origin, {"files": sum(res["ct_files"] for res in results), "calls": len(ct),
+                                     "straggler_hint": ct_verdict} if got.ct_calls else None,
+                       [note for res in results for note in res["repaired"]])
+    return Analysis(**tables, rank_stats=stats, collective_instances=coll.instances, collective_waits=coll.waits,
+                    collective_summary=op_summary(coll.instances), straggler_ranks=stragglers, critical_path=path,
+                    collective_trace_calls=ct, collective_trace_summary=ct_summary,
+                    collective_trace_hints=ct_hints, op_perf_by_category=op_perf_categories, gpu_speed=speed,
+                    summary=summary)
+
+
+def _gather(results: list[dict[str, Any]], skipped_names: list[str], subset: Any) -> _Gathered:
+    """The ranks of the tasks' results, each once and in rank order, and what the inputs say; raises when there is
+    nothing to analyse, or a rank twice."""
     warnings: list[str] = []
     ignored = [f"{p}: not a trace or collective_trace file by name, or written by tracefuse" for p in skipped_names]
     per_rank: list[RankTables] = []
@@ -131,14 +188,16 @@ def reduce_ranks(results: list[dict[str, Any]], segments_of: Callable[[list[tupl
                             + (f" ({ranges(bad)} skipped as bad)" if bad else ""))
     elif len(world_sizes) > 1:
         warnings.append(f"the inputs report different world sizes {sorted(world_sizes)}: several jobs mixed?")
-    # each table's parts are dropped once joined, so that the client holds each table about once
-    tables = {name: as_text(in_rank_order([res["tables"].pop(name) for res in results])) for name in TABLES}
-    stats = rank_stats(tables["breakdown"], tables["breakdown_by_step"], tables["launch_stats"],
-                       tables["queue_length"])
+    return _Gathered(per_rank, ct_calls, warnings, ignored, skipped)
+
+
+def _collectives(calls: pd.DataFrame, per_rank: list[RankTables], devices: tuple[Device, ...]) -> _Collectives:
+    """Every rank's collective calls matched into instances across ranks, with each group's ranks from the ranks'
+    ``pg_config``; the clock offsets they give; the instances' wait, skew and link use."""
     pg_members: dict[str, set[int]] = {}
     for pg, spec in {(pg, spec) for rt in per_rank for pg, spec in rt.pg_config.items()}:  # each group once
         pg_members.setdefault(pg, set()).update(group_members(spec))
-    matched, problems = match_collectives(tables["collectives"], pg_members)
+    matched, problems = match_collectives(calls, pg_members)
     clocks = clock_offsets(matched, {rt.rank: rt.host for rt in per_rank})
     offsets = {int(r): us * 1e3 for r, us in clocks["clock_offset_us"].items()}
     instances, waits = instance_metrics(matched, offsets)
@@ -147,34 +206,40 @@ def reduce_ranks(results: list[dict[str, Any]], segments_of: Callable[[list[tupl
         by_name.setdefault(d.name, d)
     instances = link_use(instances, matched, {rt.rank: node_of(rt.rank, rt.host, rt.device[2]) for rt in per_rank},
                          {rt.rank: by_name.get(rt.device[0]) for rt in per_rank})
-    stragglers, verdict = straggler(instances, waits, matched)
-    gpu = bool("kernel_count" in tables["breakdown"] and (tables["breakdown"]["kernel_count"] > 0).any())
-    pieces = {name: as_text(in_rank_order([res["tables"].pop(name) for res in results]))
-              for name in PIECES if name != "path_segments"}
-    texts = {rt.rank: rt.texts for rt in per_rank}
-    path, path_steps, path_origin = stitch(pieces["path_anchors"], segments_of, tables["collectives"], matched,
-                                           offsets, texts)
-    speed, slow_gpu = gpu_speed(tables["op_perf"])
-    graph = replay_graph(matched, pieces["path_anchors"], offsets)
+    return _Collectives(matched, problems, clocks, offsets, instances, waits)
+
+
+def _what_if(verdict: dict[str, Any], stragglers: pd.DataFrame, coll: _Collectives, pieces: dict[str, pd.DataFrame],
+             path_steps: list[dict[str, Any]], gpu: bool, texts: Mapping[int, list[str]]) -> dict[str, Any]:
+    """The straggler verdict from the what-if: the job replayed without each candidate's extra work (the ranks
+    that caused most waiting), and why each rank it names is late."""
+    graph = replay_graph(coll.matched, pieces["path_anchors"], coll.offsets)
     candidates = stragglers.sort_values(["wait_caused_us", "rank"], ascending=[False, True])["rank"]
     what_if = what_ifs(graph, candidates.astype(int).tolist()[:_CANDIDATES])
     # a rank late in a few steps is late for what it did in those: its cause is found there
     named = [(n["rank"], n["late_steps"] if n["pattern"] == "transient" else None) for n in what_if["ranks"]] \
         if what_if else [(verdict["rank"], None)]
-    causes = {r: straggler_cause(r, instances, matched, pieces["path_work"], len(late or path_steps), gpu, texts, late,
-                                 behind=k > 0)  # the ranks after the first: held up behind it, seldom the last
+    causes = {r: straggler_cause(r, coll.instances, coll.matched, pieces["path_work"], len(late or path_steps), gpu,
+                                 texts, late, behind=k > 0)  # the ranks after the first: held up behind it
               for k, (r, late) in enumerate(named) if r is not None}
-    verdict = straggler_verdict(verdict, stragglers, what_if, causes)
-    ct = _one_source_per_rank(pd.concat(ct_calls, ignore_index=True), warnings) if ct_calls \
-        else pd.DataFrame(columns=CT_COLUMNS)
-    ct_summary, ct_hints, ct_verdict = summarize(ct)
-    summary = {
+    return straggler_verdict(verdict, stragglers, what_if, causes)
+
+
+def _summary(got: _Gathered, request: AnalyzeRequest, tables: dict[str, pd.DataFrame], stats: pd.DataFrame,
+             coll: _Collectives, gpu: bool, verdict: dict[str, Any], slow_gpu: dict[str, Any] | None,
+             op_perf_categories: pd.DataFrame, path_steps: list[dict[str, Any]], path_origin: int,
+             collective_trace: dict[str, Any] | None, repaired: list[str]) -> dict[str, Any]:
+    """``summary.json``."""
+    per_rank = got.per_rank
+    launches = launch_summary(tables["launch_stats"], tables["queue_length"], tables["memory_bw"], stats,
+                              request.cutoffs)
+    return {
         "tool": "tracefuse_dask",
         "version": __version__,
         "inputs": [rt.path for rt in per_rank],
         "ranks": [rt.rank for rt in per_rank],
         "steps": sorted({s for rt in per_rank for s in rt.steps}),
-        "step_range": list(steps) if steps else None,
+        "step_range": list(request.steps) if request.steps else None,
         "gpu": gpu,
         "why_no_gpu": None if gpu else "no GPU kernels, memcpy or memset in the traces: a CPU-only job (such as "
                                        "gloo); the GPU tables are empty, the ops and step tables are not",
@@ -184,7 +249,7 @@ def reduce_ranks(results: list[dict[str, Any]], segments_of: Callable[[list[tupl
             "why": "HTA's rule, for parity with its figures: in a rank with two or more ProfilerStep#N, device "
                    "work whose launch (correlation) is not among the host events up to the end of the last step, "
                    "such as work queued before the profiler started, is left out; --keep-unlaunched-gpu keeps it",
-        } if not keep_unlaunched_gpu else None,
+        } if not request.keep_unlaunched_gpu else None,
         "kernels_clipped": {
             "count": sum(rt.numbers["kernels_clipped"] for rt in per_rank),
             "why": "a kernel, memcpy or memset that ends after the next one on its stream starts (a clock quirk) "
@@ -203,32 +268,25 @@ def reduce_ranks(results: list[dict[str, Any]], segments_of: Callable[[list[tupl
         },
         "devices": _devices(per_rank),
         "slow_gpu": _slow_gpu_verdict(slow_gpu, verdict),
-        "roofline": roofline_summary(op_perf_categories := by_category(tables["op_perf"])),
+        "roofline": roofline_summary(op_perf_categories),
         "outliers": [n for n in stats["note"] if n],
-        "launches": (launches := launch_summary(tables["launch_stats"], tables["queue_length"], tables["memory_bw"],
-                                                stats, cutoffs)),
-        "kernel_sequences": top_sequences(sequences_of, tables["kernel_sequences"]),
-        "collectives": {"calls": len(tables["collectives"]), "matched": len(instances), "problems": len(problems),
-                        "problem_examples": problems[:20]},
+        "launches": launches,
+        "kernel_sequences": top_sequences(request.sequences_of, tables["kernel_sequences"]),
+        "collectives": {"calls": len(tables["collectives"]), "matched": len(coll.instances),
+                        "problems": len(coll.problems), "problem_examples": coll.problems[:20]},
         "straggler": verdict,
         "critical_path": path_steps,
         "bound": bound(path_steps, launches, float(np.nanmedian([rt.numbers["idle_pct"] for rt in per_rank])))
         if gpu else None,  # a CPU-only job's path is the host's
         "critical_path_origin_ns": path_origin,
         "base_time_ns": {str(rt.rank): rt.base for rt in per_rank},
-        "collective_trace": {"files": sum(res["ct_files"] for res in results), "calls": len(ct),
-                             "straggler_hint": ct_verdict} if ct_calls else None,
-        **clocks,
-        "warnings": warnings,
-        "ignored": ignored,
-        "skipped": skipped,
-        "repaired": [note for res in results for note in res["repaired"]],
+        "collective_trace": collective_trace,
+        **coll.clocks,
+        "warnings": got.warnings,
+        "ignored": got.ignored,
+        "skipped": got.skipped,
+        "repaired": repaired,
     }
-    return Analysis(**tables, rank_stats=stats, collective_instances=instances, collective_waits=waits,
-                    collective_summary=op_summary(instances), straggler_ranks=stragglers, critical_path=path,
-                    collective_trace_calls=ct, collective_trace_summary=ct_summary,
-                    collective_trace_hints=ct_hints, op_perf_by_category=op_perf_categories, gpu_speed=speed,
-                    summary=summary)
 
 
 def _slow_gpu_verdict(slow: dict[str, Any] | None, straggler: dict[str, Any]) -> dict[str, Any] | None:

@@ -24,7 +24,7 @@ from ..storage.inputs import expand_inputs
 from .cross_rank.critical_path import walks_in
 from .folder import check_new, unchanged_report, write_report
 from .reduce import reduce_ranks
-from .schema import Analysis, Cutoffs
+from .schema import Analysis, AnalyzeRequest, Cutoffs
 from .tasks import analyze_files, combine, segments_in, without_segments
 from .transport import join_parts
 
@@ -147,12 +147,13 @@ def analyze(
                              "on_error": on_error, "repair": repair}}
     if skip_if_unchanged and (done := unchanged_report(out_dir, made_from, so)) is not None:
         return done
+    request = AnalyzeRequest(storage_options=so, steps=step_range, subset=subset, rank_regex=rank_regex,
+                             keep_unlaunched_gpu=keep_unlaunched_gpu, devices=devices, cutoffs=cutoffs or Cutoffs(),
+                             sequences_of=kernel_sequences or None, repair=repair, on_error=on_error)
     with connect(client, scheduler=scheduler, scheduler_file=scheduler_file, workers=workers,
                  timeout=timeout, inputs=files) as c:
         futures = c.map(analyze_files, [files[b.start:b.stop] for b in batches([f.trace_bytes for f in files])],
-                        storage_options=so, steps=step_range, subset=subset, rank_regex=rank_regex,
-                        keep_unlaunched_gpu=keep_unlaunched_gpu, devices=devices, cutoffs=cutoffs or Cutoffs(),
-                        sequences_of=kernel_sequences or None, repair=repair, on_error=on_error, pure=False)
+                        request=request, pure=False)
         if show_progress:
             with contextlib.redirect_stdout(sys.stderr):
                 progress(futures, scheduler=c.scheduler.address)
@@ -168,16 +169,14 @@ def analyze(
                 return join_parts(c.gather([c.submit(segments_in, r, wanted, pure=False) for r in reduced]))
 
             with paused_gc():
-                analysis = reduce_ranks(results, segments_of, skipped_names, step_range, keep_unlaunched_gpu, devices,
-                                   cutoffs or Cutoffs(), kernel_sequences or None, subset)
+                analysis = reduce_ranks(results, segments_of, skipped_names, request)
         else:
             results = c.gather(futures)
     if not joined:  # the reduce needs no cluster
         with paused_gc():
             results = [combine(results)]
             segments = results[0]["tables"].pop("path_segments")
-            analysis = reduce_ranks(results, lambda wanted: walks_in(segments, wanted), skipped_names, step_range,
-                               keep_unlaunched_gpu, devices, cutoffs or Cutoffs(), kernel_sequences or None, subset)
+            analysis = reduce_ranks(results, lambda wanted: walks_in(segments, wanted), skipped_names, request)
     analysis.summary["seconds"] = round(time.perf_counter() - started, 3)
     analysis.made_from = made_from
     if out_dir is not None:

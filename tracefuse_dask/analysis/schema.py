@@ -12,12 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from ..errors import MergeError
 from ..kineto.vocabulary import KERNEL_CATEGORIES
+from ..model import DEFAULT_RANK_REGEX
+
+if TYPE_CHECKING:
+    from ..perf.devices import Device
 
 __all__ = ["ANCHOR_COLUMNS", "Analysis", "CATEGORIES", "CT_COLUMNS", "Cutoffs", "Diff", "EXTRAS", "GPU_KINDS",
            "ITEM_COLUMNS", "KINDS", "LABELS", "MEANS", "MIN_PATTERN_LEN", "NO_EVENT", "OP_PERF_COLUMNS", "OVER_ROOF",
@@ -107,6 +111,23 @@ class Cutoffs:
             if not value > 0:
                 raise MergeError(f"the {name} is {value}; give a positive number (HTA's: 50 µs, 100 µs, 1024)")
 
+
+
+@dataclass(frozen=True)
+class AnalyzeRequest:
+    """The options of an analysis that its tasks and its reduce read, checked by ``run.analyze`` before any IO (as
+    ``MergeRequest`` is for a merge): what travels to every task."""
+
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    steps: tuple[int, int] | None = None  # only ProfilerStep#A to #B
+    subset: Any = None  # the ranks to analyse (``model.rank_subset``): None for all
+    rank_regex: str = DEFAULT_RANK_REGEX
+    keep_unlaunched_gpu: bool = False
+    devices: tuple[Device, ...] = ()  # the device table, a --gpu-spec's first
+    cutoffs: Cutoffs = field(default_factory=Cutoffs)
+    sequences_of: str | None = None  # the operator whose kernel sequences to find
+    repair: bool = False
+    on_error: str = "raise"
 
 # The critical path: the kinds of its segments, and the columns of the walks' pieces and of the path.
 # "sync wait": a stream waiting for another stream's work; "sync overhead": the part of a blocking call (a sync, a

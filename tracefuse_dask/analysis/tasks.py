@@ -13,14 +13,13 @@ from ..kineto.array_form import COMPOSER_MERGED, MERGED_BY_COMPOSER
 from ..kineto.document import check_document, decode_json, paused_gc
 from ..kineto.layout import is_merged, split_merged
 from ..model import InputFile
-from ..perf.devices import Device
 from ..storage.files import read_bytes, read_start, retry_unreachable
 from ..storage.inputs import TRACE_NAME, rank_from_name, resolve_rank
 from .cross_rank.critical_path import walks_in
 from .per_rank.collective_trace import looks_like_collective_trace, parse_collective_trace
 from .per_rank.decode import decode_trace
 from .per_rank.rank import analyze_events, analyze_rank, rows_for
-from .schema import PIECES, TABLES, Cutoffs, RankTables
+from .schema import PIECES, TABLES, AnalyzeRequest, RankTables
 from .transport import as_categories, join_parts
 
 __all__ = ["analyze_files", "batch", "combine", "segments_in", "without_segments"]
@@ -31,33 +30,33 @@ _CT_RANK = r"[-_.](?P<rank>\d+)(?:\.(?:csv|log|txt))?$"  # collective_trace name
 _MERGED_HEAD = b'"metadata":{"tracefuse":'
 
 
-def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps: tuple[int, int] | None,
-                  subset: Any, rank_regex: str, keep_unlaunched_gpu: bool, devices: tuple[Device, ...],
-                  cutoffs: Cutoffs, sequences_of: str | None, repair: bool) -> dict[str, Any]:
+def _analyze_file(f: InputFile, request: AnalyzeRequest) -> dict[str, Any]:
     """Task: parse one file and analyse each rank it holds (one, or all of a merged trace).
 
     A collective_trace log or CSV export (recognised by its content) gives its calls instead. With ``repair``, a
     truncated trace gives its complete events, and a note says what was recovered.
     """
+    storage_options, subset, rank_regex = request.storage_options, request.subset, request.rank_regex
+    options = {"keep_unlaunched_gpu": request.keep_unlaunched_gpu, "devices": request.devices,
+               "cutoffs": request.cutoffs, "sequences_of": request.sequences_of}
     if looks_like_collective_trace(read_start(f.path, storage_options)):
         return {"ct_calls": _collective_trace_calls(f, storage_options, rank_regex)}
     if f.listed and not TRACE_NAME.search(f.path):
         return {"ignored": f"{f.path}: neither a trace nor a collective_trace log or CSV"}
     with paused_gc():
-        data, cut_gzip = read_bytes(f.path, storage_options, repair=repair)
+        data, cut_gzip = read_bytes(f.path, storage_options, repair=request.repair)
         # A merged trace is split per rank on the orjson path; ours say so in their first bytes.
         trace = None if data.find(_MERGED_HEAD, 0, 256) >= 0 else decode_trace(data)
         if trace is not None and not is_merged(trace.metadata):
             header = {"distributedInfo": trace.distributedInfo, "host_name": trace.host_name,
                       "global_rank": trace.global_rank, "deviceProperties": trace.deviceProperties}
             rank, world_size, note = resolve_rank(f, header, rank_regex)
-            ranks = [analyze_events(trace.traceEvents, rank, f.path, steps, base=_base(trace.baseTimeNanoseconds),
-                                    header=header, keep_unlaunched_gpu=keep_unlaunched_gpu, devices=devices,
-                                    cutoffs=cutoffs, sequences_of=sequences_of)
+            ranks = [analyze_events(trace.traceEvents, rank, f.path, request.steps,
+                                    base=_base(trace.baseTimeNanoseconds), header=header, **options)
                      ] if subset is None or rank in subset else []
             return {"ranks": ranks, "world_size": world_size, "notes": [note] if note else [], "repaired": []}
         del trace
-        doc, _, repaired = decode_json(data, f.path, rank=f.rank_hint, cut_gzip=cut_gzip, repair=repair)
+        doc, _, repaired = decode_json(data, f.path, rank=f.rank_hint, cut_gzip=cut_gzip, repair=request.repair)
         del data
         if f.listed and isinstance(doc, dict) and "traceEvents" not in doc:
             return {"ignored": f"{f.path}: a JSON file without traceEvents, not a trace"}
@@ -85,27 +84,21 @@ def _analyze_file(f: InputFile, storage_options: Mapping[str, Any] | None, steps
             notes += [note] if note else []
             headers = {rank: {k: v for k, v in doc.items() if k != "traceEvents"}}
         del doc
-        ranks = [analyze_rank(events, rank, f.path, steps, base=base, header=headers.get(rank),
-                              keep_unlaunched_gpu=keep_unlaunched_gpu, devices=devices, cutoffs=cutoffs,
-                              sequences_of=sequences_of)
+        ranks = [analyze_rank(events, rank, f.path, request.steps, base=base, header=headers.get(rank), **options)
                  for rank, events in sorted(parts.items()) if subset is None or rank in subset]
         return {"ranks": ranks, "world_size": world_size, "notes": notes, "repaired": [repaired] if repaired else []}
 
 
 @retry_unreachable
-def analyze_files(files: list[InputFile], storage_options: Mapping[str, Any] | None,
-                   steps: tuple[int, int] | None, subset: Any, rank_regex: str,
-                   keep_unlaunched_gpu: bool, devices: tuple[Device, ...], cutoffs: Cutoffs,
-                   sequences_of: str | None, repair: bool, on_error: str) -> dict[str, Any]:
+def analyze_files(files: list[InputFile], request: AnalyzeRequest) -> dict[str, Any]:
     """Task: ``_analyze_file`` of consecutive files; small ones share a task (``cluster.batches``). With
     ``on_error="skip"``, a bad file gives why instead (``{"skipped": {rank, path, reason}}``), as in merge."""
     results = []
     for f in files:
         try:
-            results.append(_analyze_file(f, storage_options, steps, subset, rank_regex, keep_unlaunched_gpu,
-                                         devices, cutoffs, sequences_of, repair))
+            results.append(_analyze_file(f, request))
         except SKIPPABLE as e:
-            results.append({"skipped": skipped_rank(e, f.rank_hint, f.path, on_error)})
+            results.append({"skipped": skipped_rank(e, f.rank_hint, f.path, request.on_error)})
     return batch(results)
 
 
