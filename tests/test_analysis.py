@@ -14,7 +14,8 @@ from tracefuse_dask.analysis import Analysis, rank_stats
 from tracefuse_dask.cli import main
 from tracefuse_dask.errors import OutputExistsError, RankError
 from tracefuse_dask.kineto.vocabulary import kernel_category, kernel_type
-from tracefuse_dask.analysis.per_rank.rank import LAUNCHER_COLUMNS, _launchers, analyze_rank, union_length
+from tracefuse_dask.analysis.per_rank.ops import LAUNCHER_COLUMNS, _launchers
+from tracefuse_dask.analysis.per_rank.rank import analyze_rank, union_length
 from tracefuse_dask.analysis.per_rank.decode import Args
 from tracefuse_dask.synth import write_example
 

@@ -2,6 +2,7 @@
 them: the merge and the analysis apart; in the analysis, the phases (``per_rank``, ``cross_rank``, ``diff``,
 ``report``) apart from each other, importing nothing of the analysis but ``schema``, and never the cluster or the
 storage, which only ``run``, ``tasks`` and ``folder`` touch."""
+import ast
 import shutil
 import subprocess
 import sys
@@ -39,3 +40,40 @@ def test_an_import_across_phases_breaks_a_contract(tmp_path):
     assert "3 kept, 2 broken" in proc.stdout
     assert "- tracefuse_dask.analysis.per_rank.sequences -> tracefuse_dask.analysis.cross_rank.what_if" in proc.stdout
     assert "tracefuse_dask.analysis.diff.compare -> tracefuse_dask.storage.files" in proc.stdout
+
+
+# Functions over the limit, each to be split; the list may only shrink: a function split under the limit must leave it.
+OVER_80 = {"merge/fastpath.py:rewrite_fast", "analysis/per_rank/walker.py:_Walker.__init__", "merge/rewrite.py:rewrite",
+           "kineto/events.py:RankEvents._scan"}
+
+
+def _lines(node: ast.AST) -> int:
+    """A module's, class's or function's lines, its docstrings excluded (its own and those of what it defines)."""
+    docs = sum(d.end_lineno - d.lineno + 1 for n in ast.walk(node)
+               if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+               and (d := ast.get_docstring(n, clean=False) and n.body[0]))
+    first = 1 if isinstance(node, ast.Module) else node.lineno
+    last = max((getattr(n, "end_lineno", 0) or 0) for n in ast.walk(node))
+    return last - first + 1 - docs
+
+
+def test_no_module_over_600_lines_and_no_function_over_80():
+    """Each module stays under 600 lines and each function under 80, docstrings excluded (``OVER_80`` lists those
+    still to split); every failure is named."""
+    too_long, split = [], []
+    for path in sorted((ROOT / "tracefuse_dask").rglob("*.py")):
+        name = path.relative_to(ROOT / "tracefuse_dask").as_posix()
+        tree = ast.parse(path.read_text())
+        if (n := _lines(tree)) > 600:
+            too_long.append(f"{name}: {n} lines")
+        for holder in [tree, *(c for c in ast.walk(tree) if isinstance(c, ast.ClassDef))]:
+            for f in holder.body:
+                if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    key = f"{name}:{f.name}" if holder is tree else f"{name}:{holder.name}.{f.name}"
+                    n = _lines(f)
+                    if n > 80 and key not in OVER_80:
+                        too_long.append(f"{key}: {n} lines")
+                    elif n <= 80 and key in OVER_80:
+                        split.append(key)
+    assert not too_long, "over the limit: " + "; ".join(too_long)
+    assert not split, "under the limit now, take them out of OVER_80: " + ", ".join(split)

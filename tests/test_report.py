@@ -17,7 +17,7 @@ import pytest
 
 from browser import chromium, console_errors, open_page
 from tracefuse_dask.analysis.report import page as report
-from tracefuse_dask.analysis.report.page import render_report
+from tracefuse_dask.analysis.report.analysis_page import render_report
 
 HOSTILE = "</script><script>alert(1)</script><img src=x onerror=alert(2)><!-- \u2028 \u2029 -->"
 HOSTILE_OP = "<b>&\"'"

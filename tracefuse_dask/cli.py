@@ -148,7 +148,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"tracefuse {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _merge_command(sub)
+    _analyze_command(sub)
+    _diff_command(sub)
+    _info_command(sub)
+    _example_command(sub)
+    return parser
 
+
+def _merge_command(sub: Any) -> None:
+    """``tracefuse merge``'s options."""
     m = sub.add_parser("merge", help="merge per-rank traces into one trace",
                        description="Merge per-rank traces into one trace that Perfetto opens with every "
                                    "rank on one aligned timeline.")
@@ -201,6 +210,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--performance-report", metavar="FILE", help="write Dask's HTML performance report (needs bokeh)")
     _add_cluster_args(m, "; without it, inputs of up to 64 MiB of trace run in this process")
 
+
+def _analyze_command(sub: Any) -> None:
+    """``tracefuse analyze``'s options."""
     a = sub.add_parser("analyze", help="per-rank breakdowns, kernel and op summaries, outlier ranks, HTML report",
                        description="Analyse per-rank traces (one Dask task per rank) into small cross-rank "
                                    "tables, summary.json and a self-contained report.html.")
@@ -245,6 +257,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_cluster_args(a, "; without it, inputs of up to 64 MiB of trace run in this process, unless "
                          "--critical-path-trace is given")
 
+
+def _diff_command(sub: Any) -> None:
+    """``tracefuse diff``'s options."""
     d = sub.add_parser("diff", help="compare two runs: step time, breakdown, kernels, ops, collectives, straggler",
                        description="Compare two runs, each given as traces (analysed here) or as a folder that "
                                    "tracefuse analyze wrote; writes diff.json, diff.html and the tables. Exit "
@@ -270,6 +285,9 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
     _add_cluster_args(d)
 
+
+def _info_command(sub: Any) -> None:
+    """``tracefuse info``'s options."""
     i = sub.add_parser("info", help="describe traces without merging them",
                        description="Describe per-rank traces: ranks, sizes, events per category, time span, "
                                    "pids and flows. Nothing is written.")
@@ -278,6 +296,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_bad_input_args(i)
     _add_cluster_args(i, "; without it, inputs of up to 64 MiB of trace run in this process")
 
+
+def _example_command(sub: Any) -> None:
+    """``tracefuse example``'s options."""
     e = sub.add_parser("example", help="write a small realistic multi-rank example to merge",
                        description="Write synthetic but Kineto-shaped per-rank traces (NCCL collectives, "
                                    "kernels, flows) to OUT_DIR.")
@@ -285,7 +306,6 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--ranks", type=int, default=8, help="number of ranks (default: 8)")
     e.add_argument("--rank-mb", type=float, default=1.0, help="uncompressed MB per rank (default: 1)")
     e.add_argument("--straggler", type=int, default=None, metavar="RANK", help="make this rank arrive late")
-    return parser
 
 
 @contextlib.contextmanager
@@ -411,7 +431,6 @@ def _merge(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
 
 def _analyze(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
     from .analysis.schema import Cutoffs
-    from .analysis.report.marks import path_line
     from .api import analyze
 
     result = analyze(args.inputs, args.output, storage_options=so, ranks=args.ranks, steps=args.steps,
@@ -430,69 +449,75 @@ def _analyze(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
                   "nothing to do", file=sys.stderr)
         return 0
     if not args.quiet:
-        s = result.summary
-        print(f"analysed {_count(len(s['ranks']), 'rank')}, {_count(len(s['steps']), 'step')} in {s['seconds']:.2f} s",
-              file=sys.stderr)
-        if not s["gpu"]:
-            print(f"note: {s['why_no_gpu']}", file=sys.stderr)
-        if s["gpu_events_left_out"] and s["gpu_events_left_out"]["count"]:
-            print(f"note: {s['gpu_events_left_out']['count']:,} GPU events left out: "
-                  f"{s['gpu_events_left_out']['why']}", file=sys.stderr)
-        if s["kernels_clipped"]["count"]:
-            print(f"note: {s['kernels_clipped']['count']:,} kernels clipped: {s['kernels_clipped']['why']}",
-                  file=sys.stderr)
-        if s["devices"]["note"]:
-            print(f"note: {s['devices']['note']}", file=sys.stderr)
-        if s["begin_end"]["unclosed"]:
-            from .model import ranges
-
-            print(f"note: {s['begin_end']['unclosed']:,} B events without their E in rank(s) "
-                  f"{ranges(s['begin_end']['unclosed_ranks'])}: {s['begin_end']['why']}", file=sys.stderr)
-        for line in s["outliers"]:
-            print(f"outlier: {line}", file=sys.stderr)
-        if s["collective_trace"]:
-            ct = s["collective_trace"]
-            print(f"collective_trace: {ct['calls']} calls in {ct['files']} files; {ct['straggler_hint']['evidence']}",
-                  file=sys.stderr)
-        if s["collectives"]["matched"]:
-            print(f"collectives: {s['collectives']['matched']} matched, {s['collectives']['problems']} unmatched or "
-                  f"inconsistent; {s['straggler']['evidence']}", file=sys.stderr)
-        if s["critical_path"]:
-            print(path_line(s["critical_path"]), file=sys.stderr)
-        if s["bound"]:
-            print(f"bound: {s['bound']['text']}", file=sys.stderr)
-            if s["bound"]["why"]:
-                print(f"why both: {s['bound']['why']}", file=sys.stderr)
-        if s["straggler"].get("cause"):
-            print(f"why: {s['straggler']['cause']['verdict']}", file=sys.stderr)
-        if s["straggler"].get("what_if_text"):
-            print(f"what-if: {s['straggler']['what_if_text']}", file=sys.stderr)
-        if s["slow_gpu"]:
-            print(f"gpu: {s['slow_gpu']['text']}", file=sys.stderr)
-        if s["launches"]:
-            print(f"launches: {s['launches']['text']}", file=sys.stderr)
-        if s["kernel_sequences"]:
-            ks = s["kernel_sequences"]
-            top = ks["top"][0] if ks["top"] else None
-            print(f"kernel sequences of {ks['operator']}: {ks['distinct']:,} distinct"
-                  + (f"; the most frequent ran {top['count']:,} times on {top['ranks']} rank(s): {top['pattern']}"
-                     if top else f"; {ks['note']}"), file=sys.stderr)
-        if s["roofline"]:
-            print(f"roofline: {s['roofline']['text']}", file=sys.stderr)
-        for path in s["ignored"]:
-            print(f"ignored {path}", file=sys.stderr)
-        for sk in s["skipped"]:
-            print(f"skipped rank {sk['rank']}: {sk['reason']}", file=sys.stderr)
-        for w in (*s["repaired"], *s["warnings"]):
-            print(f"warning: {w}", file=sys.stderr)
-        print(f"wrote {args.output.rstrip('/')}/report.html", file=sys.stderr)
-        if args.critical_path_trace:
-            cpt = s["critical_path_trace"]
-            print(f"wrote {cpt['output']}: the merged trace with the critical path marked ({cpt['slices']:,} slices "
-                  f"on the 'critical path' track, "
-                  + (f"{cpt['what_if_slices']:,} on its 'straggler what-if' thread, " if cpt["what_if_slices"] else "")
-                  + f"{cpt['arrows']:,} arrows)", file=sys.stderr)
+        _tell_analysis(result.summary, args)
     return 0
+
+
+def _tell_analysis(s: dict[str, Any], args: argparse.Namespace) -> None:
+    """What ``tracefuse analyze`` found, a line each on stderr, from its summary."""
+    from .analysis.report.marks import path_line
+
+    print(f"analysed {_count(len(s['ranks']), 'rank')}, {_count(len(s['steps']), 'step')} in {s['seconds']:.2f} s",
+          file=sys.stderr)
+    if not s["gpu"]:
+        print(f"note: {s['why_no_gpu']}", file=sys.stderr)
+    if s["gpu_events_left_out"] and s["gpu_events_left_out"]["count"]:
+        print(f"note: {s['gpu_events_left_out']['count']:,} GPU events left out: "
+              f"{s['gpu_events_left_out']['why']}", file=sys.stderr)
+    if s["kernels_clipped"]["count"]:
+        print(f"note: {s['kernels_clipped']['count']:,} kernels clipped: {s['kernels_clipped']['why']}",
+              file=sys.stderr)
+    if s["devices"]["note"]:
+        print(f"note: {s['devices']['note']}", file=sys.stderr)
+    if s["begin_end"]["unclosed"]:
+        from .model import ranges
+
+        print(f"note: {s['begin_end']['unclosed']:,} B events without their E in rank(s) "
+              f"{ranges(s['begin_end']['unclosed_ranks'])}: {s['begin_end']['why']}", file=sys.stderr)
+    for line in s["outliers"]:
+        print(f"outlier: {line}", file=sys.stderr)
+    if s["collective_trace"]:
+        ct = s["collective_trace"]
+        print(f"collective_trace: {ct['calls']} calls in {ct['files']} files; {ct['straggler_hint']['evidence']}",
+              file=sys.stderr)
+    if s["collectives"]["matched"]:
+        print(f"collectives: {s['collectives']['matched']} matched, {s['collectives']['problems']} unmatched or "
+              f"inconsistent; {s['straggler']['evidence']}", file=sys.stderr)
+    if s["critical_path"]:
+        print(path_line(s["critical_path"]), file=sys.stderr)
+    if s["bound"]:
+        print(f"bound: {s['bound']['text']}", file=sys.stderr)
+        if s["bound"]["why"]:
+            print(f"why both: {s['bound']['why']}", file=sys.stderr)
+    if s["straggler"].get("cause"):
+        print(f"why: {s['straggler']['cause']['verdict']}", file=sys.stderr)
+    if s["straggler"].get("what_if_text"):
+        print(f"what-if: {s['straggler']['what_if_text']}", file=sys.stderr)
+    if s["slow_gpu"]:
+        print(f"gpu: {s['slow_gpu']['text']}", file=sys.stderr)
+    if s["launches"]:
+        print(f"launches: {s['launches']['text']}", file=sys.stderr)
+    if s["kernel_sequences"]:
+        ks = s["kernel_sequences"]
+        top = ks["top"][0] if ks["top"] else None
+        print(f"kernel sequences of {ks['operator']}: {ks['distinct']:,} distinct"
+              + (f"; the most frequent ran {top['count']:,} times on {top['ranks']} rank(s): {top['pattern']}"
+                 if top else f"; {ks['note']}"), file=sys.stderr)
+    if s["roofline"]:
+        print(f"roofline: {s['roofline']['text']}", file=sys.stderr)
+    for path in s["ignored"]:
+        print(f"ignored {path}", file=sys.stderr)
+    for sk in s["skipped"]:
+        print(f"skipped rank {sk['rank']}: {sk['reason']}", file=sys.stderr)
+    for w in (*s["repaired"], *s["warnings"]):
+        print(f"warning: {w}", file=sys.stderr)
+    print(f"wrote {args.output.rstrip('/')}/report.html", file=sys.stderr)
+    if args.critical_path_trace:
+        cpt = s["critical_path_trace"]
+        print(f"wrote {cpt['output']}: the merged trace with the critical path marked ({cpt['slices']:,} slices "
+              f"on the 'critical path' track, "
+              + (f"{cpt['what_if_slices']:,} on its 'straggler what-if' thread, " if cpt["what_if_slices"] else "")
+              + f"{cpt['arrows']:,} arrows)", file=sys.stderr)
 
 
 def _diff(args: argparse.Namespace, so: dict[str, Any] | None) -> int:

@@ -35,7 +35,7 @@ def write_report(analysis: Analysis, out_dir: str, storage_options: Mapping[str,
                  format: str = "parquet") -> None:
     """Write the report folder: a file per table, ``report.html``, ``summary.json`` and its commit (last; see
     ``storage.folders``), which records ``analysis.made_from`` for ``--skip-if-unchanged``."""
-    from .report.page import render_report
+    from .report.analysis_page import render_report
 
     files: dict[str, bytes | pd.DataFrame] = dict(
         (f"{name}.{format}", df) for name, df in analysis.tables().items())
@@ -47,7 +47,7 @@ def write_report(analysis: Analysis, out_dir: str, storage_options: Mapping[str,
 def write_diff(diff: Diff, out_dir: str, storage_options: Mapping[str, Any] | None = None, *,
                format: str = "parquet") -> None:
     """Write ``tracefuse diff``'s folder: its tables, ``diff.html``, ``diff.json`` and its commit (last)."""
-    from .report.page import render_diff
+    from .report.diff_page import render_diff
 
     files: dict[str, bytes | pd.DataFrame] = {f"{name}.{format}": df for name, df in diff.tables.items()}
     files["diff.html"] = render_diff(diff).encode()

@@ -8,7 +8,7 @@ import logging
 import re
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -18,7 +18,7 @@ from distributed import progress
 from ..cluster import batches, connect
 from ..errors import MergeError
 from ..kineto.document import paused_gc
-from ..model import DEFAULT_RANK_REGEX, parse_steps, rank_subset
+from ..model import DEFAULT_RANK_REGEX, InputFile, parse_steps, rank_subset
 from ..perf.devices import load_devices
 from ..storage.inputs import expand_inputs
 from .cross_rank.critical_path import walks_in
@@ -120,59 +120,32 @@ def analyze(
     >>> a.breakdown[["rank", "idle_us", "exposed_comm_us"]]  # doctest: +SKIP
     """
     started = time.perf_counter()
-    if format not in ("parquet", "csv"):
-        raise MergeError(f"format={format!r}; use 'parquet' or 'csv'")
-    if on_error not in ("raise", "skip"):
-        raise MergeError(f"on_error={on_error!r}; use 'raise' or 'skip'")
-    try:
-        subset = rank_subset(ranks)
-        step_range = parse_steps(steps) if isinstance(steps, str) else steps
-    except ValueError as e:
-        raise MergeError(str(e)) from None
-    so = dict(storage_options or {})
-    devices = load_devices(gpu_spec)
+    request = _request(format, on_error, ranks, steps, storage_options, rank_regex, keep_unlaunched_gpu, gpu_spec,
+                       cutoffs, kernel_sequences, repair)
+    so = request.storage_options
     if skip_if_unchanged and out_dir is None:
         raise MergeError("skip_if_unchanged compares with the report folder: give out_dir too")
     if out_dir is not None:
         check_new(out_dir, so, force or skip_if_unchanged)
     files, skipped_names = expand_inputs(urlpath, storage_options=storage_options, rank_regex=rank_regex,
-                                         names=_NAMES, subset=subset)
+                                         names=_NAMES, subset=request.subset)
     made_from = {"inputs": [f.identity for f in files],
                  "options": {"ranks": ranks if ranks is None or isinstance(ranks, str)
-                             else sorted(int(r) for r in subset),
-                             "steps": step_range, "rank_regex": rank_regex, "format": format,
+                             else sorted(int(r) for r in request.subset),
+                             "steps": request.steps, "rank_regex": rank_regex, "format": format,
                              "keep_unlaunched_gpu": keep_unlaunched_gpu,
-                             "devices": hashlib.sha256(repr(devices).encode()).hexdigest(),
-                             "cutoffs": asdict(cutoffs or Cutoffs()), "kernel_sequences": kernel_sequences,
+                             "devices": hashlib.sha256(repr(request.devices).encode()).hexdigest(),
+                             "cutoffs": asdict(request.cutoffs), "kernel_sequences": kernel_sequences,
                              "on_error": on_error, "repair": repair}}
     if skip_if_unchanged and (done := unchanged_report(out_dir, made_from, so)) is not None:
         return done
-    request = AnalyzeRequest(storage_options=so, steps=step_range, subset=subset, rank_regex=rank_regex,
-                             keep_unlaunched_gpu=keep_unlaunched_gpu, devices=devices, cutoffs=cutoffs or Cutoffs(),
-                             sequences_of=kernel_sequences or None, repair=repair, on_error=on_error)
     with connect(client, scheduler=scheduler, scheduler_file=scheduler_file, workers=workers,
                  timeout=timeout, inputs=files) as c:
-        futures = c.map(analyze_files, [files[b.start:b.stop] for b in batches([f.trace_bytes for f in files])],
-                        request=request, pure=False)
-        if show_progress:
-            with contextlib.redirect_stdout(sys.stderr):
-                progress(futures, scheduler=c.scheduler.address)
-        joined = len(futures) > _COMBINE
-        if joined:
-            reduced = [c.submit(combine, futures[i:i + _COMBINE], coded=True, pure=False)
-                       for i in range(0, len(futures), _COMBINE)]
-            del futures  # each file's result is freed once its reduce task has it
-            # the critical path's segments stay on the cluster: the reduce asks for those of the path's walks
-            results = c.gather([c.submit(without_segments, r, pure=False) for r in reduced])
-
-            def segments_of(wanted: list[tuple[int, int]]) -> pd.DataFrame:
-                return join_parts(c.gather([c.submit(segments_in, r, wanted, pure=False) for r in reduced]))
-
+        results, segments_of = _map(c, files, request, show_progress)
+        if segments_of is not None:  # the segments are on the cluster: the reduce asks it for the path's
             with paused_gc():
                 analysis = reduce_ranks(results, segments_of, skipped_names, request)
-        else:
-            results = c.gather(futures)
-    if not joined:  # the reduce needs no cluster
+    if segments_of is None:  # the reduce needs no cluster
         with paused_gc():
             results = [combine(results)]
             segments = results[0]["tables"].pop("path_segments")
@@ -182,5 +155,48 @@ def analyze(
     if out_dir is not None:
         write_report(analysis, out_dir, so, format=format)
     return analysis
+
+
+def _request(format: str, on_error: str, ranks: str | Iterable[int] | None, steps: str | tuple[int, int] | None,
+             storage_options: Mapping[str, Any] | None, rank_regex: str, keep_unlaunched_gpu: bool,
+             gpu_spec: str | None, cutoffs: Cutoffs | None, kernel_sequences: str | None,
+             repair: bool) -> AnalyzeRequest:
+    """``analyze``'s options checked, before any IO, as the request its tasks and its reduce read."""
+    if format not in ("parquet", "csv"):
+        raise MergeError(f"format={format!r}; use 'parquet' or 'csv'")
+    if on_error not in ("raise", "skip"):
+        raise MergeError(f"on_error={on_error!r}; use 'raise' or 'skip'")
+    try:
+        subset = rank_subset(ranks)
+        step_range = parse_steps(steps) if isinstance(steps, str) else steps
+    except ValueError as e:
+        raise MergeError(str(e)) from None
+    return AnalyzeRequest(storage_options=dict(storage_options or {}), steps=step_range, subset=subset,
+                          rank_regex=rank_regex, keep_unlaunched_gpu=keep_unlaunched_gpu,
+                          devices=load_devices(gpu_spec), cutoffs=cutoffs or Cutoffs(),
+                          sequences_of=kernel_sequences or None, repair=repair, on_error=on_error)
+
+
+def _map(c: Any, files: list[InputFile], request: AnalyzeRequest,
+         show_progress: bool) -> tuple[list[dict[str, Any]], Callable[[list[tuple[int, int]]], pd.DataFrame] | None]:
+    """The map tasks on the cluster ``c`` (a file each, small ones batched), and over ``_COMBINE`` of them their
+    combine tasks: the results the client gets, and how the reduce gets the critical path's segments that stay
+    on the cluster (None: they are in the results)."""
+    futures = c.map(analyze_files, [files[b.start:b.stop] for b in batches([f.trace_bytes for f in files])],
+                    request=request, pure=False)
+    if show_progress:
+        with contextlib.redirect_stdout(sys.stderr):
+            progress(futures, scheduler=c.scheduler.address)
+    if len(futures) <= _COMBINE:
+        return c.gather(futures), None
+    reduced = [c.submit(combine, futures[i:i + _COMBINE], coded=True, pure=False)
+               for i in range(0, len(futures), _COMBINE)]
+    del futures  # each file's result is freed once its reduce task has it
+    # the critical path's segments stay on the cluster: the reduce asks for those of the path's walks
+
+    def segments_of(wanted: list[tuple[int, int]]) -> pd.DataFrame:
+        return join_parts(c.gather([c.submit(segments_in, r, wanted, pure=False) for r in reduced]))
+
+    return c.gather([c.submit(without_segments, r, pure=False) for r in reduced]), segments_of
 
 

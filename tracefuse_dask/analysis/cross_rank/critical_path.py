@@ -74,6 +74,51 @@ def stitch(anchors: pd.DataFrame, segments_of: Callable[[list[tuple[int, int]]],
     walks_of: dict[tuple[int, str, int], list[int]] = defaultdict(list)  # a step of a rank can have two anchors
     for r, k, key, walk in zip(a["rank"].tolist(), a["anchor"], a["key"].tolist(), a["walk"].tolist()):
         walks_of[(r, k, key)].append(walk)
+    chains, host_end = _chains(a, by_anchor, calls, matched, off)
+    wanted = sorted({(w.anchor[0], walk) for _, chain, _, _ in chains for w in chain if type(w) is _Walks
+                     for walk in walks_of[w.anchor]})
+    segments = segments_of(wanted) if wanted else pd.DataFrame()
+    rows_of = _runs(segments["rank"].to_numpy(), segments["walk"].to_numpy()) if len(segments) else {}
+    columns = [segments[c].to_numpy() for c in ("kind", "name", "start_ns", "end_ns", "pid", "tid", "event_ns",
+                                                "category")] if len(segments) else []
+
+    def segs_of(cur: tuple[int, str, int], shift: int) -> list[tuple[Any, ...]]:
+        """The segments of an anchor's walks, decoded, on the rank's corrected clock. ``event_ts`` is the event's
+        start as Python divides exact ints (one rounding; numpy's float division would move the last digit)."""
+        r, text = cur[0], texts[cur[0]]
+        idx = [rows_of[(r, walk)] for walk in walks_of[cur] if (r, walk) in rows_of]
+        if not idx:
+            return []
+        return [(r, KINDS[k], text[n], t0 - shift, t1 - shift, text[p], text[q], t / 1000 if t != NO_EVENT else np.nan,
+                 CATEGORIES[c])
+                for k, n, t0, t1, p, q, t, c in zip(*(np.concatenate([v[i] for i in idx]).tolist() for v in columns))]
+    paths: list[tuple[int, list[tuple[Any, ...]], int, int]] = []
+    for step, chain, begin, end in chains:
+        path: list[tuple[Any, ...]] = []
+        for w in chain:
+            path += segs_of(*w) if type(w) is _Walks else [w]
+        path.sort(key=lambda p: (p[3], p[4]))
+        if begin is None:  # no steps: the whole trace, from where the path starts
+            begin = path[0][3] if path else int(end)
+        # a call's walk may go back past this step's start (to an earlier step's, whose device work the call ran in)
+        path = [p if p[3] >= begin else (*p[:3], begin, *p[4:]) for p in path if p[4] > begin]
+        if path and path[0][3] > begin:  # the rank where the path starts began the step after another rank did
+            path.insert(0, (path[0][0], "idle", f"not yet in ProfilerStep#{step}", begin, path[0][3], "", "",
+                            np.nan, ""))
+        paths.append((step, path, begin, end))
+    origin = min((b for _, _, b, _ in paths), default=0)
+    rows = [(step, k, r, kind, name, (t0 - origin) / 1e3, (t1 - t0) / 1e3, *event)
+            for step, path, _, _ in paths for k, (r, kind, name, t0, t1, *event) in enumerate(path)]
+    steps = [_step_summary(step, path, (b - origin) / 1e3, e - b, host_end[step] - b) for step, path, b, e in paths]
+    return pd.DataFrame(rows, columns=PATH_COLUMNS), steps, int(origin)
+
+
+def _chains(a: pd.DataFrame, by_anchor: Mapping[tuple[int, str, int], Any], calls: pd.DataFrame,
+            matched: pd.DataFrame, off: Mapping[int, int]) -> tuple[list[tuple[int, list[Any], int | None, int]],
+                                                                  dict[int, int]]:
+    """Per step, from its end on the rank that finished last: the anchors whose walks the path takes, one after the
+    other, and the collective transfers between them (at a matched collective, from the last participant's
+    arrival); with the step's begin and end. Also each step's latest host end."""
     arrival = _arrivals(calls, off)
     op_of = {(r, c): op for r, c, op in zip(*(calls[k].tolist() for k in ("rank", "index", "op")))}
     members: dict[int, list[tuple[int, int]]] = defaultdict(list)
@@ -120,42 +165,7 @@ def stitch(anchors: pd.DataFrame, segments_of: Callable[[list[tuple[int, int]]],
                 break
             cur = (nxt[0], "call", nxt[1])
         chains.append((int(step), chain, begin, int(end)))
-    wanted = sorted({(w.anchor[0], walk) for _, chain, _, _ in chains for w in chain if type(w) is _Walks
-                     for walk in walks_of[w.anchor]})
-    segments = segments_of(wanted) if wanted else pd.DataFrame()
-    rows_of = _runs(segments["rank"].to_numpy(), segments["walk"].to_numpy()) if len(segments) else {}
-    columns = [segments[c].to_numpy() for c in ("kind", "name", "start_ns", "end_ns", "pid", "tid", "event_ns",
-                                                "category")] if len(segments) else []
-
-    def segs_of(cur: tuple[int, str, int], shift: int) -> list[tuple[Any, ...]]:
-        """The segments of an anchor's walks, decoded, on the rank's corrected clock. ``event_ts`` is the event's
-        start as Python divides exact ints (one rounding; numpy's float division would move the last digit)."""
-        r, text = cur[0], texts[cur[0]]
-        idx = [rows_of[(r, walk)] for walk in walks_of[cur] if (r, walk) in rows_of]
-        if not idx:
-            return []
-        return [(r, KINDS[k], text[n], t0 - shift, t1 - shift, text[p], text[q], t / 1000 if t != NO_EVENT else np.nan,
-                 CATEGORIES[c])
-                for k, n, t0, t1, p, q, t, c in zip(*(np.concatenate([v[i] for i in idx]).tolist() for v in columns))]
-    paths: list[tuple[int, list[tuple[Any, ...]], int, int]] = []
-    for step, chain, begin, end in chains:
-        path: list[tuple[Any, ...]] = []
-        for w in chain:
-            path += segs_of(*w) if type(w) is _Walks else [w]
-        path.sort(key=lambda p: (p[3], p[4]))
-        if begin is None:  # no steps: the whole trace, from where the path starts
-            begin = path[0][3] if path else int(end)
-        # a call's walk may go back past this step's start (to an earlier step's, whose device work the call ran in)
-        path = [p if p[3] >= begin else (*p[:3], begin, *p[4:]) for p in path if p[4] > begin]
-        if path and path[0][3] > begin:  # the rank where the path starts began the step after another rank did
-            path.insert(0, (path[0][0], "idle", f"not yet in ProfilerStep#{step}", begin, path[0][3], "", "",
-                            np.nan, ""))
-        paths.append((step, path, begin, end))
-    origin = min((b for _, _, b, _ in paths), default=0)
-    rows = [(step, k, r, kind, name, (t0 - origin) / 1e3, (t1 - t0) / 1e3, *event)
-            for step, path, _, _ in paths for k, (r, kind, name, t0, t1, *event) in enumerate(path)]
-    steps = [_step_summary(step, path, (b - origin) / 1e3, e - b, host_end[step] - b) for step, path, b, e in paths]
-    return pd.DataFrame(rows, columns=PATH_COLUMNS), steps, int(origin)
+    return chains, host_end
 
 
 def walks_in(segments: pd.DataFrame, wanted: Sequence[tuple[int, int]]) -> pd.DataFrame:

@@ -115,31 +115,8 @@ def compare(base: Analysis, new: Analysis, *, fail_above: float | None = None) -
               "counts from 1%, and only the step time can fail a check" for s in few]
     noise = max(s.spread_pct for s in sides)
     step = _step_item(sides)
-    rows = [step]
-    if same_ranks:
-        rows += [_step_item(sides, r) for r in sides[0].ranks]
-    frames = [pd.DataFrame(rows, columns=ITEM_COLUMNS)]
-    groups = [s.per_rank("op_perf") for s in sides]
-    kernels = [s.per_rank("kernels") for s in sides]
-    lacking = [s.label for s, g, k in zip(sides, groups, kernels) if g.empty and not k.empty]
-    if lacking:  # a report of an earlier version: no op groups to compare with the other run's
-        notes.append(f"the {lacking[0]} run's report has no op_perf table (an earlier version): op groups are not "
-                     "compared; run tracefuse analyze on its traces again")
-        groups = [g.iloc[:0] for g in groups]
-    renamed = _renamed(groups, kernels)
-    per_what = {"breakdown": [s.per_rank("breakdown") for s in sides],
-                "kernel": [sides[0].per_rank("kernels", renamed) if renamed else kernels[0], kernels[1]],
-                "op group": groups,
-                "op": [s.per_rank("ops") for s in sides], "collective": [s.per_rank("collectives") for s in sides]}
-    for what, per_rank in per_what.items():
-        frames.append(_items(what, per_rank, [s.ranks for s in sides], noise, same_ranks))
-    paths = [sides[0].path(renamed), sides[1].path()]
-    names_cp = paths[0].index.union(paths[1].index)
-    cp = _frame("critical path", names_cp, -1, *(p.reindex(names_cp, fill_value=0.0) for p in paths))
-    cp["significant"] = cp["delta_pct"].abs() > max(noise, MIN_CHANGE_PCT)
-    frames.append(cp)
-    items = pd.concat([f for f in frames if len(f)], ignore_index=True).astype({"significant": bool})
-    items = _labelled(items, renamed)
+    items, per_what, renamed = _all_items(sides, step, same_ranks, noise, notes)
+    groups, kernels = per_what["op group"], [s.per_rank("kernels") for s in sides]
     warnings = []
     names = [set(per_what["kernel"][i]["name"]) | set(per_what["op"][i]["name"]) for i in (0, 1)]
     if names[0] | names[1] and len(names[0] & names[1]) < MIN_NAME_OVERLAP * len(names[0] | names[1]):
@@ -200,6 +177,37 @@ def compare(base: Analysis, new: Analysis, *, fail_above: float | None = None) -
                   .rename(columns={"count": "steps", "min": "min_us", "median": "median_us", "max": "max_us"})
                   .reset_index())
     return Diff({"items": items, "steps": steps, "step_stats": step_stats}, summary)
+
+
+def _all_items(sides: tuple[_Side, _Side], step: dict[str, Any], same_ranks: bool, noise: float,
+               notes: list[str]) -> tuple[pd.DataFrame, dict[str, list[pd.DataFrame]], dict[str, str]]:
+    """Every figure compared, a row each (``items``); each kind's per-rank tables of both runs; the kernels renamed
+    between the runs. A note says when the op groups cannot be compared."""
+    rows = [step]
+    if same_ranks:
+        rows += [_step_item(sides, r) for r in sides[0].ranks]
+    frames = [pd.DataFrame(rows, columns=ITEM_COLUMNS)]
+    groups = [s.per_rank("op_perf") for s in sides]
+    kernels = [s.per_rank("kernels") for s in sides]
+    lacking = [s.label for s, g, k in zip(sides, groups, kernels) if g.empty and not k.empty]
+    if lacking:  # a report of an earlier version: no op groups to compare with the other run's
+        notes.append(f"the {lacking[0]} run's report has no op_perf table (an earlier version): op groups are not "
+                     "compared; run tracefuse analyze on its traces again")
+        groups = [g.iloc[:0] for g in groups]
+    renamed = _renamed(groups, kernels)
+    per_what = {"breakdown": [s.per_rank("breakdown") for s in sides],
+                "kernel": [sides[0].per_rank("kernels", renamed) if renamed else kernels[0], kernels[1]],
+                "op group": groups,
+                "op": [s.per_rank("ops") for s in sides], "collective": [s.per_rank("collectives") for s in sides]}
+    for what, per_rank in per_what.items():
+        frames.append(_items(what, per_rank, [s.ranks for s in sides], noise, same_ranks))
+    paths = [sides[0].path(renamed), sides[1].path()]
+    names_cp = paths[0].index.union(paths[1].index)
+    cp = _frame("critical path", names_cp, -1, *(p.reindex(names_cp, fill_value=0.0) for p in paths))
+    cp["significant"] = cp["delta_pct"].abs() > max(noise, MIN_CHANGE_PCT)
+    frames.append(cp)
+    items = pd.concat([f for f in frames if len(f)], ignore_index=True).astype({"significant": bool})
+    return _labelled(items, renamed), per_what, renamed
 
 
 class _Side:

@@ -17,9 +17,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ...kineto.collectives import ITEMSIZE, canonical_op, group_spec
 from ...errors import TraceFormatError
-
+from ...kineto.collectives import ITEMSIZE, canonical_op, group_spec
 from ..schema import CT_COLUMNS
 
 __all__ = ["looks_like_collective_trace", "parse_collective_trace"]

@@ -12,6 +12,7 @@ import pandas as pd
 
 from ...kineto.collectives import ITEMSIZE, canonical_op, group_members, group_spec
 from ...kineto.vocabulary import COLLECTIVE_OP_PREFIXES, is_comm_kernel
+from .model import GpuWork
 
 __all__ = ["CALL_COLUMNS", "rank_collectives"]
 
@@ -22,7 +23,7 @@ CALL_COLUMNS = ["index", "op", "name", "pg_name", "pg_desc", "group_ranks", "gro
 
 def rank_collectives(name_code: np.ndarray, names: np.ndarray, tids: np.ndarray, args: list[Any],
                      order: np.ndarray, stop: np.ndarray, members: np.ndarray, start: np.ndarray, end: np.ndarray,
-                     launch_pos: np.ndarray, gpu: Any, steps: list[tuple[int, int, int]], base: int,
+                     launch_pos: np.ndarray, gpu: GpuWork, steps: list[tuple[int, int, int]], base: int,
                      pg_config: Mapping[str, str]) -> pd.DataFrame:
     """One rank's collective calls, one row each, times in absolute ns.
 
@@ -51,7 +52,7 @@ def rank_collectives(name_code: np.ndarray, names: np.ndarray, tids: np.ndarray,
     launch_pos
         Per GPU event, the position of the host event that launched it (-1: none).
     gpu
-        The GPU events (``rank._Gpu``): their ``start``, ``end``, ``stream``, ``name`` and ``args``.
+        The GPU events (``model.GpuWork``): their ``start``, ``end``, ``stream``, ``name`` and ``args``.
     steps
         ``(step, start, end)`` of each ``ProfilerStep#N`` (relative ns).
     pg_config

@@ -32,7 +32,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-
 from ..schema import Cutoffs
 
 __all__ = ["LAUNCH_COLUMNS", "MEMORY_COLUMNS", "QUEUE_COLUMNS", "WORST_COLUMNS", "counter_series", "launch_stats",

@@ -19,7 +19,6 @@ import pandas as pd
 from ...kineto.vocabulary import is_collective_call
 from ...perf import category, work
 from ...perf.devices import Device
-
 from ..schema import OP_PERF_COLUMNS
 
 __all__ = ["op_perf_table", "owners"]

@@ -12,9 +12,8 @@ name, cat or pid, and subtree totals are prefix sums over the call tree's order.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from itertools import compress
 from operator import attrgetter
 from typing import Any
@@ -43,14 +42,15 @@ from ...kineto.vocabulary import (
     on_device,
 )
 from ...model import MergeOptions
-from ...perf import has_model, needs_context
+from ...perf import has_model
 from ...perf.devices import Device, detect
-from ...perf.vllm import CONTEXT as VLLM_CONTEXT
 from ..schema import Cutoffs, RankTables
 from .collectives import rank_collectives
 from .counters import LAUNCH_COLUMNS, launch_stats, memory_bw, memory_kind, queue_length
-from .decode import NO_ARGS, Args, Event, durations, events_decoder, json_text
+from .decode import NO_ARGS, Args, Event, durations, events_decoder
+from .model import CallTree, GpuWork, codes, factorized
 from .op_perf import op_perf_table, owners
+from .ops import op_keys, op_tables
 from .sequences import SEQUENCE_COLUMNS, rank_sequences
 from .walker import rank_pieces
 
@@ -83,41 +83,9 @@ def union_length(starts: np.ndarray, ends: np.ndarray) -> int:
 _CORRELATION_TYPES = frozenset({int, str})
 _CAT, _NAME, _PID, _TID, _TS, _DUR, _ARGS, _CORRELATION = map(attrgetter, ("cat", "name", "pid", "tid", "ts", "dur",
                                                                           "args", "correlation"))
-_DIMS, _TYPES, _CONCRETE = attrgetter("input_dims"), attrgetter("input_types"), attrgetter("concrete_inputs")
-LAUNCHER_COLUMNS = ["name", "input_dims", "input_types", "count", "gpu_time_us", "kernel_count", "top_kernels"]
 
 
-@dataclass
-class _Gpu:
-    """A rank's GPU activity (kernels, memcpy, memset) as arrays, in input order."""
-
-    start: np.ndarray
-    end: np.ndarray
-    stream: list[Any]
-    stream_code: np.ndarray  # each stream as a code
-    name: np.ndarray
-    code: np.ndarray  # each name's code into the rank's distinct names
-    kind: np.ndarray
-    ktype: np.ndarray  # HTA kernel type per event
-    launch: np.ndarray  # index of the launching host event, or -1
-    dur: np.ndarray  # per-event duration (ns), clipped at the next start on its stream (``_clipped``)
-    clipped: int  # how many durations were clipped
-    args: list[Args]  # per event, for the collective matching (``Collective name``)
-    index: np.ndarray  # each event's index among the X events
-
-
-@dataclass
-class _Tree:
-    """The host events nested per thread, in tree order: each thread's events by (ts, -dur), parents first."""
-
-    order: np.ndarray  # the event at each position
-    parent: list[int]  # the position of each position's innermost enclosing event, -1 for a root
-    stop: np.ndarray  # the end (exclusive) of each position's subtree, which runs from the position itself
-    pos: np.ndarray  # the position of each event, -1 for events not in the tree
-    thread: np.ndarray  # each position's thread, as a code
-
-
-def _breakdown(g: _Gpu, mask: np.ndarray | None = None) -> dict[str, float]:
+def _breakdown(g: GpuWork, mask: np.ndarray | None = None) -> dict[str, float]:
     """HTA's temporal breakdown, plus the per-category unions and the exposed communication (µs)."""
     if mask is not None:
         start, end, ktype, kinds = g.start[mask], g.end[mask], g.ktype[mask], g.kind[mask]
@@ -155,15 +123,15 @@ def _breakdown(g: _Gpu, mask: np.ndarray | None = None) -> dict[str, float]:
     }
 
 
-def _call_tree(pids: np.ndarray, tids: np.ndarray, host: np.ndarray, start: np.ndarray, end: np.ndarray) -> _Tree:
+def _call_tree(pids: np.ndarray, tids: np.ndarray, host: np.ndarray, start: np.ndarray, end: np.ndarray) -> CallTree:
     """Nest host events per (pid, tid) by (ts, -dur).
 
     The innermost enclosing event is the parent. Equal timestamps nest the
     longer event outside; a zero-length event at another's start is its child.
     A subtree is the run of positions until its root is left: the stack pops it.
     """
-    pid_code = _codes(pids[host])
-    thread = pid_code * (int(pid_code.max(initial=0)) + 1) + _codes(tids[host])
+    pid_code = codes(pids[host])
+    thread = pid_code * (int(pid_code.max(initial=0)) + 1) + codes(tids[host])
     by = np.lexsort((host, -end[host], start[host], thread))
     order, thread = host[by], thread[by]
     m = len(order)
@@ -184,29 +152,7 @@ def _call_tree(pids: np.ndarray, tids: np.ndarray, host: np.ndarray, start: np.n
             stop[k] = b
     pos = np.full(len(end), -1, dtype=np.int64)
     pos[order] = np.arange(m)
-    return _Tree(order, parent, np.array(stop, dtype=np.int64), pos, thread)
-
-
-def _factorized(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
-    """Each value's code (equal values, None included, get equal codes, in order of first appearance) and the
-    distinct values: ``pd.factorize`` in C-level passes over a dict, which hashes each text once (a string keeps
-    its hash) where ``pd.factorize`` of an object array takes half as long again. For ints (pids, tids) pandas is
-    the faster one (``_codes``)."""
-    code = {v: i for i, v in enumerate(dict.fromkeys(values))}
-    return np.fromiter(map(code.__getitem__, values), np.int64, len(values)), np.array(list(code), dtype=object)
-
-
-def _codes(values: np.ndarray) -> np.ndarray:
-    """Equal values get equal integer codes (None included); for pids and tids, 3 ms against the dict's 5 ms on
-    96,000 host events (``_factorized`` is the faster for texts)."""
-    return pd.factorize(values, use_na_sentinel=False)[0]
-
-
-_TOP = 3  # kernels named in a row's ``top_kernels``
-
-
-def _top(counter: Counter[str]) -> str:
-    return " | ".join(name for name, _ in counter.most_common(_TOP))
+    return CallTree(order, parent, np.array(stop, dtype=np.int64), pos, thread)
 
 
 def analyze_rank(events: list[Any], rank: int, path: str, steps: tuple[int, int] | None = None, *, base: int = 0,
@@ -285,8 +231,8 @@ def analyze_events(events: list[Event], rank: int, path: str, steps: tuple[int, 
     durs = np.fromiter(map(_DUR, xs), object, n)  # as parsed: ops sum them as Python does
     start = to_ns_array(np.fromiter(map(_TS, xs), np.float64, n))
     end = start + to_ns_array(durs.astype(np.float64))
-    name_code, names = _factorized(list(map(_NAME, xs)))
-    cat_code, cats = _factorized(list(map(_CAT, xs)))
+    name_code, names = factorized(list(map(_NAME, xs)))
+    cat_code, cats = factorized(list(map(_CAT, xs)))
     args = [a if type(a) is Args else NO_ARGS for a in map(_ARGS, xs)]
     pids = np.fromiter(map(_PID, xs), object, n)
     tids = np.fromiter(map(_TID, xs), object, n)
@@ -317,7 +263,7 @@ def analyze_events(events: list[Event], rank: int, path: str, steps: tuple[int, 
     launch_pos = np.where(g.launch >= 0, tree.pos[np.maximum(g.launch, 0)], -1)  # each GPU event's launch's position
     is_op = (np.array([is_op_category(c) for c in cats], dtype=bool)[cat_code] | is_span) & (step_of[name_code] < 0)
     is_cpu_op = np.array([is_cpu_op_category(c) for c in cats], dtype=bool)[cat_code]
-    tables["ops"], tables["kernel_launchers"], leaf_at = _op_tables(tree, is_op, is_cpu_op, name_code, names, durs,
+    tables["ops"], tables["kernel_launchers"], leaf_at = op_tables(tree, is_op, is_cpu_op, name_code, names, durs,
                                                                     args, g, launch_pos)
     header = header or {}
     props = header.get("deviceProperties")
@@ -326,7 +272,7 @@ def analyze_events(events: list[Event], rank: int, path: str, steps: tuple[int, 
     modelled = np.array([has_model(nm) for nm in names], dtype=bool)[name_code] & is_cpu_op
     tables["op_perf"] = op_perf_table(owners(leaf_at, tree.parent, modelled[tree.order]), g.start[launched],
                                       g.end[launched], g.name[launched].tolist(),
-                                      _op_keys(tree.order, tree.parent, name_code, names, args), device)
+                                      op_keys(tree.order, tree.parent, name_code, names, args), device)
     tables["idle"] = _idle_table(g, start)
     tables["launch_stats"], tables["launch_worst"], tables["queue_length"], tables["memory_bw"] = _counter_tables(
         g, start, end, name_code, names, tree, launch_pos, cutoffs)
@@ -349,8 +295,8 @@ def analyze_events(events: list[Event], rank: int, path: str, steps: tuple[int, 
                       device=(device.name if device else None, called, len(props) if isinstance(props, list) else 0))
 
 
-def _counter_tables(g: _Gpu, start: np.ndarray, end: np.ndarray, name_code: np.ndarray, names: np.ndarray,
-                    tree: _Tree, launch_pos: np.ndarray, cutoffs: Cutoffs) -> tuple[pd.DataFrame, ...]:
+def _counter_tables(g: GpuWork, start: np.ndarray, end: np.ndarray, name_code: np.ndarray, names: np.ndarray,
+                    tree: CallTree, launch_pos: np.ndarray, cutoffs: Cutoffs) -> tuple[pd.DataFrame, ...]:
     """HTA's launch statistics (and the longest launch delays), queue length and memory bandwidth of the rank
     (``counters``); the series stay here."""
     has = g.launch >= 0
@@ -488,7 +434,7 @@ def _is_gpu(e: Event, device: dict[Any, bool | None]) -> bool:
 
 def _gpu_arrays(events: list[Event], xs: list[Event], dev: np.ndarray, host: np.ndarray, cat_code: np.ndarray,
                 cats: np.ndarray, name_code: np.ndarray, names: np.ndarray, args: list[Args], tids: np.ndarray,
-                start: np.ndarray, end: np.ndarray, corr: np.ndarray) -> _Gpu:
+                start: np.ndarray, end: np.ndarray, corr: np.ndarray) -> GpuWork:
     """The GPU events (a stream, not -1: ``args.stream``, else the tid) and the host events that launched them."""
     kinds = np.array([device_kind(c) for c in cats], dtype=object)[cat_code]
     by_name = np.array([host_category(c) is None for c in cats], dtype=bool)[cat_code] & dev
@@ -503,9 +449,9 @@ def _gpu_arrays(events: list[Event], xs: list[Event], dev: np.ndarray, host: np.
             gpu.append(i)
             streams.append(s)
     code = name_code[gpu]
-    stream_code = _factorized(streams)[0]
+    stream_code = factorized(streams)[0]
     dur, clipped = _clipped(start[gpu], end[gpu], stream_code, kinds[gpu] != "sync")
-    return _Gpu(
+    return GpuWork(
         start=start[gpu],
         end=end[gpu],
         stream=streams,
@@ -584,7 +530,7 @@ def _flow_launches(events: list[Event], xs: list[Event], host: list[int], gpu: l
     return {k: starts[fid] for fid, k in ends if fid in starts}
 
 
-def _by_step(g: _Gpu, spans: list[tuple[int, int, int]], start: np.ndarray) -> pd.DataFrame:
+def _by_step(g: GpuWork, spans: list[tuple[int, int, int]], start: np.ndarray) -> pd.DataFrame:
     """The breakdown per ``ProfilerStep#N``; GPU work belongs to the step whose CPU span holds its launch."""
     rows = []
     if spans:
@@ -596,7 +542,7 @@ def _by_step(g: _Gpu, spans: list[tuple[int, int, int]], start: np.ndarray) -> p
     return pd.DataFrame(rows, columns=["step", "step_us", *_breakdown(g, np.zeros(0, dtype=bool))])
 
 
-def _kernel_tables(g: _Gpu, names: np.ndarray) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _kernel_tables(g: GpuWork, names: np.ndarray) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per kernel name and per category, over HTA's kernel breakdown set: every GPU event but type OTHER.
     ``names``: what ``g.code`` stands for."""
     use = g.ktype != "OTHER"
@@ -622,170 +568,7 @@ def _kernel_tables(g: _Gpu, names: np.ndarray) -> tuple[pd.DataFrame, pd.DataFra
     return kernels, cats.sort_values(["total_us", "category"], ascending=[False, True], ignore_index=True)
 
 
-def _op_tables(tree: _Tree, is_op: np.ndarray, is_cpu_op: np.ndarray, name_code: np.ndarray, names: np.ndarray,
-               durs: np.ndarray, args: list[Args], g: _Gpu,
-               launch_pos: np.ndarray) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray]:
-    """TreePerf-like tables: GPU time per op name over its subtree, and the leaf ops that launch kernels; also
-    each launched GPU event's leaf op (its position, -1 for none).
-    ``launch_pos``: each GPU event's launch's position in the tree, -1 for none."""
-    order, parent = tree.order, tree.parent
-    m = len(order)
-    launched = launch_pos >= 0
-    at = launch_pos[launched]
-    kernel_ns = g.dur[launched]
-    # Subtree totals from prefix sums over the tree order, where every subtree is a run of positions.
-    gpu_ns = np.zeros(m + 1, dtype=np.int64)
-    np.add.at(gpu_ns, at + 1, kernel_ns)
-    gpu_ns = np.cumsum(gpu_ns)
-    n_kernels = np.cumsum(np.bincount(at + 1, minlength=m + 1))
-    sub_ns = gpu_ns[tree.stop] - gpu_ns[:m]
-    sub_kernels = n_kernels[tree.stop] - n_kernels[:m]
-    # Each position's op names up to its root and its innermost cpu_op, one depth at a time: a position's depth is
-    # how many subtrees that start before it are still open. The names are a path in a trie (``paths``: each id's
-    # parent id and op name), so that a chain of n nested ops costs n entries, not n²/2.
-    up = np.asarray(parent, dtype=np.int64)
-    depth = np.arange(m) - np.cumsum(np.bincount(tree.stop, minlength=m + 1))[:m]
-    op_at, cpu_op_at, code_at = is_op[order], is_cpu_op[order], name_code[order]
-    path = np.zeros(m, dtype=np.int64)
-    leaf = np.full(m, -1, dtype=np.int64)
-    paths: list[tuple[int, int]] = [(0, -1)]  # id 0: the root, no op
-    path_ids: dict[tuple[int, int], int] = {}
-    by_depth = np.argsort(depth, kind="stable")
-    cuts = np.flatnonzero(np.diff(depth[by_depth])) + 1
-    for ks in np.split(by_depth, cuts):
-        p = up[ks]
-        inner = p >= 0
-        path[ks[inner]], leaf[ks[inner]] = path[p[inner]], leaf[p[inner]]
-        ops = ks[op_at[ks]]
-        pairs, at_pair = np.unique(path[ops] * len(names) + code_at[ops], return_inverse=True)
-        ids = []
-        for key in zip(*(v.tolist() for v in np.divmod(pairs, len(names)))):
-            i = path_ids.get(key)
-            if i is None:
-                i = path_ids[key] = len(paths)
-                paths.append(key)
-            ids.append(i)
-        if ids:
-            path[ops] = np.array(ids, dtype=np.int64)[at_pair]
-        mine = ops[cpu_op_at[ops]]
-        leaf[mine] = mine
-    # Which kernels each op name launched: kernels summed per (op names on the path, kernel), then spread.
-    by_path: dict[tuple[int, str], int] = {}
-    for key, d in zip(zip(path[at].tolist(), g.name[launched]), kernel_ns.tolist()):
-        by_path[key] = by_path.get(key, 0) + d
-    op_kernels: dict[int, Counter[str]] = defaultdict(Counter)
-    for (k, name), d in by_path.items():
-        named: set[int] = set()  # an op name met twice on the way up (recursion) counts the kernel once
-        while k:
-            k, op = paths[k]
-            if op not in named:
-                named.add(op)
-                op_kernels[op][name] += d
-    total_gpu = int(g.dur.sum())
-    ops = pd.DataFrame(
-        [(names[code], c, cpu, gns / 1e3, 100.0 * gns / total_gpu if total_gpu else 0.0, k,
-          _top(op_kernels.get(code, Counter()))) for code, c, cpu, gns, k in _per_op(
-            np.sort(order[is_op[order]]), name_code, durs, sub_ns, sub_kernels, tree.pos)],
-        columns=["name", "count", "cpu_time_us", "gpu_time_us", "gpu_pct", "kernel_count", "top_kernels"])
-    ops = ops.sort_values(["gpu_time_us", "cpu_time_us", "name"], ascending=[False, False, True], ignore_index=True)
-    launchers = _launchers(leaf[at], g.code[launched], kernel_ns, order, code_at, names, args)
-    launchers = launchers.sort_values(["gpu_time_us", "name", "input_dims"], ascending=[False, True, True],
-                                      ignore_index=True)
-    return ops, launchers, leaf[at]
-
-
-def _op_keys(order: np.ndarray, parent: list[int], name_code: np.ndarray, names: np.ndarray,
-             args: list[Args]) -> Callable[[np.ndarray], list[tuple[str, str, str, str, str]]]:
-    """Tree positions' op names, args as compact JSON text and context (``op_perf``'s groups), each distinct text
-    converted once. The context is, for an op whose model reads it (``perf.needs_context``), the name of the
-    nearest enclosing event that the model's pattern matches (vLLM's batch annotation), else ""."""
-    seen: dict[tuple[int, bytes, bytes, bytes, str], tuple[str, str, str, str, str]] = {}
-    contextual = {c for c, nm in enumerate(names) if needs_context(str(nm))}
-
-    def context(p: int) -> str:
-        q = parent[p]
-        while q >= 0:
-            nm = str(names[name_code[order[q]]])
-            if VLLM_CONTEXT.match(nm):
-                return nm
-            q = parent[q]
-        return ""
-
-    def keys_of(positions: np.ndarray) -> list[tuple[str, str, str, str, str]]:
-        at = order[positions].tolist()
-        codes = name_code[at].tolist()
-        contexts = [context(p) if c in contextual else "" for p, c in zip(positions.tolist(), codes)]
-        raws = zip(codes, [bytes(args[i].input_dims) for i in at], [bytes(args[i].input_types) for i in at],
-                   [bytes(args[i].concrete_inputs) for i in at], contexts)
-        out = []
-        for raw in raws:
-            key = seen.get(raw)
-            if key is None:
-                key = seen[raw] = (str(names[raw[0]]), *map(json_text, raw[1:4]), raw[4])
-            out.append(key)
-        return out
-
-    return keys_of
-
-
-def _launchers(leaf: np.ndarray, kernel: np.ndarray, kernel_ns: np.ndarray, order: np.ndarray,
-               code_at: np.ndarray, names: np.ndarray, args: list[Args]) -> pd.DataFrame:
-    """The leaf ops that launched kernels, grouped by name, input shapes and input types (TraceLens's kernel
-    launchers): per kernel launched, its leaf op's position (-1: none), name code and time (ns).
-
-    Groups, and each group's kernels for ``top_kernels``, come in the order of their first kernel, leaf by leaf
-    (a leaf's kernels together, in the order of its first), as a loop over the leaves would meet them."""
-    has = leaf >= 0
-    if not has.any():
-        return pd.DataFrame([], columns=LAUNCHER_COLUMNS)
-    leaf, kernel, kernel_ns = leaf[has], kernel[has], kernel_ns[has]
-    leaves, first, at_leaf = np.unique(leaf, return_index=True, return_inverse=True)
-    seen = np.argsort(first, kind="stable")  # the leaves by their first kernel
-    place = np.empty_like(seen)
-    place[seen] = np.arange(len(seen))
-    at_leaf = place[at_leaf]
-    leaf_args = [args[i] for i in order[leaves[seen]].tolist()]
-    # grouped by the args' text as in the file first (few distinct), then by their text as JSON (a null is absent)
-    raw_code, raws = _factorized(list(zip(code_at[leaves[seen]].tolist(), map(bytes, map(_DIMS, leaf_args)),
-                                          map(bytes, map(_TYPES, leaf_args)))))
-    key_code, keys = _factorized([(names[c], json_text(d), json_text(t)) for c, d, t in raws])
-    group = key_code[raw_code][at_leaf]  # each kernel's
-    n = len(keys)
-    gpu_ns = np.zeros(n, dtype=np.int64)
-    np.add.at(gpu_ns, group, kernel_ns)
-    # each group's kernels by time, ties in the order a loop would meet them (Counter.most_common)
-    met = np.argsort(at_leaf, kind="stable")
-    pair = group[met] * len(names) + kernel[met]
-    pairs, first_met, pair_at = np.unique(pair, return_index=True, return_inverse=True)
-    pair_ns = np.zeros(len(pairs), dtype=np.int64)
-    np.add.at(pair_ns, pair_at, kernel_ns[met])
-    pair_group, pair_kernel = np.divmod(pairs, len(names))
-    by = np.lexsort((first_met, -pair_ns, pair_group))
-    top: list[list[str]] = [[] for _ in range(n)]
-    for r, k in zip(pair_group[by].tolist(), pair_kernel[by].tolist()):
-        if len(top[r]) < _TOP:
-            top[r].append(names[k])
-    name, dims, types = zip(*keys)
-    return pd.DataFrame(dict(zip(LAUNCHER_COLUMNS, (
-        list(name), list(dims), list(types), np.bincount(key_code[raw_code], minlength=n), gpu_ns / 1e3,
-        np.bincount(group, minlength=n), [" | ".join(t) for t in top]))))
-
-
-def _per_op(ops: np.ndarray, name_code: np.ndarray, durs: np.ndarray, sub_ns: np.ndarray, sub_kernels: np.ndarray,
-            pos: np.ndarray) -> Iterable[tuple[int, int, Any, int, int]]:
-    """Per op name: (name code, count, CPU time as Python sums it in input order, GPU ns, kernels)."""
-    if not len(ops):
-        return []
-    by = np.argsort(name_code[ops], kind="stable")
-    ops, codes = ops[by], name_code[ops[by]]
-    first = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
-    at = pos[ops]
-    return zip(codes[first].tolist(), np.diff(np.r_[first, len(ops)]).tolist(),
-               np.add.reduceat(durs[ops], first).tolist(), np.add.reduceat(sub_ns[at], first).tolist(),
-               np.add.reduceat(sub_kernels[at], first).tolist())
-
-
-def _idle_table(g: _Gpu, start: np.ndarray) -> pd.DataFrame:
+def _idle_table(g: GpuWork, start: np.ndarray) -> pd.DataFrame:
     """HTA's idle time breakdown per stream, over kernels, memcpy and memset.
 
     Each gap before a GPU event on its stream is host wait when the event's

@@ -52,6 +52,7 @@ from ...kineto.vocabulary import (
     kernel_category,
 )
 from ..schema import ANCHOR_COLUMNS, CATEGORIES, KINDS, LABELS, NO_EVENT, SEGMENT_COLUMNS, WORK_COLUMNS, WORK_KINDS
+from .model import CallTree, GpuWork
 
 __all__ = ["rank_pieces"]
 
@@ -66,7 +67,7 @@ class _Walker:
     """One rank's graph, walked backwards. Times are the rank's relative ns; positions are the call tree's."""
 
     def __init__(self, start: np.ndarray, end: np.ndarray, name_code: np.ndarray, names: np.ndarray,
-                 cat_code: np.ndarray, cats: np.ndarray, tree: Any, g: Any, launch_pos: np.ndarray) -> None:
+                 cat_code: np.ndarray, cats: np.ndarray, tree: CallTree, g: GpuWork, launch_pos: np.ndarray) -> None:
         # Per-event values the walks read one at a time are memoryviews of the arrays: a walk reads a few of
         # them, and a view gives Python ints at once where a list would make one per event first.
         order, parent, thread = tree.order, tree.parent, tree.thread
@@ -417,7 +418,7 @@ class _Walker:
 
 
 def rank_pieces(start: np.ndarray, end: np.ndarray, name_code: np.ndarray, names: np.ndarray, cat_code: np.ndarray,
-                cats: np.ndarray, pids: np.ndarray, tids: np.ndarray, tree: Any, g: Any, launch_pos: np.ndarray,
+                cats: np.ndarray, pids: np.ndarray, tids: np.ndarray, tree: CallTree, g: GpuWork, launch_pos: np.ndarray,
                 step_spans: Sequence[tuple[int, int, int]], step_pos: Mapping[int, int], calls: pd.DataFrame,
                 base: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, list[str]]:
     """One rank's walks from its anchors, and the work between its collectives (map task).
@@ -430,9 +431,9 @@ def rank_pieces(start: np.ndarray, end: np.ndarray, name_code: np.ndarray, names
     names, cats
         The distinct names and categories.
     tree
-        The call tree (``rank._Tree``).
+        The call tree (``model.CallTree``).
     g
-        The device work (``rank._Gpu``).
+        The device work (``model.GpuWork``).
     launch_pos
         Per device event, the position of the call that launched it (-1: none known).
     step_spans, step_pos
