@@ -42,7 +42,7 @@ def rank_collectives(name_code: np.ndarray, names: np.ndarray, tids: np.ndarray,
     name_code, names
         Per event, its name as a code into ``names``.
     tids, args, start, end
-        Per event: its tid, ``args`` (the struct of ``analysis.rank``) and relative
+        Per event: its tid, ``args`` (``decode.Args``) and relative
         start and end (ns).
     order, stop
         The call tree: the host event at each position (each thread's parents before
