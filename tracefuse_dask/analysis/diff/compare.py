@@ -115,8 +115,8 @@ def compare(base: Analysis, new: Analysis, *, fail_above: float | None = None) -
               "counts from 1%, and only the step time can fail a check" for s in few]
     noise = max(s.spread_pct for s in sides)
     step = _step_item(sides)
-    items, per_what, renamed = _all_items(sides, step, same_ranks, noise, notes)
-    groups, kernels = per_what["op group"], [s.per_rank("kernels") for s in sides]
+    items, per_what, kernels, renamed = _all_items(sides, step, same_ranks, noise, notes)
+    groups = per_what["op group"]
     warnings = []
     names = [set(per_what["kernel"][i]["name"]) | set(per_what["op"][i]["name"]) for i in (0, 1)]
     if names[0] | names[1] and len(names[0] & names[1]) < MIN_NAME_OVERLAP * len(names[0] | names[1]):
@@ -180,9 +180,10 @@ def compare(base: Analysis, new: Analysis, *, fail_above: float | None = None) -
 
 
 def _all_items(sides: tuple[_Side, _Side], step: dict[str, Any], same_ranks: bool, noise: float,
-               notes: list[str]) -> tuple[pd.DataFrame, dict[str, list[pd.DataFrame]], dict[str, str]]:
-    """Every figure compared, a row each (``items``); each kind's per-rank tables of both runs; the kernels renamed
-    between the runs. A note says when the op groups cannot be compared."""
+               notes: list[str]) -> tuple[pd.DataFrame, dict[str, list[pd.DataFrame]], list[pd.DataFrame],
+                                          dict[str, str]]:
+    """Every figure compared, a row each (``items``); each kind's per-rank tables of both runs; both runs' kernels
+    by their own names; the kernels renamed between the runs. A note says when the op groups cannot be compared."""
     rows = [step]
     if same_ranks:
         rows += [_step_item(sides, r) for r in sides[0].ranks]
@@ -207,7 +208,7 @@ def _all_items(sides: tuple[_Side, _Side], step: dict[str, Any], same_ranks: boo
     cp["significant"] = cp["delta_pct"].abs() > max(noise, MIN_CHANGE_PCT)
     frames.append(cp)
     items = pd.concat([f for f in frames if len(f)], ignore_index=True).astype({"significant": bool})
-    return _labelled(items, renamed), per_what, renamed
+    return _labelled(items, renamed), per_what, kernels, renamed
 
 
 class _Side:
