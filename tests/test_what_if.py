@@ -54,3 +54,27 @@ def test_a_rank_late_in_one_step_is_transient_with_that_step():
         (2, "transient", [3], 20_000.0)]
     assert [st["gain_us"] for st in got["steps"]] == [0.0, 0.0, 0.0, 20_000.0, 0.0]
     assert got["gain_us"] == 0.0 and got["what_if_step_us"] == got["step_us"] == 25_000.0
+
+
+def test_a_rank_that_goes_on_before_gloos_recorded_end_waited_for_the_late_rank():
+    """gloo's thread records a collective's end after it let the waiting ranks go (on 2 cores, 0.1 ms after a
+    4-rank job's rank had gone on): what they did next waited for the collective's start, the late rank's arrival,
+    and fixing the late rank shortens the step by its sleep (before, the wait counted as their own work, and a 30 ms
+    sleep in one step of a real gloo job was found worth 0 ms in 3 runs of 8)."""
+    ms = 1_000_000
+    rows, anchors = [], []
+    for step in range(3):
+        t0 = step * 100 * ms
+        for r in range(3):
+            late = 30 * ms if r == 2 else 0
+            # A, reduced while the rank works on; B, the bucket after the late rank's sleep, which every rank waits for
+            rows += [{"rank": r, "index": 2 * step, "instance": 2 * step, "cpu_start_ns": t0 + 10 * ms,
+                      "cpu_end_ns": t0 + 10 * ms + 1, "gpu_start_ns": pd.NA, "done_ns": t0 + 11 * ms},
+                     {"rank": r, "index": 2 * step + 1, "instance": 2 * step + 1, "cpu_start_ns": t0 + 12 * ms + late,
+                      "cpu_end_ns": t0 + 12 * ms + late + 1, "gpu_start_ns": pd.NA, "done_ns": t0 + 44_500_000}]
+            anchors.append({"rank": r, "anchor": "step", "key": step, "floor_ns": t0, "host_ns": t0 + 44_400_000})
+    tl = timeline(pd.DataFrame(rows).astype({"gpu_start_ns": "Int64"}), pd.DataFrame(anchors), {})
+    assert replay(tl) == {s: 44_400_000 for s in range(3)}  # as measured
+    assert replay(tl, {2}) == {s: 14_400_000 for s in range(3)}
+    got = stragglers(tl, [2, 1, 0])
+    assert [(n["rank"], n["pattern"], n["gain_us"]) for n in got["ranks"]] == [(2, "chronic", 30_000.0)]

@@ -2,12 +2,15 @@
 
 The replay is a dependency graph of each rank's timeline. A rank's *nodes* are its steps' starts and ends
 (``ProfilerStep#N``) and its arrivals at collectives (the first kernel's start, else the call's start, clocks
-corrected). Each node waits for its *predecessor*, the later of the rank's previous node and the latest end of a
-collective on the rank before it (``done_ns``: a collective's last kernel, gloo's execution, else the call), and
-then works for ``work``, its time since that predecessor. A collective starts when the last of its ranks arrives
-and ends as long after that as it did on the first rank to end it (gloo's threads end late on a busy machine; the
-ranks that go on before their own end show when it really ended). Replayed as measured, the graph gives back every
-step's time exactly.
+corrected). Each node waits for its *predecessor*, the latest of the rank's previous node, the latest end of a
+collective on the rank before it (``done_ns``: a collective's last kernel, gloo's execution, else the call) and,
+for a collective without kernels that the rank arrived at before, its start when the node came after it but before
+its recorded end; it then works for ``work``, its time since that predecessor. A collective starts when the last of
+its ranks arrives and ends as long after that as it did on the first rank to end it (gloo's threads end late on a
+busy machine; the ranks that go on before their own end show when it really ended). gloo's thread records the end
+after it has let the waiting rank go: on 2 cores, a rank that waited 30 ms for a late rank went on 0.1 ms before
+the end on record, and its next node waits for the start, or the wait would count as its own work and no fix of
+the late rank could shorten it. Replayed as measured, the graph gives back every step's time exactly.
 
 A what-if gives a rank's nodes the work the other ranks did: each node's work, where it is more than the median of
 the other ranks' work at the same node (the same collective, or the same step's start or end), becomes that
@@ -52,7 +55,8 @@ class Timeline:
     order: list[tuple[int, int, int, int]]  # what to compute, in an order that has each item's inputs first
     time: dict[tuple[int, int], int]  # (rank, node): measured time (ns, clocks corrected)
     work: dict[tuple[int, int], int]  # (rank, node): time since its predecessor
-    pred: dict[tuple[int, int], tuple[str, int] | None]  # (rank, node): ("node", n) or ("end", instance), or None
+    # (rank, node): ("node", n), ("end", instance) or ("start", instance), or None
+    pred: dict[tuple[int, int], tuple[str, int] | None]
     slot: dict[tuple[int, int], tuple[int, int]]  # (rank, node): (kind, step or instance)
     members: dict[int, list[int]]  # instance: its ranks
     arrival: dict[tuple[int, int], int]  # (instance, rank): the node of its arrival
@@ -88,15 +92,18 @@ def timeline(matched: pd.DataFrame, anchors: pd.DataFrame, offsets_ns: Mapping[i
     members: dict[int, list[int]] = defaultdict(list)
     last: dict[int, int] = {}  # each instance's last arrival
     done: dict[int, int] = {}  # and its first end
+    on_host: set[int] = set()  # the instances without kernels
     if len(m):
         arrive = m["gpu_start_ns"].astype("Int64").fillna(m["cpu_start_ns"].astype("Int64"))
         ends = m["done_ns"].astype("Int64").fillna(m["cpu_end_ns"].astype("Int64"))
-        for r, i, a, d in zip(m["rank"].astype(int).tolist(), m["instance"].astype(int).tolist(), arrive.tolist(),
-                              ends.tolist()):
+        for r, i, a, d, host in zip(m["rank"].astype(int).tolist(), m["instance"].astype(int).tolist(),
+                                    arrive.tolist(), ends.tolist(), m["gpu_start_ns"].isna().tolist()):
             a, d = a - off.get(r, 0), d - off.get(r, 0)
             nodes[r].append((a, _ARRIVE, i))
             members[i].append(r)
             last[i], done[i] = max(last.get(i, a), a), min(done.get(i, d), d)
+            if host:
+                on_host.add(i)
     for i, t in last.items():
         done[i] = max(t, done[i])  # a collective ends after it starts
     tl = Timeline(steps, ranks, order=[], time={}, work={}, pred={}, slot={},
@@ -106,16 +113,23 @@ def timeline(matched: pd.DataFrame, anchors: pd.DataFrame, offsets_ns: Mapping[i
         nodes[r].sort()
         ends = sorted((done[i], i) for _, kind, i in nodes[r] if kind == _ARRIVE)
         end_times = [t for t, _ in ends]
+        started = -1  # the latest start, so far, of a collective without kernels that the rank has arrived at
         for n, (t, kind, ref) in enumerate(nodes[r]):
             tl.time[(r, n)], tl.slot[(r, n)] = t, (kind, ref)
             k = bisect_left(end_times, t) - 1  # the latest end before it
-            prev = nodes[r][n - 1][0] if n else None
-            if k >= 0 and (prev is None or end_times[k] > prev):
-                tl.pred[(r, n)], tl.work[(r, n)] = ("end", ends[k][1]), t - end_times[k]
-            elif prev is not None:
-                tl.pred[(r, n)], tl.work[(r, n)] = ("node", n - 1), t - prev
+            # (time, rank at a tie, predecessor), the latest wins: the previous node, the latest end, a start
+            anchors = [(nodes[r][n - 1][0], 2, ("node", n - 1))] if n else []
+            if k >= 0:
+                anchors.append((end_times[k], 1, ("end", ends[k][1])))
+            if started >= 0 and last[started] < t < done[started]:
+                anchors.append((last[started], 0, ("start", started)))
+            if anchors:
+                at, _, tl.pred[(r, n)] = max(anchors)
+                tl.work[(r, n)] = t - at
             else:
                 tl.pred[(r, n)], tl.work[(r, n)] = None, 0
+            if kind == _ARRIVE and ref in on_host and (started < 0 or last[ref] > last[started]):
+                started = ref
             tl.order.append((t, 0, r, n))
             if kind == _ARRIVE:
                 tl.arrival[(ref, r)] = n
@@ -138,8 +152,8 @@ def timeline(matched: pd.DataFrame, anchors: pd.DataFrame, offsets_ns: Mapping[i
 
 def _translated(tl: Timeline, theirs: tuple[int, int], r: int, n: int) -> tuple[str, int] | None:
     """Rank ``q``'s predecessor of its node ``k`` (``theirs``) as the same distance back among rank ``r``'s nodes
-    from its node ``n``: the node as many nodes back, or the end of the collective it arrived at as many nodes
-    back; None when ``r`` has no such node, or it is not of the same kind."""
+    from its node ``n``: the node as many nodes back, or the end (the start) of the collective it arrived at as many
+    nodes back; None when ``r`` has no such node, or it is not of the same kind."""
     q, k = theirs
     kind, ref = tl.pred[(q, k)]
     back = k - (ref if kind == "node" else tl.arrival[(ref, q)])
@@ -148,9 +162,9 @@ def _translated(tl: Timeline, theirs: tuple[int, int], r: int, n: int) -> tuple[
         return None
     if kind == "node":
         return ("node", n - back)
-    # the end of a collective this rank had not seen end by then is not what it waited for
-    end = tl.slot[mine][1]
-    return ("end", end) if tl.start[end] + tl.transfer[end] < tl.time[(r, n)] else None
+    # the end (start) of a collective this rank had not seen end (start) by then is not what it waited for
+    i = tl.slot[mine][1]
+    return (kind, i) if tl.start[i] + (tl.transfer[i] if kind == "end" else 0) < tl.time[(r, n)] else None
 
 
 def replay(tl: Timeline, fix: Collection[int] = ()) -> dict[int, float]:
@@ -179,7 +193,7 @@ def _times(tl: Timeline, fix: Collection[int]) -> dict[tuple[Any, ...], float]:
             work, pred = tl.others[(r, n)]  # the other rank's work, from the same predecessor
         if pred is None:
             return [], lambda: tl.time[(r, n)]
-        return [("node", r, pred[1]) if pred[0] == "node" else ("end", pred[1])], lambda t: t + work
+        return [("node", r, pred[1]) if pred[0] == "node" else pred], lambda t: t + work
 
     for t, what, r, x in tl.order:  # in measured time order, so that the walk back is short
         stack = [("node", r, x) if what == 0 else ("start", x) if what == 1 else ("end", x)]
