@@ -71,6 +71,9 @@ def _is_comm(ev: dict[str, Any], dev: bool) -> bool:
     return is_collective_call(name) or (dev and is_comm_kernel(name, ev.get("args")))
 
 
+_ID_TYPES = (int, str)  # what a pid, a tid and an id may be
+
+
 @dataclass
 class RankEvents:
     """One rank's events, scanned once: validated times, device flags and keep decisions.
@@ -114,6 +117,20 @@ class RankEvents:
     def _bad(self, i: int, what: str) -> TraceFormatError:
         return TraceFormatError(f"{self.who}: event #{i} {what}. Fix or drop that event, or drop this file")
 
+    def _bad_field(self, i: int, ev: dict[str, Any]) -> TraceFormatError:
+        """The error of an event with a field of the wrong type, the first in the order ``_scan`` reads them."""
+        ph, pid, tid = ev.get("ph"), ev.get("pid"), ev.get("tid")
+        if type(ph) is not str:
+            return self._bad(i, f"has ph={ph!r}; expected a one-letter string such as \"X\"")
+        if type(pid) not in _ID_TYPES:
+            return self._bad(i, f"has pid={pid!r}; expected an int or a string")
+        if tid is not None and type(tid) not in _ID_TYPES:
+            return self._bad(i, f"has tid={tid!r}; expected an int or a string")
+        if "id" in ev and type(ev["id"]) not in _ID_TYPES:
+            return self._bad(i, f"has id={ev['id']!r}; expected an int or a string")
+        key = "name" if "name" in ev and type(ev["name"]) is not str else "cat"
+        return self._bad(i, f"has {key}={ev[key]!r}; expected a string")
+
     def _scan(self) -> None:
         """Validate the fields we read or rewrite, take exact ns times, classify pids."""
         events = self.events
@@ -140,17 +157,10 @@ class RankEvents:
             ph = ev.get("ph")
             pid = ev.get("pid")
             tid = ev.get("tid")
-            if type(ph) is not str:
-                raise self._bad(i, f"has ph={ph!r}; expected a one-letter string such as \"X\"")
-            if type(pid) is not int and type(pid) is not str:
-                raise self._bad(i, f"has pid={pid!r}; expected an int or a string")
-            if tid is not None and type(tid) is not int and type(tid) is not str:
-                raise self._bad(i, f"has tid={tid!r}; expected an int or a string")
-            if "id" in ev and type(ev["id"]) is not int and type(ev["id"]) is not str:
-                raise self._bad(i, f"has id={ev['id']!r}; expected an int or a string")
-            for key in ("name", "cat"):
-                if key in ev and type(ev[key]) is not str:
-                    raise self._bad(i, f"has {key}={ev[key]!r}; expected a string")
+            if (type(ph) is not str or type(pid) not in _ID_TYPES or (tid is not None and type(tid) not in _ID_TYPES)
+                    or ("id" in ev and type(ev["id"]) not in _ID_TYPES)
+                    or ("name" in ev and type(ev["name"]) is not str) or ("cat" in ev and type(ev["cat"]) is not str)):
+                raise self._bad_field(i, ev)
             ts = ev.get("ts")
             tt = type(ts)
             if not (((tt is float or tt is int) and -MAX_US < ts < MAX_US) or (ts is None and ph == "M")):
@@ -194,7 +204,7 @@ class RankEvents:
                 (device if is_gpu else host).add(pid)
         for i in flows:  # a pid that carries only flow events still needs a process
             pid = events[i]["pid"]
-            if type(pid) is int and pid >= 0 and pid not in host and pid not in device:
+            if type(pid) is int and pid >= 0 and pid not in device:
                 host.add(pid)
         self.pids = (host, device, other)
         self.dev_tids = dev_tids

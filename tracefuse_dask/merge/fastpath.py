@@ -15,6 +15,7 @@ options, so the output stays deterministic.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from itertools import compress
 from operator import attrgetter
 from typing import Any, Callable
@@ -123,18 +124,60 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
         metas = [e for e in metas if e.cat != "python_function"]
     elif metas:
         events = [e for e in events if e.ph != "M"]
+    found = _processes(events, metas)
+    if found is None:
+        return None
+    slots = order_slots(found.host, found.device, found.other, who)
+    pid_map = _map_pids(events, metas, pid_maps(rank, slots), found)
+    used = ({pid_map[pid] for _, pid, _, _ in found.keys} if pid_map is not None else
+            {e.pid for e in events})
+    head, shown = process_metadata(rank, slots, used, options.keep_empty_processes)
+    odd_tids = {t for t in {k[2] for k in found.keys} | set(map(_TID, metas))
+                if t is not UNSET and (type(t) is not int or not 0 <= t <= U32)}
+    if odd_tids:  # strings such as "stream 7": only their events are visited
+        for group in (metas, events):
+            for e in compress(group, map(odd_tids.__contains__, map(_TID, group))):
+                e.tid = map_tid(e.tid)
+    # A time before the merged base sends the rank to the general path, which says which event and why.
+    if not all(_shift(group, base - base_out) for group in (metas, events)):
+        return None
+    ids = (set(map(_ID, events)) | set(map(_ID, metas))) - {UNSET}
+    id_map = IdMap(rank, ids) if ids else None
+    for e in metas:
+        if e.id is not UNSET:
+            e.id = id_map[e.id]  # type: ignore[index]
+    _rewrite_events(events, pid_map, id_map, any(k[0] in _INSTANT_PH for k in found.keys))
+    if options.annotate_rank and not _annotate_rank(events, rank, b"\\" not in data):
+        return None
+    body = _thread_names(metas, shown) + events
+    text = bytearray()
+    _encoder.encode_into(body, text)
+    return orjson.dumps(head), text, n_in, len(head) + len(body)
 
-    # Every distinct (ph, pid, tid, cat) of the events: what the pid layout, the tid check and the
-    # process metadata need, in one pass over the events.
-    keys = set(map(_PH_PID_TID_CAT, events))
-    host: set[int] = set()
-    device: set[int] = set()
-    other: set[Any] = set()
-    dev_tids: set[tuple[Any, Any]] = set()
-    cat_dev: dict[Any, bool | None] = {}  # None: device work by each event's args.stream (an unknown category)
+
+@dataclass
+class _Processes:
+    """What the pid layout, the tid check and the process metadata need of a rank's events (``_processes``)."""
+
+    keys: set[tuple[Any, Any, Any, Any]]  # every distinct (ph, pid, tid, cat)
+    host: set[Any] = field(default_factory=set)  # the pids of host events
+    device: set[Any] = field(default_factory=set)  # of device events
+    other: set[Any] = field(default_factory=set)  # string or negative pids
+    dev_tids: set[tuple[Any, Any]] = field(default_factory=set)  # the (pid, tid) of device events
+    cat_dev: dict[Any, bool | None] = field(default_factory=dict)  # None: device work by each event's args.stream
+    streamed: set[int] = field(default_factory=set)  # id() of the events of an unknown category on a device stream
+    both: set[Any] = field(default_factory=set)  # pids with host and device events: their flows go to their anchor
+
+
+def _processes(events: list[_Event], metas: list[_Event]) -> _Processes | None:
+    """Which pids carry host and which device events (and flows, and labels), in one pass over the distinct
+    ``(ph, pid, tid, cat)`` and a second over the events of an unknown category only; None when an ``args`` that
+    must be read is not JSON."""
+    found = _Processes(set(map(_PH_PID_TID_CAT, events)))
+    host, device, other, dev_tids, cat_dev = found.host, found.device, found.other, found.dev_tids, found.cat_dev
     flow_pids: set[Any] = set()
     by_args = False
-    for ph, pid, tid, cat in keys:
+    for ph, pid, tid, cat in found.keys:
         if ph in FLOW_PH:
             flow_pids.add(pid)
             continue
@@ -151,7 +194,6 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
             dev_tids.add((pid, tid))
         else:
             host.add(pid)
-    streamed: set[int] = set()  # id() of the events of an unknown category that run on a device stream
     if by_args:
         for e in events:
             if e.ph in FLOW_PH or cat_dev[e.cat] is not None:
@@ -161,7 +203,7 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
             except orjson.JSONDecodeError:
                 return None
             if is_dev:
-                streamed.add(id(e))
+                found.streamed.add(id(e))
             if type(e.pid) is str or e.pid < 0:
                 other.add(e.pid)
             elif is_dev:
@@ -182,61 +224,55 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
     for pid, is_gpu in labelled.items():
         if pid not in host and pid not in device:
             (device if is_gpu else host).add(pid)
-    both: set[Any] = set()  # pids with host and device events: their flows go where their anchor is
     for pid in flow_pids:  # a pid that carries only flow events still needs a process
         if type(pid) is str or pid < 0:
             other.add(pid)
         elif pid not in host and pid not in device:
             host.add(pid)
         elif pid in host and pid in device:
-            both.add(pid)
-    slots = order_slots(host, device, other, who)
-    host_map, dev_map = pid_maps(rank, slots)
+            found.both.add(pid)
+    return found
 
-    pid_map = host_map if host_map == dev_map else None  # None: a pid carries both host and device events
+
+def _map_pids(events: list[_Event], metas: list[_Event], maps: tuple[dict[Any, int], dict[Any, int]],
+              found: _Processes) -> dict[Any, int] | None:
+    """The events' and metadata's pids mapped where a pid carries both host and device events (then None), or
+    else the one map to apply (``_rewrite_events`` does, in its pass); ``maps``: the host and the device map."""
+    host_map, dev_map = maps
+    pid_map = host_map if host_map == dev_map else None
     if pid_map is None:
         def on_dev(e: _Event) -> bool:
-            is_dev = cat_dev[e.cat]
-            return id(e) in streamed if is_dev is None else is_dev
+            is_dev = found.cat_dev[e.cat]
+            return id(e) in found.streamed if is_dev is None else is_dev
 
-        anchor_dev = _anchor_kinds(events, both, on_dev) if both else {}
+        anchor_dev = _anchor_kinds(events, found.both, on_dev) if found.both else {}
         for e in events:
             if e.ph not in FLOW_PH:
                 e.pid = (dev_map if on_dev(e) else host_map)[e.pid]
             else:
                 e.pid = (dev_map if anchor_dev.get((e.pid, e.tid, e.ts)) else host_map)[e.pid]
     for e in metas:
-        e.pid = (dev_map if (e.pid, e.tid) in dev_tids else host_map)[e.pid]
-    used = ({pid_map[pid] for _, pid, _, _ in keys} if pid_map is not None else
-            {e.pid for e in events})
-    head, shown = process_metadata(rank, slots, used, options.keep_empty_processes)
+        e.pid = (dev_map if (e.pid, e.tid) in found.dev_tids else host_map)[e.pid]
+    return pid_map
 
-    odd_tids = {t for t in {k[2] for k in keys} | set(map(_TID, metas))
-                if t is not UNSET and (type(t) is not int or not 0 <= t <= U32)}
-    if odd_tids:  # strings such as "stream 7": only their events are visited
-        for group in (metas, events):
-            for e in compress(group, map(odd_tids.__contains__, map(_TID, group))):
-                e.tid = map_tid(e.tid)
-    shift = base - base_out
-    for group in (metas, events):
-        if not group:
-            continue
-        # A time before the merged base sends the rank to the general path, which says which event and why.
-        if not shift:  # the common case: a job's ranks share their base (the start of a quarter)
-            if min(map(_TS, group)) < 0:
-                return None
-            continue
-        ts = _shifted(list(map(_TS, group)), shift)
-        if ts is None:
-            return None
-        for e, t in zip(group, ts):
-            e.ts = t
-    ids = (set(map(_ID, events)) | set(map(_ID, metas))) - {UNSET}
-    id_map = IdMap(rank, ids) if ids else None
-    for e in metas:
-        if e.id is not UNSET:
-            e.id = id_map[e.id]  # type: ignore[index]
 
+def _shift(group: list[_Event], shift: int) -> bool:
+    """The events' times moved by ``shift`` ns; False when one falls before the merged base."""
+    if not group:
+        return True
+    if not shift:  # the common case: a job's ranks share their base (the start of a quarter)
+        return min(map(_TS, group)) >= 0
+    ts = _shifted(list(map(_TS, group)), shift)
+    if ts is None:
+        return False
+    for e, t in zip(group, ts):
+        e.ts = t
+    return True
+
+
+def _thread_names(metas: list[_Event], shown: set[int]) -> list[_Event]:
+    """The metadata events kept: not the process ones (``process_metadata`` writes those), not those of a process
+    not shown, and one ``thread_name`` per thread."""
     threads = []
     named: set[tuple[int, Any]] = set()
     for e in metas:
@@ -247,13 +283,7 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
                 continue
             named.add((e.pid, e.tid))
         threads.append(e)
-    _rewrite_events(events, pid_map, id_map, any(k[0] in _INSTANT_PH for k in keys))
-    if options.annotate_rank and not _annotate_rank(events, rank, b"\\" not in data):
-        return None
-    body = threads + events
-    text = bytearray()
-    _encoder.encode_into(body, text)
-    return orjson.dumps(head), text, n_in, len(head) + len(body)
+    return threads
 
 
 def _anchor_kinds(events: list[_Event], pids: set[Any],

@@ -55,13 +55,7 @@ def rewrite(sel: RankEvents, rank: int, base_out: int, marks: Marks | None = Non
     shift = sel.base - base_out
     exact = EXACT_NS
     id_map = IdMap(rank, (ev["id"] for i, ev in enumerate(events) if keep[i] and "id" in ev))
-    field_maps = (
-        {f: IdMap(rank, (ev["args"][f] for i, ev in enumerate(events) if keep[i]
-                          and type(ev.get("args")) is dict and type(ev["args"].get(f)) in (int, str)))
-         for f in _ID_FIELDS}
-        if sel.options.rewrite_ids
-        else None
-    )
+    field_maps = _field_maps(events, keep, rank) if sel.options.rewrite_ids else None
     annotate = sel.options.annotate_rank
     # from the events as read: the loop below rewrites them in place
     counters = counter_events(sel, dev_map, shift, counter_series) if sel.options.counters else []
@@ -120,17 +114,34 @@ def rewrite(sel: RankEvents, rank: int, base_out: int, marks: Marks | None = Non
                     args[f + "_raw"] = v
                     args[f] = m[v]
         body.append(ev)
-    if marks is not None:  # copies: the task's marks stay as given
-        flows = [{**ev, "pid": (dev_map if (ev["pid"], ev["tid"]) in dev_tids else host_map)[ev["pid"]],
-                  "tid": map_tid(ev["tid"]), "id": (rank << 32) | ev["id"]} for ev in marks.flows]
-        for ev in (*flows, *(dict(ev) for ev in marks.track)):
-            if "ts" in ev:
-                out = ev["ts"] + shift
-                ev["ts"] = out / 1000 if out < exact else fmt_us(out)
-            body.append(ev)
+    if marks is not None:
+        body += _placed(marks, rank, (host_map, dev_map), dev_tids, shift)
     body.extend(counters)
     head, shown_pids = process_metadata(rank, slots, used, sel.options.keep_empty_processes)
     return head, [ev for ev in threads if ev["pid"] in shown_pids] + body
+
+
+def _field_maps(events: list[Any], keep: Any, rank: int) -> dict[str, IdMap]:
+    """``--rewrite-ids``: a map of each of ``_ID_FIELDS`` in the kept events' ``args`` (ints and strings)."""
+    return {f: IdMap(rank, (ev["args"][f] for i, ev in enumerate(events) if keep[i]
+                            and type(ev.get("args")) is dict and type(ev["args"].get(f)) in (int, str)))
+            for f in _ID_FIELDS}
+
+
+def _placed(marks: Marks, rank: int, maps: tuple[dict[Any, int], dict[Any, int]], dev_tids: Any,
+            shift: int) -> list[dict[str, Any]]:
+    """Copies of the ``marks`` (the task's stay as given), placed as the rank's events are: their pids and tids
+    mapped, their flow ids made the rank's, their times moved by ``shift`` ns; ``maps``: the host and device pid
+    maps."""
+    host_map, dev_map = maps
+    flows = [{**ev, "pid": (dev_map if (ev["pid"], ev["tid"]) in dev_tids else host_map)[ev["pid"]],
+              "tid": map_tid(ev["tid"]), "id": (rank << 32) | ev["id"]} for ev in marks.flows]
+    placed = [*flows, *(dict(ev) for ev in marks.track)]
+    for ev in placed:
+        if "ts" in ev:
+            out = ev["ts"] + shift
+            ev["ts"] = out / 1000 if out < EXACT_NS else fmt_us(out)
+    return placed
 
 
 def counter_events(sel: RankEvents, dev_map: dict[Any, int], shift: int,

@@ -79,12 +79,26 @@ class _Walker:
         self.hn_code = name_code[order]
         self.hn = names[self.hn_code].tolist()
         self.hc_code, self.cats = cat_code[order], cats
-        m = len(self.hs)
         self.parent = parent
         up = np.asarray(parent, dtype=np.int64)
+        self._family(up, np.asarray(thread, dtype=np.int64), ends - self.starts)
+        self._device(g, launch_pos)
+        self.times = {"ce": self.he, "cs": self.hs, "ge": self.ge, "gs": self.gs}
+        self.gpu_call: dict[int, int] = {}  # comm kernel -> collective call index
+        self.cpu_call: dict[int, int] = {}  # position of a CPU collective's call -> call index
+        # the rank's texts: what the pieces' names, categories, pids and tids are codes into (``code``,
+        # ``RankTables.texts``); its event names first, so that a name's code is its ``name_code``
+        self.texts: list[str] = names.tolist()
+        self.text_code = {n: i for i, n in enumerate(self.texts)}
+        self._tour(np.asarray(tree.stop), thread, up, ends)
+        self.last_special: Sequence[int] = []
+
+    def _family(self, up: np.ndarray, thread: np.ndarray, dur: np.ndarray) -> None:
+        """Each position's previous sibling (a root's: the previous root of its thread), last child and own time
+        (its time less its children's); ``up``: each position's parent (-1: a root)."""
+        m = len(up)
         child = np.flatnonzero(up >= 0)
-        # each position's previous sibling (a root's: the previous root of its thread)
-        key = np.where(up >= 0, up, -2 - np.asarray(thread, dtype=np.int64))
+        key = np.where(up >= 0, up, -2 - thread)
         by_key = np.argsort(key, kind="stable")
         same = key[by_key][1:] == key[by_key][:-1]
         prev = np.full(m, -1, dtype=np.int64)
@@ -93,10 +107,13 @@ class _Walker:
         last_child = np.full(m, -1, dtype=np.int64)
         np.maximum.at(last_child, up[child], child)
         self.last_child = memoryview(last_child)
-        dur = ends - self.starts
         children = np.zeros(m, dtype=np.int64)
         np.add.at(children, up[child], dur[child])
-        self.own = dur - children  # each position's time less its children's
+        self.own = dur - children
+
+    def _device(self, g: GpuWork, launch_pos: np.ndarray) -> None:
+        """The device side: each event's kernel category, when its launch began, the work before it on its
+        stream, the work by end, and the Stream Wait Event and Stream Sync marks (``g.kind == "sync"``)."""
         self.work = work = np.flatnonzero(g.kind != "sync")
         self.gs, self.ge = memoryview(g.start), memoryview(g.end)
         self.g = g
@@ -134,14 +151,14 @@ class _Walker:
                 self.sync_stream[int(launch_pos[j])] = self.stream[j]
         for v in self.waits.values():
             v.sort()
-        self.times = {"ce": self.he, "cs": self.hs, "ge": self.ge, "gs": self.gs}
-        self.gpu_call: dict[int, int] = {}  # comm kernel -> collective call index
-        self.cpu_call: dict[int, int] = {}  # position of a CPU collective's call -> call index
-        # Each thread's states in time order (its Euler tour: a position's start, its subtree, its end), so that
-        # a walk runs back along a thread without deciding each step (``index``, ``walk``). A position's end
-        # comes just before the start its subtree stops at, the deeper ends first.
+
+    def _tour(self, stop: np.ndarray, thread: Any, up: np.ndarray, ends: np.ndarray) -> None:
+        """Each thread's states in time order (its Euler tour: a position's start, its subtree, its end), so that
+        a walk runs back along a thread without deciding each step (``index``, ``walk``). A position's end
+        comes just before the start its subtree stops at, the deeper ends first."""
+        m = len(up)
         pos = np.arange(m)
-        keys = np.concatenate([2 * pos, 2 * np.asarray(tree.stop) - 1])
+        keys = np.concatenate([2 * pos, 2 * stop - 1])
         # ends at one place are of nested positions: the deeper, later one first
         by = np.lexsort((np.concatenate([np.zeros(m, dtype=np.int64), -pos]), keys))
         self.tour_ce = is_ce = by >= m
@@ -158,13 +175,8 @@ class _Walker:
         # parent's), or the thread's idle time between roots
         src = np.where(is_ce, tk, up[tk])
         self.own_kind = np.where(src >= 0, _KIND["cpu_op"], _KIND["idle"])
-        # the rank's texts: what the pieces' names, categories, pids and tids are codes into (``code``,
-        # ``RankTables.texts``); its event names first, so that a name's code is its ``name_code``
-        self.texts: list[str] = names.tolist()
-        self.text_code = {n: i for i, n in enumerate(self.texts)}
         self.own_name = np.where(src >= 0, self.hn_code[src], self.code("CPU idle"))
         self.own_src = np.where(src >= 0, src, NO_EVENT)
-        self.last_special: Sequence[int] = []
 
     def index(self) -> None:
         """Mark the states where a walk has a choice to make (``_step``), once the collective calls and the steps'
