@@ -11,8 +11,8 @@ import orjson
 import pandas as pd
 
 from ...kineto.collectives import ITEMSIZE, canonical_op, group_members, group_spec
-from ...kineto.vocabulary import COLLECTIVE_OP_PREFIXES, is_comm_kernel
-from .model import GpuWork
+from ...kineto.vocabulary import COLLECTIVE_OP_PREFIXES, is_collective_call, is_comm_kernel
+from .model import RankModel
 
 __all__ = ["CALL_COLUMNS", "rank_collectives"]
 
@@ -21,10 +21,7 @@ CALL_COLUMNS = ["index", "op", "name", "pg_name", "pg_desc", "group_ranks", "gro
                 "cpu_start_ns", "cpu_end_ns", "gpu_start_ns", "gpu_end_ns", "stream", "done_ns"]
 
 
-def rank_collectives(name_code: np.ndarray, names: np.ndarray, tids: np.ndarray, args: list[Any],
-                     order: np.ndarray, stop: np.ndarray, members: np.ndarray, start: np.ndarray, end: np.ndarray,
-                     launch_pos: np.ndarray, gpu: GpuWork, steps: list[tuple[int, int, int]], base: int,
-                     pg_config: Mapping[str, str]) -> pd.DataFrame:
+def rank_collectives(model: RankModel, pg_config: Mapping[str, str]) -> pd.DataFrame:
     """One rank's collective calls, one row each, times in absolute ns.
 
     A call is the outermost of a chain of ``c10d::*``, ``record_param_comms``, ``nccl:*``
@@ -37,27 +34,14 @@ def rank_collectives(name_code: np.ndarray, names: np.ndarray, tids: np.ndarray,
     its execution (the first unpaired ``gloo:*`` of its op that starts after it, in order: gloo runs a group's
     work in the order it was queued), as ``c10d::*`` returns once the work is queued; else the call's end.
 
-    Parameters
-    ----------
-    name_code, names
-        Per event, its name as a code into ``names``.
-    tids, args, start, end
-        Per event: its tid, ``args`` (``decode.Args``) and relative
-        start and end (ns).
-    order, stop
-        The call tree: the host event at each position (each thread's parents before
-        their children), and where each position's subtree ends (exclusive).
-    members
-        The positions, ascending, of the events whose name ``is_collective_call``.
-    launch_pos
-        Per GPU event, the position of the host event that launched it (-1: none).
-    gpu
-        The GPU events (``model.GpuWork``): their ``start``, ``end``, ``stream``, ``name`` and ``args``.
-    steps
-        ``(step, start, end)`` of each ``ProfilerStep#N`` (relative ns).
-    pg_config
-        ``distributedInfo.pg_config`` as ``{pg_name: rank spec of its global ranks}`` (``group_spec``).
+    ``pg_config``: ``distributedInfo.pg_config`` as ``{pg_name: rank spec of its global ranks}`` (``group_spec``).
     """
+    name_code, names, tids, args, start, end = (model.name_code, model.names, model.tid, model.args, model.start,
+                                                model.end)
+    order, stop, launch_pos, gpu, steps, base = (model.tree.order, model.tree.stop, model.launch_pos, model.gpu,
+                                                 model.steps, model.base)
+    # the positions, ascending, of the events whose name ``is_collective_call``
+    members = np.flatnonzero(np.array([is_collective_call(nm) for nm in names], dtype=bool)[name_code[order]])
     root = np.full(len(order), -1, dtype=np.int64)  # the outermost member holding each position
     chain = []  # (its event, its root's event) of each member
     reach = top = 0

@@ -1,5 +1,5 @@
-"""A rank's model, which the per-rank analyses read: its host events nested per thread (``CallTree``) and its
-device work as arrays (``GpuWork``), with the codes they are built of."""
+"""A rank's model, which the per-rank analyses read (``RankModel``): its events as arrays, its host events nested
+per thread (``CallTree``) and its device work (``GpuWork``), with the codes they are built of."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,7 +10,7 @@ import pandas as pd
 
 from .decode import Args
 
-__all__ = ["CallTree", "GpuWork", "codes", "factorized"]
+__all__ = ["CallTree", "GpuWork", "RankModel", "codes", "factorized"]
 
 
 @dataclass
@@ -41,6 +41,40 @@ class CallTree:
     stop: np.ndarray  # the end (exclusive) of each position's subtree, which runs from the position itself
     pos: np.ndarray  # the position of each event, -1 for events not in the tree
     thread: np.ndarray  # each position's thread, as a code
+
+    @property
+    def depth(self) -> np.ndarray:
+        """Each position's depth (0 for a root): how many subtrees that start before it are still open."""
+        m = len(self.order)
+        return np.arange(m) - np.cumsum(np.bincount(self.stop, minlength=m + 1))[:m]
+
+
+@dataclass
+class RankModel:
+    """One rank as every per-rank analysis reads it (TraceLens's Trace2Tree is the precedent; ``rank.rank_model``
+    builds it): its complete events (X events, and B/E pairs as spans) in input order as arrays, nested per thread
+    (``tree``), its device work (``gpu``) and its steps. Times are relative ns; ``base`` makes them absolute."""
+
+    start: np.ndarray  # per event
+    end: np.ndarray
+    dur: np.ndarray  # per event, its ``dur`` as parsed (objects: the ops sum them as Python does)
+    name_code: np.ndarray  # per event, its name as a code into ``names``
+    names: np.ndarray  # the distinct names
+    cat_code: np.ndarray  # per event, its category as a code into ``cats``
+    cats: np.ndarray
+    args: list[Args]  # per event
+    pid: np.ndarray  # per event, as in the trace (objects)
+    tid: np.ndarray
+    is_span: np.ndarray  # per event: a B/E pair's span
+    step_of: np.ndarray  # per name code: the step N of a ``ProfilerStep#N``, else -1
+    tree: CallTree
+    gpu: GpuWork
+    launch_pos: np.ndarray  # per device event, the position of the call that launched it (-1: none known)
+    steps: list[tuple[int, int, int]]  # ``(step, start, end)`` of each ``ProfilerStep#N``, by step
+    step_event: dict[int, int]  # each step's own event
+    base: int
+    left_out: int  # device events left out: launched by no call in the trace (``keep_unlaunched_gpu``)
+    begin_end: tuple[int, int, int]  # B/E pairs matched, B left open and E never opened
 
 
 def factorized(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:

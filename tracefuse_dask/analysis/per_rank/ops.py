@@ -13,7 +13,7 @@ import pandas as pd
 from ...perf import needs_context
 from ...perf.vllm import CONTEXT as VLLM_CONTEXT
 from .decode import Args, json_text
-from .model import CallTree, GpuWork, factorized
+from .model import RankModel, factorized
 
 __all__ = ["LAUNCHER_COLUMNS", "op_keys", "op_tables"]
 
@@ -27,12 +27,13 @@ def _top(counter: Counter[str]) -> str:
     return " | ".join(name for name, _ in counter.most_common(_TOP))
 
 
-def op_tables(tree: CallTree, is_op: np.ndarray, is_cpu_op: np.ndarray, name_code: np.ndarray, names: np.ndarray,
-               durs: np.ndarray, args: list[Args], g: GpuWork,
-               launch_pos: np.ndarray) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray]:
+def op_tables(model: RankModel, is_op: np.ndarray, is_cpu_op: np.ndarray) -> tuple[pd.DataFrame, pd.DataFrame,
+                                                                                  np.ndarray]:
     """TreePerf-like tables: GPU time per op name over its subtree, and the leaf ops that launch kernels; also
-    each launched GPU event's leaf op (its position, -1 for none).
-    ``launch_pos``: each GPU event's launch's position in the tree, -1 for none."""
+    each launched GPU event's leaf op (its position, -1 for none). ``is_op``, ``is_cpu_op``: per event, whether it
+    is an op (a leaf op may launch kernels), and a CPU op."""
+    tree, name_code, names, durs, args, g, launch_pos = (model.tree, model.name_code, model.names, model.dur,
+                                                         model.args, model.gpu, model.launch_pos)
     order, parent = tree.order, tree.parent
     m = len(order)
     launched = launch_pos >= 0
@@ -49,7 +50,7 @@ def op_tables(tree: CallTree, is_op: np.ndarray, is_cpu_op: np.ndarray, name_cod
     # how many subtrees that start before it are still open. The names are a path in a trie (``paths``: each id's
     # parent id and op name), so that a chain of n nested ops costs n entries, not n²/2.
     up = np.asarray(parent, dtype=np.int64)
-    depth = np.arange(m) - np.cumsum(np.bincount(tree.stop, minlength=m + 1))[:m]
+    depth = tree.depth
     op_at, cpu_op_at, code_at = is_op[order], is_cpu_op[order], name_code[order]
     path = np.zeros(m, dtype=np.int64)
     leaf = np.full(m, -1, dtype=np.int64)
@@ -99,11 +100,12 @@ def op_tables(tree: CallTree, is_op: np.ndarray, is_cpu_op: np.ndarray, name_cod
     return ops, launchers, leaf[at]
 
 
-def op_keys(order: np.ndarray, parent: list[int], name_code: np.ndarray, names: np.ndarray,
-             args: list[Args]) -> Callable[[np.ndarray], list[tuple[str, str, str, str, str]]]:
+def op_keys(model: RankModel) -> Callable[[np.ndarray], list[tuple[str, str, str, str, str]]]:
     """Tree positions' op names, args as compact JSON text and context (``op_perf``'s groups), each distinct text
     converted once. The context is, for an op whose model reads it (``perf.needs_context``), the name of the
     nearest enclosing event that the model's pattern matches (vLLM's batch annotation), else ""."""
+    order, parent, name_code, names, args = (model.tree.order, model.tree.parent, model.name_code, model.names,
+                                             model.args)
     seen: dict[tuple[int, bytes, bytes, bytes, str], tuple[str, str, str, str, str]] = {}
     contextual = {c for c, nm in enumerate(names) if needs_context(str(nm))}
 

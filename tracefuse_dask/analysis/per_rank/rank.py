@@ -33,7 +33,6 @@ from ...kineto.vocabulary import (
     STEP,
     device_kind,
     host_category,
-    is_collective_call,
     is_correlation_flow,
     is_cpu_op_category,
     is_op_category,
@@ -48,7 +47,7 @@ from ..schema import Cutoffs, RankTables
 from .collectives import rank_collectives
 from .counters import LAUNCH_COLUMNS, launch_stats, memory_bw, memory_kind, queue_length
 from .decode import NO_ARGS, Args, Event, durations, events_decoder
-from .model import CallTree, GpuWork, codes, factorized
+from .model import CallTree, GpuWork, RankModel, codes, factorized
 from .op_perf import op_perf_table, owners
 from .ops import op_keys, op_tables
 from .sequences import SEQUENCE_COLUMNS, rank_sequences
@@ -221,6 +220,46 @@ def analyze_events(events: list[Event], rank: int, path: str, steps: tuple[int, 
     -------
     RankTables
     """
+    m = rank_model(events, steps, base, keep_unlaunched_gpu)
+    g, tree, names, name_code = m.gpu, m.tree, m.names, m.name_code
+    tables: dict[str, pd.DataFrame] = {}
+    numbers = _breakdown(g) | {"gpu_events_left_out": m.left_out, "kernels_clipped": g.clipped}
+    tables["breakdown"] = pd.DataFrame([numbers])
+    tables["breakdown_by_step"] = _by_step(g, m.steps, m.start)
+    tables["kernels"], tables["kernel_categories"] = _kernel_tables(g, names)
+    is_op = ((np.array([is_op_category(c) for c in m.cats], dtype=bool)[m.cat_code] | m.is_span)
+             & (m.step_of[name_code] < 0))
+    is_cpu_op = np.array([is_cpu_op_category(c) for c in m.cats], dtype=bool)[m.cat_code]
+    tables["ops"], tables["kernel_launchers"], leaf_at = op_tables(m, is_op, is_cpu_op)
+    header = header or {}
+    props = header.get("deviceProperties")
+    device, called = detect(props, devices)
+    launched = m.launch_pos >= 0
+    modelled = np.array([has_model(nm) for nm in names], dtype=bool)[name_code] & is_cpu_op
+    tables["op_perf"] = op_perf_table(owners(leaf_at, tree.parent, modelled[tree.order]), g.start[launched],
+                                      g.end[launched], g.name[launched].tolist(), op_keys(m), device)
+    tables["idle"] = _idle_table(g, m.start)
+    tables["launch_stats"], tables["launch_worst"], tables["queue_length"], tables["memory_bw"] = _counter_tables(
+        m, cutoffs)
+    tables["kernel_sequences"] = rank_sequences(sequences_of, m) if sequences_of else pd.DataFrame(
+        columns=SEQUENCE_COLUMNS)
+    info = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
+    pgs = {str(pg["pg_name"]): spec for pg in info.get("pg_config") or []
+           if isinstance(pg, dict) and "pg_name" in pg and (spec := group_spec(pg.get("ranks")))}
+    tables["collectives"] = rank_collectives(m, pgs)
+    tables["path_anchors"], tables["path_segments"], tables["path_work"], texts = rank_pieces(
+        m, tables["collectives"])
+    host_name = header.get("host_name")
+    return RankTables(rank, path, tables, numbers, [s for s, _, _ in m.steps],
+                      host=host_name if isinstance(host_name, str) else None, pg_config=pgs, base=base, texts=texts,
+                      begin_end=m.begin_end,
+                      device=(device.name if device else None, called, len(props) if isinstance(props, list) else 0))
+
+
+def rank_model(events: list[Event], steps: tuple[int, int] | None = None, base: int = 0,
+               keep_unlaunched_gpu: bool = False) -> RankModel:
+    """One rank's events, as ``decode_trace`` gives them, as the model the per-rank analyses read; ``steps``,
+    ``base`` and ``keep_unlaunched_gpu`` as for ``analyze_rank``."""
     spans, unclosed, unopened = durations(events)
     xs = [e for e in events if e.ph == "X" and e.cat != "python_function"] + spans
     if steps is not None:
@@ -254,51 +293,18 @@ def analyze_events(events: list[Event], rank: int, path: str, steps: tuple[int, 
     g = _gpu_arrays(events, xs, dev, host, cat_code, cats, name_code, names, args, tids, start, end,
                     np.where(has_corr, corr, None))
     step_events = host[step_of[name_code[host]] >= 0]
-    step_spans = sorted((int(step_of[name_code[i]]), int(start[i]), int(end[i])) for i in step_events)
-    tables: dict[str, pd.DataFrame] = {}
-    numbers = _breakdown(g) | {"gpu_events_left_out": left_out, "kernels_clipped": g.clipped}
-    tables["breakdown"] = pd.DataFrame([numbers])
-    tables["breakdown_by_step"] = _by_step(g, step_spans, start)
-    tables["kernels"], tables["kernel_categories"] = _kernel_tables(g, names)
-    launch_pos = np.where(g.launch >= 0, tree.pos[np.maximum(g.launch, 0)], -1)  # each GPU event's launch's position
-    is_op = (np.array([is_op_category(c) for c in cats], dtype=bool)[cat_code] | is_span) & (step_of[name_code] < 0)
-    is_cpu_op = np.array([is_cpu_op_category(c) for c in cats], dtype=bool)[cat_code]
-    tables["ops"], tables["kernel_launchers"], leaf_at = op_tables(tree, is_op, is_cpu_op, name_code, names, durs,
-                                                                    args, g, launch_pos)
-    header = header or {}
-    props = header.get("deviceProperties")
-    device, called = detect(props, devices)
-    launched = launch_pos >= 0
-    modelled = np.array([has_model(nm) for nm in names], dtype=bool)[name_code] & is_cpu_op
-    tables["op_perf"] = op_perf_table(owners(leaf_at, tree.parent, modelled[tree.order]), g.start[launched],
-                                      g.end[launched], g.name[launched].tolist(),
-                                      op_keys(tree.order, tree.parent, name_code, names, args), device)
-    tables["idle"] = _idle_table(g, start)
-    tables["launch_stats"], tables["launch_worst"], tables["queue_length"], tables["memory_bw"] = _counter_tables(
-        g, start, end, name_code, names, tree, launch_pos, cutoffs)
-    tables["kernel_sequences"] = rank_sequences(
-        sequences_of, names[name_code[tree.order]].tolist(), _depth(tree.parent), tree.stop, start[tree.order],
-        end[tree.order], launch_pos, g.start, g.end, g.name) if sequences_of else pd.DataFrame(columns=SEQUENCE_COLUMNS)
-    info = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
-    pgs = {str(pg["pg_name"]): spec for pg in info.get("pg_config") or []
-           if isinstance(pg, dict) and "pg_name" in pg and (spec := group_spec(pg.get("ranks")))}
-    members = np.flatnonzero(np.array([is_collective_call(nm) for nm in names], dtype=bool)[name_code[tree.order]])
-    tables["collectives"] = rank_collectives(name_code, names, tids, args, tree.order, tree.stop, members, start, end,
-                                             launch_pos, g, step_spans, base, pgs)
-    tables["path_anchors"], tables["path_segments"], tables["path_work"], texts = rank_pieces(
-        start, end, name_code, names, cat_code, cats, pids, tids, tree, g, launch_pos, step_spans,
-        {int(step_of[name_code[i]]): int(i) for i in step_events}, tables["collectives"], base)
-    host_name = header.get("host_name")
-    return RankTables(rank, path, tables, numbers, [s for s, _, _ in step_spans],
-                      host=host_name if isinstance(host_name, str) else None, pg_config=pgs, base=base, texts=texts,
-                      begin_end=(len(spans) - unclosed, unclosed, unopened),
-                      device=(device.name if device else None, called, len(props) if isinstance(props, list) else 0))
+    return RankModel(start, end, durs, name_code, names, cat_code, cats, args, pids, tids, is_span, step_of, tree, g,
+                     launch_pos=np.where(g.launch >= 0, tree.pos[np.maximum(g.launch, 0)], -1),
+                     steps=sorted((int(step_of[name_code[i]]), int(start[i]), int(end[i])) for i in step_events),
+                     step_event={int(step_of[name_code[i]]): int(i) for i in step_events}, base=base,
+                     left_out=left_out, begin_end=(len(spans) - unclosed, unclosed, unopened))
 
 
-def _counter_tables(g: GpuWork, start: np.ndarray, end: np.ndarray, name_code: np.ndarray, names: np.ndarray,
-                    tree: CallTree, launch_pos: np.ndarray, cutoffs: Cutoffs) -> tuple[pd.DataFrame, ...]:
+def _counter_tables(m: RankModel, cutoffs: Cutoffs) -> tuple[pd.DataFrame, ...]:
     """HTA's launch statistics (and the longest launch delays), queue length and memory bandwidth of the rank
     (``counters``); the series stay here."""
+    g, start, end, name_code, names, tree, launch_pos = m.gpu, m.start, m.end, m.name_code, m.names, m.tree, \
+        m.launch_pos
     has = g.launch >= 0
     call = np.maximum(g.launch, 0)
     code = name_code[call]
@@ -322,19 +328,6 @@ def _counter_tables(g: GpuWork, start: np.ndarray, end: np.ndarray, name_code: n
     memory, _ = memory_bw(g.start[copies], g.end[copies], np.array([memory_kind(n) for n in g.name[copies]],
                                                                      dtype=object), gbps)
     return pd.DataFrame([row], columns=LAUNCH_COLUMNS), worst, queue, memory
-
-
-def _depth(parent: list[int]) -> np.ndarray:
-    """Each position's depth in the call tree (0 for a root): its ancestors, counted by doubling jumps (each
-    position's count runs up to the ancestor ``up`` it has reached, then adds that ancestor's count)."""
-    up = np.asarray(parent, dtype=np.int64)
-    depth = (up >= 0).astype(np.int64)
-    while (up >= 0).any():
-        has = up >= 0
-        above = np.where(has, up, 0)
-        depth = depth + np.where(has, depth[above], 0)
-        up = np.where(has, up[above], -1)
-    return depth
 
 
 def _number(value: Any) -> float:

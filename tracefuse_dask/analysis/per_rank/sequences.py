@@ -6,31 +6,23 @@ ranks (``top_sequences``): how often each sequence ran, its device time and its 
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 import pandas as pd
 
 from ..schema import MIN_PATTERN_LEN, SEQUENCE_COLUMNS
+from .model import RankModel
 
 __all__ = ["rank_sequences"]
 
 SEPARATOR = "|"  # between a sequence's names, as HTA joins them
 
 
-def rank_sequences(operator: str, names: Sequence[str], depth: np.ndarray, stop: np.ndarray, start: np.ndarray,
-                   end: np.ndarray, launch_pos: np.ndarray, gpu_start: np.ndarray, gpu_end: np.ndarray,
-                   gpu_names: np.ndarray) -> pd.DataFrame:
-    """One rank's sequences of ``operator`` (``SEQUENCE_COLUMNS``, the most frequent first).
-
-    Parameters
-    ----------
-    names, depth, stop, start, end
-        Per host position of the call tree: the op's name, its depth, the end (exclusive) of its subtree, and its
-        times (ns).
-    launch_pos, gpu_start, gpu_end, gpu_names
-        Per device event: the position of its launch (-1: none), its times (ns) and its name.
-    """
+def rank_sequences(operator: str, model: RankModel) -> pd.DataFrame:
+    """One rank's sequences of ``operator`` (``SEQUENCE_COLUMNS``, the most frequent first)."""
+    tree, g, launch_pos = model.tree, model.gpu, model.launch_pos
+    names = model.names[model.name_code[tree.order]].tolist()
+    depth, stop, start, end = tree.depth, tree.stop, model.start[tree.order], model.end[tree.order]
+    gpu_start, gpu_end, gpu_names = g.start, g.end, g.name
     candidates = np.flatnonzero(np.array([operator in n for n in names], dtype=bool))
     if not len(candidates):
         return pd.DataFrame(columns=SEQUENCE_COLUMNS)

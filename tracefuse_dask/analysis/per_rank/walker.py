@@ -52,7 +52,7 @@ from ...kineto.vocabulary import (
     kernel_category,
 )
 from ..schema import ANCHOR_COLUMNS, CATEGORIES, KINDS, LABELS, NO_EVENT, SEGMENT_COLUMNS, WORK_COLUMNS, WORK_KINDS
-from .model import CallTree, GpuWork
+from .model import GpuWork, RankModel
 
 __all__ = ["rank_pieces"]
 
@@ -66,8 +66,10 @@ _DEVICE_KINDS = ("kernel", "memcpy")  # a device event's segment kind, by whethe
 class _Walker:
     """One rank's graph, walked backwards. Times are the rank's relative ns; positions are the call tree's."""
 
-    def __init__(self, start: np.ndarray, end: np.ndarray, name_code: np.ndarray, names: np.ndarray,
-                 cat_code: np.ndarray, cats: np.ndarray, tree: CallTree, g: GpuWork, launch_pos: np.ndarray) -> None:
+    def __init__(self, model: RankModel) -> None:
+        start, end, name_code, names, cat_code, cats, tree, g, launch_pos = (
+            model.start, model.end, model.name_code, model.names, model.cat_code, model.cats, model.tree, model.gpu,
+            model.launch_pos)
         # Per-event values the walks read one at a time are memoryviews of the arrays: a walk reads a few of
         # them, and a view gives Python ints at once where a list would make one per event first.
         order, parent, thread = tree.order, tree.parent, tree.thread
@@ -429,31 +431,10 @@ class _Walker:
         return best[2] if best else None
 
 
-def rank_pieces(start: np.ndarray, end: np.ndarray, name_code: np.ndarray, names: np.ndarray, cat_code: np.ndarray,
-                cats: np.ndarray, pids: np.ndarray, tids: np.ndarray, tree: CallTree, g: GpuWork, launch_pos: np.ndarray,
-                step_spans: Sequence[tuple[int, int, int]], step_pos: Mapping[int, int], calls: pd.DataFrame,
-                base: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, list[str]]:
+def rank_pieces(model: RankModel, calls: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, list[str]]:
     """One rank's walks from its anchors, and the work between its collectives (map task).
 
-    Parameters
-    ----------
-    start, end, name_code, cat_code, pids, tids
-        Per X event, as arrays (relative ns, name and category as codes into ``names`` and ``cats``, pid and tid
-        as in the trace).
-    names, cats
-        The distinct names and categories.
-    tree
-        The call tree (``model.CallTree``).
-    g
-        The device work (``model.GpuWork``).
-    launch_pos
-        Per device event, the position of the call that launched it (-1: none known).
-    step_spans, step_pos
-        ``(step, start, end)`` of each ``ProfilerStep#N``, and the event index of each step's own event.
-    calls
-        The rank's collective calls (``collectives.rank_collectives``, absolute ns).
-    base
-        What makes the relative times absolute.
+    ``calls``: the rank's collective calls (``collectives.rank_collectives``, absolute ns).
 
     Returns
     -------
@@ -461,7 +442,9 @@ def rank_pieces(start: np.ndarray, end: np.ndarray, name_code: np.ndarray, names
         ``ANCHOR_COLUMNS``, ``SEGMENT_COLUMNS`` and ``WORK_COLUMNS`` (absolute ns, but a segment's ``event_ns``),
         and the texts their codes stand for.
     """
-    w = _Walker(start, end, name_code, names, cat_code, cats, tree, g, launch_pos)
+    w = _Walker(model)
+    tree, g, step_spans, step_pos, base = model.tree, model.gpu, model.steps, model.step_event, model.base
+    start, cats, pids, tids = model.start, model.cats, model.pid, model.tid
     arrivals: dict[int, tuple[str, int]] = {}
     gpu_calls = calls[calls["gpu_start_ns"].notna()]
     if len(gpu_calls):
