@@ -16,7 +16,8 @@ from conftest import SHARED, make_trace, read_trace, shared, write_trace
 
 from tracefuse_dask import MergeError, TraceFileNotFoundError, analyze, diff
 from tracefuse_dask.analysis.folder import write_folder
-from tracefuse_dask.analysis.diff.compare import _spread, name_key
+from tracefuse_dask.analysis.diff.identity import name_key
+from tracefuse_dask.analysis.diff.sides import step_spread
 from tracefuse_dask.kineto.vocabulary import kernel_label as label
 from tracefuse_dask.cli import main
 from tracefuse_dask.synth import write_example
@@ -442,7 +443,7 @@ def test_diff_from_and_to_s3_with_reports_in_the_bucket(client, s3, bucket_name)
     ([90.0, 100.0, 110.0], 2 * 1.4826 * 10), ([608.0, 632.0], 2 * 1.4826 * 12 / 620 * 100),
 ])
 def test_the_spread_is_robust_to_one_odd_step(steps, spread):
-    assert _spread(steps) == pytest.approx(spread)
+    assert step_spread(steps) == pytest.approx(spread)
 
 
 def test_report_sides_refuse_trace_options_and_paths_are_accepted(client, tmp_path):

@@ -318,7 +318,7 @@ def diff(
     Diff
         ``tables`` and ``summary`` (what ``diff.json`` holds: ``base``, ``new``, ``step_time``, ``regressions``,
         ``improvements``, ``added``, ``removed``, ``renamed``, ``straggler``, ``failing``, ``verdict``, ``notes``,
-        ``warnings``). Kernels and ops keep their exact names (``analysis.diff.compare.RUN_VARIANT``); ``label`` is the
+        ``warnings``). Kernels and ops keep their exact names (``analysis.diff.identity.RUN_VARIANT``); ``label`` is the
         shortened one the verdict uses.
 
     Examples
