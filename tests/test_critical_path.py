@@ -9,6 +9,7 @@ traces in ``test_critical_path_syncs.py``.
 from __future__ import annotations
 
 import gzip
+import html
 import json
 import re
 import subprocess
@@ -33,6 +34,7 @@ from tracefuse_dask import MergeError, analyze, merge_traces
 from tracefuse_dask.analysis.cross_rank.critical_path import _runs
 from tracefuse_dask.analysis.per_rank.walker import _short_runs, _used_texts
 from tracefuse_dask.analysis.report.marks import WHAT_IF_TID
+from tracefuse_dask.analysis.report.text import answers
 from tracefuse_dask.analysis.schema import GPU_KINDS, KINDS, LABELS, NO_EVENT
 from tracefuse_dask.kineto.layout import CRITICAL_PATH_PID
 from tracefuse_dask.kineto.times import to_ns
@@ -372,6 +374,13 @@ def test_tracefuse_analyze_writes_the_critical_path_trace_from_a_fresh_process(t
     summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
     assert f"what-if: {summary['straggler']['what_if_text']}\n" in done.stderr
     assert done.stderr.index("collectives: ") < done.stderr.index("why: ") < done.stderr.index("what-if: ")
+    # each answer is one sentence, which the CLI and the report both say (analysis.report.text)
+    page = (tmp_path / "rep" / "report.html").read_text()
+    got = answers(summary)
+    assert {a.what for a in got} >= {"step_time", "straggler", "cause", "what_if", "critical_path"}, got
+    for a in got:
+        assert (f"{a.label.lower()}: {a.text}\n" if a.label else f"{a.text}\n") in done.stderr, a
+        assert html.escape(f"{a.label}: {a.text}." if a.label else a.text) in page, a
     # a second run stops before any work: the trace exists
     done = subprocess.run([*cmd[:6], str(tmp_path / "new"), *cmd[7:]], capture_output=True, text=True, timeout=300,
                           check=False)

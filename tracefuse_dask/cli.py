@@ -455,56 +455,33 @@ def _analyze(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
 
 def _tell_analysis(s: dict[str, Any], args: argparse.Namespace) -> None:
     """What ``tracefuse analyze`` found, a line each on stderr, from its summary."""
-    from .analysis.report.marks import path_line
+    from .analysis.report.text import answers, notes
 
     print(f"analysed {_count(len(s['ranks']), 'rank')}, {_count(len(s['steps']), 'step')} in {s['seconds']:.2f} s",
           file=sys.stderr)
     if not s["gpu"]:
         print(f"note: {s['why_no_gpu']}", file=sys.stderr)
-    if s["gpu_events_left_out"] and s["gpu_events_left_out"]["count"]:
-        print(f"note: {s['gpu_events_left_out']['count']:,} GPU events left out: "
-              f"{s['gpu_events_left_out']['why']}", file=sys.stderr)
-    if s["kernels_clipped"]["count"]:
-        print(f"note: {s['kernels_clipped']['count']:,} kernels clipped: {s['kernels_clipped']['why']}",
-              file=sys.stderr)
-    if s["devices"]["note"]:
-        print(f"note: {s['devices']['note']}", file=sys.stderr)
-    if s["begin_end"]["unclosed"]:
-        from .model import ranges
-
-        print(f"note: {s['begin_end']['unclosed']:,} B events without their E in rank(s) "
-              f"{ranges(s['begin_end']['unclosed_ranks'])}: {s['begin_end']['why']}", file=sys.stderr)
+    for note in notes(s):
+        print(f"note: {note}", file=sys.stderr)
     for line in s["outliers"]:
         print(f"outlier: {line}", file=sys.stderr)
     if s["collective_trace"]:
         ct = s["collective_trace"]
         print(f"collective_trace: {ct['calls']} calls in {ct['files']} files; {ct['straggler_hint']['evidence']}",
               file=sys.stderr)
-    if s["collectives"]["matched"]:
-        print(f"collectives: {s['collectives']['matched']} matched, {s['collectives']['problems']} unmatched or "
-              f"inconsistent; {s['straggler']['evidence']}", file=sys.stderr)
-    if s["critical_path"]:
-        print(path_line(s["critical_path"]), file=sys.stderr)
-    if s["bound"]:
-        print(f"bound: {s['bound']['text']}", file=sys.stderr)
-        if s["bound"]["why"]:
-            print(f"why both: {s['bound']['why']}", file=sys.stderr)
-    if s["straggler"].get("cause"):
-        print(f"why: {s['straggler']['cause']['verdict']}", file=sys.stderr)
-    if s["straggler"].get("what_if_text"):
-        print(f"what-if: {s['straggler']['what_if_text']}", file=sys.stderr)
-    if s["slow_gpu"]:
-        print(f"gpu: {s['slow_gpu']['text']}", file=sys.stderr)
-    if s["launches"]:
-        print(f"launches: {s['launches']['text']}", file=sys.stderr)
+    for answer in answers(s):
+        if answer.what == "straggler":  # with the collectives it was found from
+            if s["collectives"]["matched"]:
+                print(f"collectives: {s['collectives']['matched']} matched, {s['collectives']['problems']} unmatched "
+                      f"or inconsistent; {answer.text}", file=sys.stderr)
+        else:
+            print(f"{answer.label.lower()}: {answer.text}" if answer.label else answer.text, file=sys.stderr)
     if s["kernel_sequences"]:
         ks = s["kernel_sequences"]
         top = ks["top"][0] if ks["top"] else None
         print(f"kernel sequences of {ks['operator']}: {ks['distinct']:,} distinct"
               + (f"; the most frequent ran {top['count']:,} times on {top['ranks']} rank(s): {top['pattern']}"
                  if top else f"; {ks['note']}"), file=sys.stderr)
-    if s["roofline"]:
-        print(f"roofline: {s['roofline']['text']}", file=sys.stderr)
     for path in s["ignored"]:
         print(f"ignored {path}", file=sys.stderr)
     for sk in s["skipped"]:

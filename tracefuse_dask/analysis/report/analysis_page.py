@@ -14,7 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ..schema import OVER_ROOF
-from .marks import path_line
+from .text import answers, notes
 from .page import (MAX_LISTED, MAX_ROWS, TOP_N, Page, _document, _html_table, _label, _layout, _name_axis, _ranges,
                    _slug)
 
@@ -108,18 +108,7 @@ def _header(page: Page) -> str:
     if not page.gpu:
         why = s.get("why_no_gpu") or "the traces have no GPU events"
         parts.append(f'<p class="note">No GPU plots: {html.escape(str(why))}.</p>')
-    left_out = s.get("gpu_events_left_out") or {}
-    if left_out.get("count"):
-        parts.append(f'<p class="note">{left_out["count"]:,} GPU events left out: '
-                     f'{html.escape(str(left_out.get("why", "")))}.</p>')
-    clipped = s.get("kernels_clipped") or {}
-    if clipped.get("count"):
-        parts.append(f'<p class="note">{clipped["count"]:,} kernels clipped: '
-                     f'{html.escape(str(clipped.get("why", "")))}.</p>')
-    begin_end = s.get("begin_end") or {}
-    if begin_end.get("unclosed"):
-        parts.append(f'<p class="note">{begin_end["unclosed"]:,} B events without their E: '
-                     f'{html.escape(str(begin_end.get("why", "")))}.</p>')
+    parts += [f'<p class="note">{html.escape(note)}.</p>' for note in notes(s)]
     warnings = [*(f"skipped rank {sk['rank']}: {sk['reason']}" for sk in s.get("skipped") or []),
                 *(str(w) for w in (*(s.get("repaired") or []), *(s.get("warnings") or [])))]
     if warnings:
@@ -130,37 +119,8 @@ def _header(page: Page) -> str:
 
 
 def _answers(page: Page) -> str:
-    """The answers before any table, each linking to its section: the step time, the verdicts the CLI prints (the
-    straggler, its cause and what-if, the critical path, the bound, the slow GPU, the launches) and the
-    time-weighted % of roofline by category."""
-    s = page.summary
-    steps = s.get("critical_path") or []
-    lines: list[tuple[str, str]] = []  # (answer, the key of its section in TITLES)
-    if steps:
-        times = sorted(p["duration_us"] for p in steps)
-        lines.append((f"Step time: median {times[len(times) // 2] / 1e3:,.1f} ms over {len(times):,} step(s) "
-                      f"(slowest {times[-1] / 1e3:,.1f} ms).", "steps"))
-    straggler = s.get("straggler") or {}
-    if straggler.get("evidence"):
-        lines.append((str(straggler["evidence"]), "collectives"))
-    if straggler.get("cause"):
-        lines.append((f"Why: {straggler['cause']['verdict']}.", "path"))
-    if straggler.get("what_if_text"):
-        lines.append((f"What-if: {straggler['what_if_text']}.", "collectives"))
-    if steps:
-        lines.append((path_line(steps), "path"))
-    if s.get("bound"):
-        lines.append((f"Bound: {s['bound']['text']}.", "path"))
-        if s["bound"]["why"]:
-            lines.append((f"Why both: {s['bound']['why']}.", "path"))
-    if s.get("slow_gpu"):
-        lines.append((f"GPU: {s['slow_gpu']['text']}.", "efficiency"))
-    if s.get("launches"):
-        lines.append((f"Launches: {s['launches']['text']}.", "launches"))
-    if s.get("roofline"):
-        lines.append((f"Roofline: {s['roofline']['text']}.", "efficiency"))
-    if (s.get("devices") or {}).get("note"):
-        lines.append((f"Note: {s['devices']['note']}.", "efficiency"))
+    """The answers before any table (``text.answers``, which the CLI prints too), each linking to its section."""
+    lines = [(f"{a.label}: {a.text}." if a.label else a.text, a.section) for a in answers(page.summary)]
     if not lines:
         return page.leave_out(TITLES["answers"], "no steps, collectives or op models to answer from")
     items = "".join(f'<li>{html.escape(text)}<a class="to" href="#{_slug(TITLES[key])}">→ '
