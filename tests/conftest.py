@@ -12,6 +12,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -57,6 +59,41 @@ def read_trace(path: Path) -> dict:
     """A trace file's document, gzip or not."""
     raw = path.read_bytes()
     return orjson.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+
+
+def shape_problems(value: Any, tp: Any, where: str = "summary") -> list[str]:
+    """Where ``value`` (a summary, as ``summary.json`` holds it) strays from ``tp`` (``schema.Summary``, a
+    TypedDict, and what it nests): keys it does not declare, required keys it lacks, values of another type."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return []
+    if typing.is_typeddict(tp):
+        if not isinstance(value, dict):
+            return [f"{where}: {value!r} is not an object"]
+        hints = typing.get_type_hints(tp)
+        out = [f"{where}.{k}: not declared in {tp.__name__}" for k in value if k not in hints]
+        out += [f"{where}.{k}: missing" for k in sorted(tp.__required_keys__) if k not in value]
+        return out + [p for k, v in value.items() if k in hints for p in shape_problems(v, hints[k], f"{where}.{k}")]
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return []
+        tries = [shape_problems(value, a, where) for a in args if a is not type(None)]
+        return [] if any(not t for t in tries) else tries[0]
+    if origin is list:
+        if not isinstance(value, list):
+            return [f"{where}: {value!r} is not a list"]
+        return [p for i, v in enumerate(value) for p in shape_problems(v, args[0], f"{where}[{i}]")]
+    if origin is dict:
+        if not isinstance(value, dict):
+            return [f"{where}: {value!r} is not an object"]
+        return [p for k, v in value.items() for p in shape_problems(v, args[1], f"{where}.{k}")]
+    if tp is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif tp is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, tp)
+    return [] if ok else [f"{where}: {value!r} is not {tp.__name__}"]
 
 
 def make_trace(rank: int | None, events: list[dict[str, Any]], *, base: int | None = BASE,

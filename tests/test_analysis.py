@@ -491,3 +491,16 @@ def test_a_paused_collector_comes_back_as_the_caller_left_it():
             assert gc.isenabled() is before
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def test_the_summary_shape_check_names_each_stray_key():
+    """``shape_problems``, which holds real summaries to ``schema.Summary`` in the tests that analyse the shared
+    traces, names an undeclared key, a missing one and a value of another type."""
+    from conftest import shape_problems
+
+    from tracefuse_dask.analysis.schema import Summary
+
+    got = shape_problems({"tool": 1, "extra": 2, "straggler": {"rank": "2"}}, Summary)
+    assert "summary.extra: not declared in Summary" in got and "summary.tool: 1 is not str" in got
+    assert "summary.ranks: missing" in got and "summary.straggler.evidence: missing" in got
+    assert "summary.straggler.rank: '2' is not int" in got

@@ -7,11 +7,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import shape_problems
 
 from tracefuse_dask import TraceFormatError, analyze
 from tracefuse_dask.cli import main
 from tracefuse_dask.analysis.cross_rank.collective_trace import summarize
 from tracefuse_dask.analysis.per_rank.collective_trace import looks_like_collective_trace, parse_collective_trace
+from tracefuse_dask.analysis.schema import Summary
 
 DATA = Path(__file__).parent / "data" / "collective_trace"
 LOGS = sorted(DATA.glob("collective_trace.log-*"))
@@ -87,6 +89,7 @@ def test_analyze_takes_collective_trace_logs(client, tmp_path, capsys):
     for p in LOGS:
         shutil.copy(p, tmp_path / p.name)
     a = analyze(str(tmp_path), client=client)
+    assert shape_problems(a.summary, Summary) == []  # as schema.Summary declares it
     assert a.summary["collective_trace"]["files"] == 4 and a.summary["collective_trace"]["calls"] == 84
     assert a.summary["collective_trace"]["straggler_hint"]["rank"] == 2
     assert len(a.collective_trace_calls) == 84 and a.breakdown.empty

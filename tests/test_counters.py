@@ -151,7 +151,9 @@ def independent_sequences(doc: dict, operator: str) -> dict[str, int]:
 def test_frequent_kernel_sequences_across_ranks_match_the_rule_written_out(tmp_path, capsys):
     """The A100 set's optimizer steps: each rank's sequences are those the rule gives on its raw events, and the
     summary counts them over both ranks."""
-    from conftest import read_trace, shared
+    from conftest import read_trace, shape_problems, shared
+
+    from tracefuse_dask.analysis.schema import Summary
 
     job = shared("real", "hta_trace_filter")
     code = main(["analyze", str(job), "-o", str(tmp_path / "report"), "--workers", "1",
@@ -166,6 +168,7 @@ def test_frequent_kernel_sequences_across_ranks_match_the_rule_written_out(tmp_p
         assert dict(zip(got["pattern"], got["count"])) == want and want, r
         for p, c in want.items():
             expected_total[p] = expected_total.get(p, 0) + c
+    assert shape_problems(json.loads((tmp_path / "report" / "summary.json").read_text()), Summary) == []
     s = a.summary["kernel_sequences"]
     assert s["distinct"] == len(expected_total) and s["operator"] == "Optimizer.step"
     top = s["top"][0]

@@ -24,6 +24,7 @@ from conftest import (
     SHARED,
     make_trace,
     read_trace,
+    shape_problems,
     shared,
     shared_params,
     write_trace,
@@ -35,7 +36,7 @@ from tracefuse_dask.analysis.cross_rank.critical_path import _runs
 from tracefuse_dask.analysis.per_rank.walker import _short_runs, _used_texts
 from tracefuse_dask.analysis.report.marks import WHAT_IF_TID
 from tracefuse_dask.analysis.report.text import answers
-from tracefuse_dask.analysis.schema import GPU_KINDS, KINDS, LABELS, NO_EVENT
+from tracefuse_dask.analysis.schema import GPU_KINDS, KINDS, LABELS, NO_EVENT, Summary
 from tracefuse_dask.kineto.layout import CRITICAL_PATH_PID
 from tracefuse_dask.kineto.times import to_ns
 from tracefuse_dask.synth import write_example
@@ -372,6 +373,7 @@ def test_tracefuse_analyze_writes_the_critical_path_trace_from_a_fresh_process(t
     assert written["slices"] + written["what_if_slices"] == sum(e["ph"] == "X" for e in track)
     assert written["arrows"] * 2 == len(flows)
     summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    assert shape_problems(summary, Summary) == []  # summary.json as schema.Summary declares it
     assert f"what-if: {summary['straggler']['what_if_text']}\n" in done.stderr
     assert done.stderr.index("collectives: ") < done.stderr.index("why: ") < done.stderr.index("what-if: ")
     # each answer is one sentence, which the CLI and the report both say (analysis.report.text)

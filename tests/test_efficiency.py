@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SHARED
+from conftest import SHARED, shape_problems
 from tracefuse_dask import analyze
+from tracefuse_dask.analysis.schema import Summary
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(
     not (SHARED.parent / "tools" / "make_dataset.py").is_file() or not (SHARED / "real").is_dir(),
@@ -75,7 +76,9 @@ def test_a_rank_with_15_percent_slower_gemms_is_named(job, client, tmp_path):
     run = subprocess.run([sys.executable, "-m", "tracefuse_dask", "analyze", str(slow), "-o", str(tmp_path / "r")],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
-    verdict = json.loads((tmp_path / "r" / "summary.json").read_text())["slow_gpu"]
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert shape_problems(summary, Summary) == []  # summary.json as schema.Summary declares it
+    verdict = summary["slow_gpu"]
     assert (verdict["rank"], verdict["category"]) == (3, "GEMM") and verdict["factor"] == pytest.approx(1.15, abs=0.02)
     assert verdict["groups"] >= 3 and not verdict["others"]
     assert f"gpu: rank 3's GPU runs its GEMMs {100 * (verdict['factor'] - 1):.0f}% slower than the median rank at " \

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SHARED, only_trace, read_trace, shared, shared_params, write_trace
+from conftest import SHARED, only_trace, read_trace, shape_problems, shared, shared_params, write_trace
 from tracefuse_dask import analyze
+from tracefuse_dask.analysis.schema import Summary
 
 pytestmark = pytest.mark.integration
 
@@ -144,7 +145,9 @@ REAL_FILES = shared_params(sorted(str(p.relative_to(SHARED / "real")) for p in S
 def test_breakdown_equals_an_independent_interval_union(name, client):
     path = shared("real", *name.split("/"))
     want = independent_breakdown(path)
-    got = analyze({0: str(path)}, client=client).breakdown.iloc[0]
+    a = analyze({0: str(path)}, client=client)
+    assert shape_problems(a.summary, Summary) == []  # summary.json as schema.Summary declares it
+    got = a.breakdown.iloc[0]
     if not want:
         assert got["kernel_count"] == 0
         return

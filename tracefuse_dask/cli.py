@@ -9,11 +9,14 @@ import os
 import signal
 import sys
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .errors import TraceFuseError
 from .model import DEFAULT_RANK_REGEX, parse_steps, parse_window, rank_subset
+
+if TYPE_CHECKING:  # the analysis imports pandas: the CLI imports it when a command needs it
+    from .analysis.schema import Summary
 
 __all__ = ["main"]
 
@@ -453,7 +456,7 @@ def _analyze(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
     return 0
 
 
-def _tell_analysis(s: dict[str, Any], args: argparse.Namespace) -> None:
+def _tell_analysis(s: Summary, args: argparse.Namespace) -> None:
     """What ``tracefuse analyze`` found, a line each on stderr, from its summary."""
     from .analysis.report.text import answers, notes
 

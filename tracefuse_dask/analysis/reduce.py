@@ -24,7 +24,7 @@ from .cross_rank.sequences import top_sequences
 from .cross_rank.what_if import stragglers as what_ifs
 from .cross_rank.what_if import timeline as replay_graph
 from .cross_rank.what_if import verdict as straggler_verdict
-from .schema import CT_COLUMNS, PIECES, TABLES, Analysis, AnalyzeRequest, RankTables
+from .schema import CT_COLUMNS, PIECES, TABLES, Analysis, AnalyzeRequest, RankTables, Summary
 from .transport import as_text, in_rank_order
 
 __all__ = ["rank_stats", "reduce_ranks"]
@@ -228,8 +228,8 @@ def _what_if(verdict: dict[str, Any], stragglers: pd.DataFrame, coll: _Collectiv
 def _summary(got: _Gathered, request: AnalyzeRequest, tables: dict[str, pd.DataFrame], stats: pd.DataFrame,
              coll: _Collectives, gpu: bool, verdict: dict[str, Any], slow_gpu: dict[str, Any] | None,
              op_perf_categories: pd.DataFrame, path_steps: list[dict[str, Any]], path_origin: int,
-             collective_trace: dict[str, Any] | None, repaired: list[str]) -> dict[str, Any]:
-    """``summary.json``."""
+             collective_trace: dict[str, Any] | None, repaired: list[str]) -> Summary:
+    """``summary.json`` (``schema.Summary`` declares it key by key)."""
     per_rank = got.per_rank
     launches = launch_summary(tables["launch_stats"], tables["queue_length"], tables["memory_bw"], stats,
                               request.cutoffs)

@@ -4,7 +4,7 @@ the diff and the report. Types and the names of tables, columns, kinds and label
 - ``RankTables``: what one rank's map task gives (``per_rank``), which ``tasks`` and ``transport`` carry to the
   reduce; its tables are named in ``TABLES`` (reduced by joining their rows) and ``PIECES`` (for the critical path).
 - ``Analysis``: the reduced tables (``TABLES`` and ``REDUCED``) and the summary (``cross_rank``, ``reduce``), which
-  ``report``, ``diff`` and the report folder (``folder``) read.
+  ``report``, ``diff`` and the report folder (``folder``) read; ``Summary`` declares the summary key by key.
 - The critical path's segment kinds and columns, which the walker writes and ``stitch`` reads; op_perf's columns;
   the diff's ``Diff`` and its item columns, which the report draws.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import pandas as pd
 
@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ANCHOR_COLUMNS", "Analysis", "CATEGORIES", "CT_COLUMNS", "Cutoffs", "Diff", "EXTRAS", "GPU_KINDS",
            "ITEM_COLUMNS", "KINDS", "LABELS", "MEANS", "MIN_PATTERN_LEN", "NO_EVENT", "OP_PERF_COLUMNS", "OVER_ROOF",
-           "PATH_COLUMNS", "PIECES", "REDUCED", "RankTables", "SEGMENT_COLUMNS", "SEQUENCE_COLUMNS", "TABLES",
-           "WORK_COLUMNS", "WORK_KINDS", "step_name"]
+           "PATH_COLUMNS", "PIECES", "REDUCED", "RankTables", "SEGMENT_COLUMNS", "SEQUENCE_COLUMNS", "Summary",
+           "TABLES", "WORK_COLUMNS", "WORK_KINDS", "step_name"]
 
 TABLES = ("breakdown", "breakdown_by_step", "kernels", "kernel_categories", "ops", "kernel_launchers", "op_perf",
           "idle", "collectives", "launch_stats", "launch_worst", "queue_length", "memory_bw", "kernel_sequences")
@@ -59,7 +59,8 @@ class RankTables:
 
 @dataclass
 class Analysis:
-    """The reduced cross-rank tables (pandas DataFrames, each with a ``rank`` column) and the summary."""
+    """The reduced cross-rank tables (pandas DataFrames, each with a ``rank`` column) and the summary
+    (``summary.json``, a dict shaped as ``Summary`` declares)."""
 
     breakdown: pd.DataFrame
     breakdown_by_step: pd.DataFrame
@@ -86,7 +87,7 @@ class Analysis:
     collective_trace_hints: pd.DataFrame
     op_perf_by_category: pd.DataFrame
     gpu_speed: pd.DataFrame
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: Summary = field(default_factory=dict)  # type: ignore[assignment]
     made_from: dict[str, Any] | None = field(default=None, repr=False)
     """What the analysis was made from (inputs with their size and etag or mtime, options, version), which its
     report folder's commit records for ``--skip-if-unchanged``; None when it is not known."""
@@ -94,6 +95,233 @@ class Analysis:
     def tables(self) -> dict[str, pd.DataFrame]:
         """Every table by name, as the report folder names its files."""
         return {name: getattr(self, name) for name in (*TABLES, *REDUCED)}
+
+
+# ``summary.json``: what the reduce says of a whole job (``reduce.reduce_ranks``), which the CLI, the report and the
+# diff read. It stays the dict that ``Analysis.summary`` hands to users (who index it and dump it as JSON): its
+# shape is declared here, key by key, and ``tests/test_analysis.py`` holds real summaries to it.
+
+class Counted(TypedDict):
+    """How many of something, and why it matters (``gpu_events_left_out``, ``kernels_clipped``)."""
+
+    count: int
+    why: str
+
+
+class BeginEnd(TypedDict):
+    """B/E duration events: pairs matched, B events left open (and their ranks), E events that closed nothing."""
+
+    pairs: int
+    unclosed: int
+    unclosed_ranks: list[int]
+    unopened: int
+    why: str
+
+
+class Devices(TypedDict):
+    """The device each rank ran on, as the device table names it, the ranks of devices it lacks, and a note."""
+
+    ranks: dict[str, list[int]]
+    unknown: dict[str, list[int]]
+    note: str | None
+
+
+class _SlowGpuSaid(TypedDict):
+    rank: int | None
+    text: str
+
+
+class SlowGpu(_SlowGpuSaid, total=False):
+    """A GPU slower than the others at equal shapes (``cross_rank.efficiency.gpu_speed``), told apart from the
+    straggler; ``rank`` None and ``text`` alone when there is a straggler and no slow GPU."""
+
+    category: str
+    factor: float
+    groups: int
+    excess_us: float
+    others: list[dict[str, Any]]
+
+
+class Roofline(TypedDict):
+    """Per kernel category, its kernel time, share and time-weighted % of roofline; and the line that says it."""
+
+    categories: dict[str, dict[str, float | None]]
+    text: str
+
+
+class Launches(TypedDict):
+    """HTA's launch statistics across the job (``cross_rank.counters.launch_summary``)."""
+
+    cutoffs: dict[str, float]
+    launches: int
+    short_kernels: int
+    runtime_outliers: int
+    launch_delay_outliers: int
+    median_launch_delay_us: float
+    max_queue_length: int | None
+    time_full_us: float
+    memory_max_gbps: dict[str, float]
+    outlier_ranks: dict[str, list[int]]
+    text: str
+
+
+class _Sequences(TypedDict):
+    operator: str
+    min_pattern_len: int
+    distinct: int
+    top: list[dict[str, Any]]
+
+
+class KernelSequences(_Sequences, total=False):
+    """The most frequent kernel sequences of ``--kernel-sequences OP`` across ranks (``note`` when there are
+    none)."""
+
+    note: str
+
+
+class CollectiveCounts(TypedDict):
+    calls: int
+    matched: int
+    problems: int
+    problem_examples: list[str]
+
+
+class WhatIf(TypedDict):
+    """The job replayed with the named ranks doing the median other rank's work (``cross_rank.what_if``)."""
+
+    ranks: list[dict[str, Any]]
+    steps: list[dict[str, Any]]
+    step_us: float
+    what_if_step_us: float
+    gain_us: float
+    bar_us: float
+    spread_us: float
+    most: dict[str, float]
+    most_in_a_step: dict[str, float]
+    transient_us: float
+    assumes: str
+
+
+class Cause(TypedDict):
+    """Why the straggler is late (``cross_rank.critical_path.straggler_cause``)."""
+
+    rank: int
+    compared_with: int
+    collectives_late: int
+    extra_us: float
+    kind: str
+    op: str | None
+    top: list[dict[str, Any]]
+    verdict: str
+
+
+class _Verdict(TypedDict):
+    rank: int | None
+    confidence: float
+    evidence: str
+    pattern: str | None
+    late_steps: list[int]
+    ranks: list[dict[str, Any]]
+    what_if: WhatIf | None
+    what_if_step_us: float | None
+    what_if_text: str | None
+    cause: Cause | None
+
+
+class Straggler(_Verdict, total=False):
+    """The straggler verdict (``cross_rank.what_if.verdict``): from the waiting alone (``rank``, ``confidence``,
+    ``evidence`` and, with matched collectives, the waiting's numbers below), and from the what-if."""
+
+    last_count: int
+    collectives: int
+    wait_caused_ms: float
+    share_of_wait: float
+    total_wait_ms: float
+
+
+class PathStep(TypedDict):
+    """One step's critical path (``cross_rank.critical_path.stitch``): its span, its time by rank, kind and
+    category, the blocking calls on it and its biggest items."""
+
+    step: int
+    start_us: float
+    duration_us: float
+    host_us: float
+    path_us: float
+    gpu_us: float
+    by_rank: dict[str, float]
+    by_kind: dict[str, float]
+    by_category: dict[str, float]
+    syncs: list[str]
+    top: list[dict[str, Any]]
+
+
+class Bound(TypedDict):
+    """What bounds the slowest step (``cross_rank.critical_path.bound``)."""
+
+    bound: str
+    step: int
+    gpu_share: float
+    text: str
+    why: str | None
+
+
+class CollectiveTrace(TypedDict):
+    """collective_trace's logs: files and calls read, and the straggler hint from their durations alone."""
+
+    files: int
+    calls: int
+    straggler_hint: dict[str, Any]
+
+
+class Skipped(TypedDict):
+    rank: int | None
+    path: str
+    reason: str
+
+
+class _Summary(TypedDict):
+    tool: str
+    version: str
+    inputs: list[str]
+    ranks: list[int]
+    steps: list[int]
+    step_range: list[int] | None  # --steps A-B
+    gpu: bool
+    why_no_gpu: str | None
+    per_rank: dict[str, dict[str, float | None]]  # each rank's breakdown numbers
+    gpu_events_left_out: Counted | None  # None with --keep-unlaunched-gpu
+    kernels_clipped: Counted
+    begin_end: BeginEnd
+    devices: Devices
+    slow_gpu: SlowGpu | None
+    roofline: Roofline | None
+    outliers: list[str]  # rank_stats's notes
+    launches: Launches | None
+    kernel_sequences: KernelSequences | None
+    collectives: CollectiveCounts
+    straggler: Straggler
+    critical_path: list[PathStep]
+    bound: Bound | None
+    critical_path_origin_ns: int
+    base_time_ns: dict[str, int]
+    collective_trace: CollectiveTrace | None
+    clock_offset_us: dict[str, float]
+    clock_offset_spread_us: dict[str, float]
+    warnings: list[str]
+    ignored: list[str]
+    skipped: list[Skipped]
+    repaired: list[str]
+
+
+class Summary(_Summary, total=False):
+    """``summary.json``, key by key: those above always, these where they apply."""
+
+    clock_offset_by_host: dict[str, dict[str, Any]]  # with matched GPU collectives
+    clock_note: str  # without them
+    seconds: float  # the analysis's wall time, when it ran (not in a report read back)
+    critical_path_trace: dict[str, Any]  # with --critical-path-trace
+    status: str  # "unchanged": a report that --skip-if-unchanged read back instead of analysing
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,10 @@ list, each linking to the section that holds its evidence."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from ...model import ranges
+from ..schema import Summary
 from .marks import path_line
 
 __all__ = ["Answer", "answers", "notes"]
@@ -27,7 +26,7 @@ class Answer:
     section: str
 
 
-def notes(s: Mapping[str, Any]) -> list[str]:
+def notes(s: Summary) -> list[str]:
     """How the figures were made, where the reader should know it: GPU events left out, kernels clipped, B events
     without their E."""
     out = []
@@ -44,7 +43,7 @@ def notes(s: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def answers(s: Mapping[str, Any]) -> list[Answer]:
+def answers(s: Summary) -> list[Answer]:
     """The answers, in the order a reader asks them: the step time, the straggler (the verdict, its cause, its
     what-if), the critical path and what bounds it, a slow GPU, the launches, the roofline, and a note on the
     devices the models assumed."""
