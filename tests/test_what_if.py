@@ -78,3 +78,17 @@ def test_a_rank_that_goes_on_before_gloos_recorded_end_waited_for_the_late_rank(
     assert replay(tl, {2}) == {s: 14_400_000 for s in range(3)}
     got = stragglers(tl, [2, 1, 0])
     assert [(n["rank"], n["pattern"], n["gain_us"]) for n in got["ranks"]] == [(2, "chronic", 30_000.0)]
+
+
+def test_a_node_waits_for_the_latest_begun_of_several_gloo_collectives_in_flight():
+    """Two gloo collectives in flight (DDP's buckets): rank 0 arrives at A (10) and B (25) and ends its step at 70,
+    after A began (rank 1 arrives at 50) but before B did (80) and before either's recorded end: the step's end
+    waited for A's start, not for its own work (the later-arrived B, not yet begun, does not hide A)."""
+    rows = [{"rank": r, "index": i, "instance": i, "cpu_start_ns": t, "cpu_end_ns": t + 1, "gpu_start_ns": pd.NA,
+             "done_ns": done} for r, i, t, done in ((0, 0, 10, 100), (0, 1, 25, 200), (1, 0, 50, 100),
+                                                    (1, 1, 80, 200))]
+    anchors = [{"rank": r, "anchor": "step", "key": 0, "floor_ns": 0, "host_ns": end} for r, end in ((0, 70), (1, 210))]
+    tl = timeline(pd.DataFrame(rows).astype({"gpu_start_ns": "Int64"}), pd.DataFrame(anchors), {})
+    end = tl.bounds[(0, 0)][1]
+    assert (tl.pred[(0, end)], tl.work[(0, end)]) == (("start", 0), 20)
+    assert replay(tl) == {0: 210}

@@ -186,20 +186,70 @@ class CollectiveCounts(TypedDict):
     problem_examples: list[str]
 
 
+class ByOp(TypedDict):
+    name: str
+    kind: str
+    gain_us: float
+
+
+class NamedRank(TypedDict):
+    """A rank the what-if names: late in most steps (chronic) or a few (transient), and what fixing it saves,
+    by op."""
+
+    rank: int
+    pattern: str
+    late_steps: list[int]
+    gain_us: float
+    by_op: list[ByOp]
+
+
+class WhatIfStep(TypedDict):
+    """A step measured and replayed: its start, its time as measured and as predicted, and each named rank's part
+    of the gain."""
+
+    step: int
+    start_ns: int
+    measured_us: float
+    predicted_us: float
+    gain_us: float
+    by_rank: dict[str, float]
+
+
+class Most(TypedDict):
+    rank: int
+    gain_us: float
+
+
+class MostInAStep(TypedDict):
+    rank: int
+    step: int
+    gain_us: float
+
+
 class WhatIf(TypedDict):
     """The job replayed with the named ranks doing the median other rank's work (``cross_rank.what_if``)."""
 
-    ranks: list[dict[str, Any]]
-    steps: list[dict[str, Any]]
+    ranks: list[NamedRank]
+    steps: list[WhatIfStep]
     step_us: float
     what_if_step_us: float
     gain_us: float
     bar_us: float
     spread_us: float
-    most: dict[str, float]
-    most_in_a_step: dict[str, float]
+    most: Most
+    most_in_a_step: MostInAStep
     transient_us: float
     assumes: str
+
+
+class CauseItem(TypedDict):
+    """An op of the late rank's extra time: its class of cause, its extra time per step and its share."""
+
+    name: str
+    kind: str
+    cause: str
+    extra_us: float
+    share: float
 
 
 class Cause(TypedDict):
@@ -211,7 +261,7 @@ class Cause(TypedDict):
     extra_us: float
     kind: str
     op: str | None
-    top: list[dict[str, Any]]
+    top: list[CauseItem]
     verdict: str
 
 
@@ -221,7 +271,7 @@ class _Verdict(TypedDict):
     evidence: str
     pattern: str | None
     late_steps: list[int]
-    ranks: list[dict[str, Any]]
+    ranks: list[NamedRank]
     what_if: WhatIf | None
     what_if_step_us: float | None
     what_if_text: str | None
@@ -239,6 +289,14 @@ class Straggler(_Verdict, total=False):
     total_wait_ms: float
 
 
+class PathItem(TypedDict):
+    rank: int
+    kind: str
+    name: str
+    us: float
+    share: float
+
+
 class PathStep(TypedDict):
     """One step's critical path (``cross_rank.critical_path.stitch``): its span, its time by rank, kind and
     category, the blocking calls on it and its biggest items."""
@@ -253,7 +311,7 @@ class PathStep(TypedDict):
     by_kind: dict[str, float]
     by_category: dict[str, float]
     syncs: list[str]
-    top: list[dict[str, Any]]
+    top: list[PathItem]
 
 
 class Bound(TypedDict):

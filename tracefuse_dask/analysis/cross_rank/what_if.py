@@ -65,6 +65,7 @@ class Timeline:
     bounds: dict[tuple[int, int], tuple[int, int]]  # (rank, step): its start and end nodes
     # (rank, node): the median other rank's work at the same slot, and its predecessor in this rank's terms
     others: dict[tuple[int, int], tuple[int, tuple[str, int] | None]]
+    on_host: set[int]  # the instances without kernels (gloo's): a node may wait for their start
 
 
 def timeline(matched: pd.DataFrame, anchors: pd.DataFrame, offsets_ns: Mapping[int, float]) -> Timeline | None:
@@ -108,12 +109,13 @@ def timeline(matched: pd.DataFrame, anchors: pd.DataFrame, offsets_ns: Mapping[i
         done[i] = max(t, done[i])  # a collective ends after it starts
     tl = Timeline(steps, ranks, order=[], time={}, work={}, pred={}, slot={},
                   members={i: sorted(v) for i, v in members.items()}, arrival={},
-                  transfer={i: done[i] - t for i, t in last.items()}, start=dict(last), bounds={}, others={})
+                  transfer={i: done[i] - t for i, t in last.items()}, start=dict(last), bounds={}, others={},
+                  on_host=on_host)
     for r in ranks:
         nodes[r].sort()
         ends = sorted((done[i], i) for _, kind, i in nodes[r] if kind == _ARRIVE)
         end_times = [t for t, _ in ends]
-        started = -1  # the latest start, so far, of a collective without kernels that the rank has arrived at
+        in_flight: list[int] = []  # the collectives without kernels the rank has arrived at, not yet ended
         for n, (t, kind, ref) in enumerate(nodes[r]):
             tl.time[(r, n)], tl.slot[(r, n)] = t, (kind, ref)
             k = bisect_left(end_times, t) - 1  # the latest end before it
@@ -121,15 +123,17 @@ def timeline(matched: pd.DataFrame, anchors: pd.DataFrame, offsets_ns: Mapping[i
             anchors = [(nodes[r][n - 1][0], 2, ("node", n - 1))] if n else []
             if k >= 0:
                 anchors.append((end_times[k], 1, ("end", ends[k][1])))
-            if started >= 0 and last[started] < t < done[started]:
-                anchors.append((last[started], 0, ("start", started)))
+            in_flight = [i for i in in_flight if done[i] > t]  # nodes come in time order: an ended one stays ended
+            if begun := [(last[i], i) for i in in_flight if last[i] < t]:
+                at, i = max(begun)
+                anchors.append((at, 0, ("start", i)))
             if anchors:
                 at, _, tl.pred[(r, n)] = max(anchors)
                 tl.work[(r, n)] = t - at
             else:
                 tl.pred[(r, n)], tl.work[(r, n)] = None, 0
-            if kind == _ARRIVE and ref in on_host and (started < 0 or last[ref] > last[started]):
-                started = ref
+            if kind == _ARRIVE and ref in on_host:
+                in_flight.append(ref)
             tl.order.append((t, 0, r, n))
             if kind == _ARRIVE:
                 tl.arrival[(ref, r)] = n
@@ -162,8 +166,11 @@ def _translated(tl: Timeline, theirs: tuple[int, int], r: int, n: int) -> tuple[
         return None
     if kind == "node":
         return ("node", n - back)
-    # the end (start) of a collective this rank had not seen end (start) by then is not what it waited for
+    # the end (start) of a collective this rank had not seen end (start) by then is not what it waited for, nor the
+    # start of one with kernels, whose end is known
     i = tl.slot[mine][1]
+    if kind == "start" and i not in tl.on_host:
+        return None
     return (kind, i) if tl.start[i] + (tl.transfer[i] if kind == "end" else 0) < tl.time[(r, n)] else None
 
 

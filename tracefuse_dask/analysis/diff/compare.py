@@ -121,7 +121,7 @@ def compare(base: Analysis, new: Analysis, *, fail_above: float | None = None) -
         regressions if step["delta_us"] >= 0 or not step["significant"] else improvements, on_path)
     job = significant[(significant["rank"] == -1) & significant["what"].isin(ROOTS)]
     route = route_note(path_rows[~path_rows["name"].str.replace(PATH_LABEL, "", regex=True).isin(set(job["name"]))],
-                   root)
+                       root)
     if route:
         notes.append(route)
     straggler = straggler_of(sides)

@@ -58,8 +58,8 @@ def group_label(name: str, dims: str) -> str:
 
 
 def renamed_kernels(groups: Sequence[pd.DataFrame], kernels: Sequence[pd.DataFrame]) -> dict[str, str]:
-    """Kernels renamed between the runs, old name to new (the module's notes): an op group's main kernel in each run
-    that the other run does not have, one to one."""
+    """Kernels renamed between the runs, old name to new (``compare``'s notes: Identity): an op group's main
+    kernel in each run that the other run does not have, one to one."""
     main = [g.drop_duplicates("name").set_index("name")["kernel"].dropna().map(name_key) for g in groups]
     have = [set(k["name"]) for k in kernels]
     news: dict[str, set[str]] = defaultdict(set)

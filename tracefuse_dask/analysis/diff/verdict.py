@@ -49,8 +49,8 @@ def route_note(path: pd.DataFrame, root: dict[str, Any] | None) -> str | None:
 
 
 def diff_verdict(step: dict[str, Any], root: dict[str, Any] | None, groups: list[dict[str, Any]],
-             changes: list[dict[str, Any]], on_path: Mapping[str, float], straggler: dict[str, Any],
-             sides: Sequence[Side], noise: float) -> str:
+                 changes: list[dict[str, Any]], on_path: Mapping[str, float], straggler: dict[str, Any],
+                 sides: Sequence[Side], noise: float) -> str:
     """The root change first (``groups``: for runs whose kernels share little time by name, the op groups that
     changed most per step), then the step time and the straggler."""
     lead = []
