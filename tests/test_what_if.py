@@ -92,3 +92,20 @@ def test_a_node_waits_for_the_latest_begun_of_several_gloo_collectives_in_flight
     end = tl.bounds[(0, 0)][1]
     assert (tl.pred[(0, end)], tl.work[(0, end)]) == (("start", 0), 20)
     assert replay(tl) == {0: 210}
+
+
+def test_another_ranks_wait_for_a_gloo_start_is_not_given_at_a_collective_with_kernels():
+    """A fixed rank takes the median other rank's work from the same predecessor: where that rank waited for a gloo
+    collective's start, and the fixed rank's collective at that place has kernels (whose end is known), it does not
+    wait for that start instead (it would skip the collective's transfer and overstate the gain)."""
+    rows = [{"rank": r, "index": i, "instance": inst, "cpu_start_ns": t, "cpu_end_ns": t + 1,
+             "gpu_start_ns": g, "done_ns": done}
+            for r, i, inst, t, g, done in ((1, 0, 0, 10, pd.NA, 60), (2, 0, 0, 20, pd.NA, 60),  # gloo: ranks 1, 2
+                                           (2, 1, 1, 25, 25, 40), (0, 0, 1, 30, 30, 40))]  # kernels: ranks 0, 2
+    anchors = [{"rank": r, "anchor": "step", "key": 0, "floor_ns": 0, "host_ns": end}
+               for r, end in ((0, 150), (1, 55), (2, 58))]
+    tl = timeline(pd.DataFrame(rows).astype({"gpu_start_ns": "Int64"}), pd.DataFrame(anchors), {})
+    assert tl.pred[(1, 2)] == ("start", 0)  # rank 1's step end waited for the gloo collective's start
+    work, pred = tl.others[(0, 2)]
+    assert work == 35 and pred is None  # rank 1's work, but no start of rank 0's collective with kernels to wait for
+    assert replay(tl, {0}) == replay(tl)
