@@ -1,7 +1,8 @@
 """The package's layers, as ``[tool.importlinter]`` in pyproject.toml writes them and docs/architecture.md draws
 them: the merge and the analysis apart; in the analysis, the phases (``per_rank``, ``cross_rank``, ``diff``,
 ``report``) apart from each other, importing nothing of the analysis but ``schema``, and never the cluster or the
-storage, which only ``run``, ``tasks`` and ``folder`` touch."""
+storage, which only ``run``, ``tasks`` and ``folder`` touch; the event store above the merge, which never imports it,
+its schema and columns pure."""
 import ast
 import shutil
 import subprocess
@@ -22,7 +23,7 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess:
 def test_every_layer_contract_is_kept():
     proc = lint_imports(ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "5 kept, 0 broken" in proc.stdout
+    assert "7 kept, 0 broken" in proc.stdout
 
 
 def test_an_import_across_phases_breaks_a_contract(tmp_path):
@@ -37,7 +38,7 @@ def test_an_import_across_phases_breaks_a_contract(tmp_path):
         f.write("from ...storage.files import options_for  # noqa\n")
     proc = lint_imports(tmp_path)
     assert proc.returncode == 1
-    assert "3 kept, 2 broken" in proc.stdout
+    assert "5 kept, 2 broken" in proc.stdout
     assert "- tracefuse_dask.analysis.per_rank.sequences -> tracefuse_dask.analysis.cross_rank.what_if" in proc.stdout
     assert "tracefuse_dask.analysis.diff.compare -> tracefuse_dask.storage.files" in proc.stdout
 

@@ -11,6 +11,7 @@ from .errors import (
     StorageAccessError,
     StorageConnectionError,
     StorageStallError,
+    StoreError,
     TraceFileNotFoundError,
     TraceFormatError,
     TraceFuseError,
@@ -29,6 +30,7 @@ __all__ = [
     "StorageAccessError",
     "StorageConnectionError",
     "StorageStallError",
+    "StoreError",
     "TraceFileNotFoundError",
     "TraceFormatError",
     "TraceFuse",
@@ -36,12 +38,14 @@ __all__ = [
     "__version__",
     "analyze",
     "diff",
+    "index_traces",
     "merge_traces",
+    "query",
 ]
 
 
-_LAZY = {"merge_traces": "api", "TraceFuse": "api", "analyze": "api", "diff": "api", "Analysis": "api", "Diff": "api",
-         "MergeSummary": "model", "Cutoffs": "analysis.schema"}
+_LAZY = {"merge_traces": "api", "TraceFuse": "api", "analyze": "api", "diff": "api", "index_traces": "api",
+         "query": "api", "Analysis": "api", "Diff": "api", "MergeSummary": "model", "Cutoffs": "analysis.schema"}
 
 
 def __getattr__(name: str) -> object:

@@ -20,13 +20,14 @@ from .model import DEFAULT_RANK_REGEX, MergeSummary
 from .storage.files import read_bytes
 
 if TYPE_CHECKING:
+    import pandas as pd
     from distributed import Client
 
     from .analysis import Analysis
     from .analysis.schema import Diff
     from .info import describe_traces
 
-__all__ = ["Analysis", "Diff", "TraceFuse", "analyze", "describe_traces", "diff", "merge_traces"]
+__all__ = ["Analysis", "Diff", "TraceFuse", "analyze", "describe_traces", "diff", "index_traces", "merge_traces", "query"]
 
 
 def merge_traces(
@@ -158,6 +159,100 @@ def merge_traces(
     return merge(urlpath, request, client=client, workers=workers, scheduler=scheduler,
                  scheduler_file=scheduler_file, timeout=timeout, performance_report=performance_report,
                  estimate=_clock_estimate)
+
+
+def index_traces(
+    urlpath: str | Iterable[str] | Mapping[int, str],
+    store: str,
+    *,
+    client: Client | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    ranks: str | Iterable[int] | None = None,
+    rank_regex: str = DEFAULT_RANK_REGEX,
+    include_pyfunc: bool = False,
+    keep: str | Iterable[str] | None = None,
+    steps: str | tuple[int, int] | None = None,
+    window: str | tuple[float, float] | None = None,
+    filter_fn: Callable[[dict[str, Any]], bool] | None = None,
+    rewrite_ids: bool = False,
+    on_error: str = "raise",
+    repair: bool = False,
+    align: str = "auto",
+    force: bool = False,
+    skip_if_unchanged: bool = False,
+    workers: int | None = None,
+    scheduler: str | None = None,
+    scheduler_file: str | None = None,
+    timeout: float = 10.0,
+    show_progress: bool = False,
+) -> MergeSummary:
+    """Index per-rank Kineto traces into an event store: the whole job's events as Parquet, one part per rank,
+    that ``query`` (and ``tracefuse sql``) answers SQL over. ``docs/store.md`` describes the tables.
+
+    Each rank's events are the ones its merge would keep, with the merge's pids, tids and ids, and absolute times
+    aligned as the merge aligns them. The parts are written by the cluster's tasks, the manifest
+    (``tracefuse-store.json``) last; a reader never sees a half-written store.
+
+    Parameters
+    ----------
+    urlpath, client, storage_options, ranks, rank_regex, on_error, repair, align, workers, scheduler,
+    scheduler_file, timeout, show_progress
+        As for ``merge_traces``.
+    store
+        The store's folder; a local path or any fsspec URL.
+    include_pyfunc, keep, steps, window, filter_fn, rewrite_ids
+        The merge's filters, and its ``rewrite_ids``.
+    force
+        Replace an existing store (or index into a folder that holds other files).
+    skip_if_unchanged
+        Do nothing when the store's manifest shows the same inputs, options and version; otherwise index only the
+        ranks whose input file (size and etag or mtime) or alignment changed, and keep the others' parts.
+
+    Returns
+    -------
+    MergeSummary
+        ``events_out`` counts the rows written; ``status`` is ``"unchanged"`` when there was nothing to do.
+
+    Raises
+    ------
+    TraceFuseError
+        Subclasses say what is wrong with which file and rank, and how to fix it.
+
+    Examples
+    --------
+    >>> index_traces("traces/", "store/")  # doctest: +SKIP
+    >>> query("store/", "SELECT rank, count(*) FROM kernels GROUP BY rank")  # doctest: +SKIP
+    """
+    from .store.index import index
+
+    options = build_options(include_pyfunc=include_pyfunc, keep=keep, steps=steps, window=window,
+                            filter_fn=filter_fn, rewrite_ids=rewrite_ids)
+    request = MergeRequest(store, options, dict(storage_options or {}), ranks, rank_regex, "rank", on_error,
+                           repair, align, None, "json", force, skip_if_unchanged, show_progress)
+    return index(urlpath, request, client=client, workers=workers, scheduler=scheduler, scheduler_file=scheduler_file,
+                 timeout=timeout, estimate=_clock_estimate)
+
+
+def query(store: str, sql: str, *, storage_options: Mapping[str, Any] | None = None) -> pd.DataFrame:
+    """Run the SQL query ``sql`` over the event store ``store`` (see ``index_traces``) with DuckDB, in this
+    process, and return its result.
+
+    The tables are ``events``, ``flows``, ``kernels``, ``steps`` and ``ranks`` (``docs/store.md``). A store on
+    object storage is read through fsspec, as the traces are; DuckDB loads no extension.
+
+    Raises
+    ------
+    StoreError
+        When ``store`` is not a store, has another schema version (the message says how to rebuild it), or the
+        query fails (DuckDB's message and the table names).
+
+    Examples
+    --------
+    >>> query("store/", "SELECT rank, quantile_cont(dur_ns, 0.99) AS p99_ns FROM kernels GROUP BY rank")  # doctest: +SKIP
+    """
+    from .store.query import query as run
+
+    return run(store, sql, storage_options)
 
 
 def _clock_estimate(client: Client, paths: dict[int, str], storage_options: dict[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from .model import DEFAULT_RANK_REGEX, parse_steps, parse_window, rank_subset
 
 if TYPE_CHECKING:  # the analysis imports pandas: the CLI imports it when a command needs it
     from .analysis.schema import Summary
+    from .model import MergeSummary
 
 __all__ = ["main"]
 
@@ -144,6 +145,40 @@ def _add_bad_input_args(p: argparse.ArgumentParser) -> None:
                    help="recover the complete events of truncated files, and report what was recovered")
 
 
+def _add_filter_args(p: argparse.ArgumentParser, verb: str) -> None:
+    """The merge's selection and filters, which ``index`` applies too."""
+    f = p.add_argument_group("selection and filters")
+    f.add_argument("--ranks", metavar="SPEC", type=_checked(rank_subset),
+                   help=f"{verb} a subset of ranks: A-B, :S stride, commas, e.g. 0-63:8,100")
+    f.add_argument("--include-pyfunc", action="store_true", help="keep python_function events (dropped by default)")
+    f.add_argument("--keep", metavar="PRESETS", type=_checked(_keep),
+                   help="keep only a union of presets: gpu,comm,cpu (M events always stay)")
+    f.add_argument("--steps", metavar="A-B", type=_checked(parse_steps),
+                   help="keep ProfilerStep#A to #B inclusive; GPU events follow their launch")
+    f.add_argument("--window", metavar="START_MS:END_MS", type=_checked(parse_window),
+                   help="keep events starting in this window, in ms from the earliest kept event of all ranks")
+
+
+def _add_align_args(g: Any) -> None:
+    """How ranks are aligned and their ids made unique, for ``merge`` and ``index``."""
+    g.add_argument("--align", choices=("auto", "base", "clock-sync", "collectives"), default="auto",
+                   help="base: align ranks by baseTimeNanoseconds. clock-sync: also shift each rank by Composer's "
+                        "clock_sync_timestamp_us, as its merger does. auto (default): clock-sync when every rank "
+                        "has that stamp, else base. collectives: also correct each rank's clock offset estimated "
+                        "from matched NCCL/RCCL collectives")
+    g.add_argument("--rewrite-ids", action="store_true",
+                   help="also make External id and correlation unique across ranks (originals kept as <field>_raw)")
+
+
+def _add_reporting_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """``--summary-json``, ``--quiet`` and ``--verbose``, for ``merge`` and ``index``."""
+    r = p.add_argument_group("reporting")
+    r.add_argument("--summary-json", action="store_true", help="print one JSON summary line on stdout")
+    r.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary on stderr")
+    r.add_argument("-v", "--verbose", action="store_true", help="log what happens on stderr")
+    return r
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tracefuse",
@@ -155,6 +190,8 @@ def _parser() -> argparse.ArgumentParser:
     _analyze_command(sub)
     _diff_command(sub)
     _info_command(sub)
+    _index_command(sub)
+    _sql_command(sub)
     _example_command(sub)
     return parser
 
@@ -167,16 +204,7 @@ def _merge_command(sub: Any) -> None:
     _add_input_args(m)
     m.add_argument("-o", "--output", required=True, metavar="OUT",
                    help="merged trace; gzip (one member per rank) when it ends in .gz")
-    f = m.add_argument_group("selection and filters")
-    f.add_argument("--ranks", metavar="SPEC", type=_checked(rank_subset),
-                   help="merge a subset of ranks: A-B, :S stride, commas, e.g. 0-63:8,100")
-    f.add_argument("--include-pyfunc", action="store_true", help="keep python_function events (dropped by default)")
-    f.add_argument("--keep", metavar="PRESETS", type=_checked(_keep),
-                   help="keep only a union of presets: gpu,comm,cpu (M events always stay)")
-    f.add_argument("--steps", metavar="A-B", type=_checked(parse_steps),
-                   help="keep ProfilerStep#A to #B inclusive; GPU events follow their launch")
-    f.add_argument("--window", metavar="START_MS:END_MS", type=_checked(parse_window),
-                   help="keep events starting in this window, in ms from the earliest kept event of all ranks")
+    _add_filter_args(m, "merge")
     o = m.add_argument_group("output")
     o.add_argument("--format", choices=("json", "perfetto-archive"), default="json",
                    help="json: one merged trace (default). perfetto-archive: a TAR (OUT.tar, or OUT.tar.gz gzipped) "
@@ -185,13 +213,7 @@ def _merge_command(sub: Any) -> None:
     o.add_argument("--split", type=int, metavar="N",
                    help="write N files, each a complete merged trace of a contiguous range of ranks "
                         "(OUT.ranks-A-B.json.gz), for viewers that cannot open the whole merge")
-    o.add_argument("--align", choices=("auto", "base", "clock-sync", "collectives"), default="auto",
-                   help="base: align ranks by baseTimeNanoseconds. clock-sync: also shift each rank by Composer's "
-                        "clock_sync_timestamp_us, as its merger does. auto (default): clock-sync when every rank "
-                        "has that stamp, else base. collectives: also correct each rank's clock offset estimated "
-                        "from matched NCCL/RCCL collectives")
-    o.add_argument("--rewrite-ids", action="store_true",
-                   help="also make External id and correlation unique across ranks (originals kept as <field>_raw)")
+    _add_align_args(o)
     o.add_argument("--keep-empty-processes", action="store_true", help="keep processes that have no events")
     o.add_argument("--annotate-rank", action="store_true",
                    help="also write \"rank\" into every event's args, as TraceLens's TraceFuse does (process names "
@@ -206,10 +228,7 @@ def _merge_command(sub: Any) -> None:
                    help="do nothing when OUT.manifest.json shows the same inputs, options and version; "
                         "otherwise rebuild (implies --force) and write the manifest")
     _add_bad_input_args(m)
-    r = m.add_argument_group("reporting")
-    r.add_argument("--summary-json", action="store_true", help="print one JSON summary line on stdout")
-    r.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary on stderr")
-    r.add_argument("-v", "--verbose", action="store_true", help="log what happens on stderr")
+    r = _add_reporting_args(m)
     r.add_argument("--performance-report", metavar="FILE", help="write Dask's HTML performance report (needs bokeh)")
     _add_cluster_args(m, "; without it, inputs of up to 64 MiB of trace run in this process")
 
@@ -300,6 +319,38 @@ def _info_command(sub: Any) -> None:
     _add_cluster_args(i, "; without it, inputs of up to 64 MiB of trace run in this process")
 
 
+def _index_command(sub: Any) -> None:
+    """``tracefuse index``'s options."""
+    x = sub.add_parser("index", help="write the job's events to an event store that tracefuse sql queries",
+                       description="Write every rank's kept events, as the merge writes them, to an event store "
+                                   "(docs/store.md): Parquet parts, one per rank, and a manifest.")
+    _add_input_args(x)
+    x.add_argument("-o", "--output", required=True, metavar="STORE", help="the store's folder; local or fsspec URL")
+    _add_filter_args(x, "index")
+    o = x.add_argument_group("output")
+    _add_align_args(o)
+    o.add_argument("-f", "--force", action="store_true", help="replace an existing store")
+    o.add_argument("--skip-if-unchanged", action="store_true", help="index only the ranks whose inputs changed since "
+                   "the store's manifest (nothing, when no input, option or version did)")
+    _add_bad_input_args(x)
+    _add_reporting_args(x)
+    _add_cluster_args(x, "; without it, inputs of up to 64 MiB of trace run in this process")
+
+
+def _sql_command(sub: Any) -> None:
+    """``tracefuse sql``'s options."""
+    q = sub.add_parser("sql", help="answer a SQL query over an event store",
+                       description="Run a SQL query (DuckDB's dialect, in this process) over a store that tracefuse "
+                                   "index wrote. Tables: events, flows, kernels, steps, ranks (docs/store.md).")
+    q.add_argument("store", metavar="STORE", help="the store's folder; local or fsspec URL")
+    q.add_argument("sql", metavar="QUERY", help='the query, such as "SELECT rank, count(*) FROM kernels GROUP BY rank"')
+    q.add_argument("--format", choices=("table", "csv", "json", "parquet"), default="table",
+                   help="table: aligned text (default). csv. json: an array of objects. parquet: needs -o")
+    q.add_argument("-o", "--output", metavar="FILE", help="write the result here instead of stdout")
+    _add_storage_args(q)
+    q.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
+
+
 def _example_command(sub: Any) -> None:
     """``tracefuse example``'s options."""
     e = sub.add_parser("example", help="write a small realistic multi-rank example to merge",
@@ -346,6 +397,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "analyze" and args.counters and not args.critical_path_trace:
             raise _UsageError("--counters adds counter tracks to the --critical-path-trace trace; give "
                               "--critical-path-trace OUT too, or use tracefuse merge --counters")
+        if args.command == "sql" and args.format == "parquet" and not args.output:
+            raise _UsageError("--format parquet writes a file; give -o FILE")
         if args.command == "analyze" and args.skip_if_unchanged and args.critical_path_trace:
             raise _UsageError("--skip-if-unchanged compares with the report folder's commit.json, which does not "
                               "cover the --critical-path-trace trace; run the two apart, or without "
@@ -385,6 +438,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _info(args, so)
             if args.command == "diff":
                 return _diff(args, so)
+            if args.command == "index":
+                return _index(args, so)
+            if args.command == "sql":
+                return _sql(args, so)
             return _example(args)
     except SystemExit as e:
         return int(e.code or 0)
@@ -393,25 +450,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _run_args(args: argparse.Namespace, so: dict[str, Any] | None) -> dict[str, Any]:
+    """What ``merge`` and ``index`` pass alike: the inputs' options, the filters, bad input and the cluster."""
+    return {"storage_options": so, "ranks": args.ranks, "rank_regex": args.rank_regex,
+            "include_pyfunc": args.include_pyfunc, "keep": args.keep, "steps": args.steps, "window": args.window,
+            "rewrite_ids": args.rewrite_ids, "on_error": args.on_error, "repair": args.repair, "align": args.align,
+            "force": args.force, "skip_if_unchanged": args.skip_if_unchanged, "workers": args.workers,
+            "scheduler": args.scheduler, "scheduler_file": args.scheduler_file, "timeout": args.timeout,
+            "show_progress": not args.quiet and sys.stderr.isatty()}
+
+
 def _merge(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
     from .api import merge_traces
 
-    summary = merge_traces(
-        args.inputs, args.output, storage_options=so, ranks=args.ranks, rank_regex=args.rank_regex,
-        include_pyfunc=args.include_pyfunc, keep=args.keep, steps=args.steps, window=args.window,
-        rewrite_ids=args.rewrite_ids, keep_empty_processes=args.keep_empty_processes,
-        annotate_rank=args.annotate_rank, counters=args.counters,
-        gzip_members=args.gzip_members, on_error=args.on_error, repair=args.repair, align=args.align,
-        split=args.split, format=args.format, force=args.force,
-        skip_if_unchanged=args.skip_if_unchanged, workers=args.workers, scheduler=args.scheduler,
-        scheduler_file=args.scheduler_file, timeout=args.timeout,
-        show_progress=not args.quiet and sys.stderr.isatty(), performance_report=args.performance_report,
-    )
+    summary = merge_traces(args.inputs, args.output, keep_empty_processes=args.keep_empty_processes,
+                           annotate_rank=args.annotate_rank, counters=args.counters, gzip_members=args.gzip_members,
+                           split=args.split, format=args.format, performance_report=args.performance_report,
+                           **_run_args(args, so))
+    return _tell_run(summary, args, "merged", "out")
+
+
+def _tell_run(summary: MergeSummary, args: argparse.Namespace, verb: str, rows: str) -> int:
+    """What a merge or an index did, on stderr (unless ``--quiet``), and ``--summary-json`` on stdout."""
     if summary.status == "unchanged":
         if not args.quiet:
             print(f"unchanged: {summary.warnings[0]}", file=sys.stderr)
     elif not args.quiet:
-        print(f"merged {summary.ranks} ranks: {summary.events_in:,} events in, {summary.events_out:,} out; "
+        print(f"{verb} {summary.ranks} ranks: {summary.events_in:,} events in, {summary.events_out:,} {rows}; "
               f"{summary.bytes_in / 1e6:,.1f} MB in, {summary.bytes_out / 1e6:,.1f} MB out, "
               f"{summary.seconds:.2f} s ({summary.mb_per_s:,.1f} MB/s)", file=sys.stderr)
         for path in summary.ignored:
@@ -429,6 +494,20 @@ def _merge(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
                 "outputs", "status", "warnings", "notes")
         data = summary.to_json()
         print(json.dumps({k: data[k] for k in keys}))
+    return 0
+
+
+def _index(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
+    from .api import index_traces
+
+    return _tell_run(index_traces(args.inputs, args.output, **_run_args(args, so)), args, "indexed", "rows out")
+
+
+def _sql(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
+    from .store.output import write_result
+    from .store.query import result
+
+    write_result(result(args.store, args.sql, so), args.format, args.output, so)
     return 0
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "StorageAccessError",
     "StorageConnectionError",
     "StorageStallError",
+    "StoreError",
     "SKIPPABLE",
     "skipped_rank",
     "every_rank_failed",
@@ -83,6 +84,11 @@ class StorageConnectionError(TraceFuseError, ConnectionError):
 
 class StorageStallError(StorageConnectionError):
     """The storage endpoint stopped answering: no connection or no byte within ``--storage-timeout``."""
+
+
+class StoreError(TraceFuseError, ValueError):
+    """An event store cannot be read (not a store, another schema version, a part gone), or a query over it
+    failed."""
 
 
 # What ``on_error="skip"`` skips a rank for: its own file is bad, missing or unreadable. Everything else (storage

@@ -3,7 +3,9 @@ written with fixed settings so that the bytes are deterministic."""
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import uuid
 from collections.abc import Iterator, Mapping
 from typing import IO, Any
 
@@ -11,10 +13,10 @@ import fsspec
 from isal import igzip
 
 from ..errors import OutputWriteError, TraceFuseError
-from .files import options_for
+from .files import options_for, storage_errors
 
 __all__ = ["GZIP_LEVEL", "MANIFEST_SUFFIX", "TMP_SUFFIX", "WRITE_BLOCK", "gzip_member", "gzip_writer",
-           "is_output_part", "open_write", "split_name", "writing"]
+           "is_output_part", "open_write", "put_whole", "split_name", "writing"]
 
 
 TMP_SUFFIX = ".tracefuse-tmp"
@@ -74,3 +76,22 @@ def writing(path: str) -> Iterator[None]:
             raise
         raise OutputWriteError(f"{path}: could not write it ({e.strerror or e}); free some space or write "
                                "the output somewhere else, then rerun") from e
+
+
+def put_whole(fs: Any, path: str, data: bytes, storage_options: Mapping[str, Any] | None) -> None:
+    """Write the file ``path`` of ``fs`` whole or not at all: a local file under a temporary name in its folder,
+    then renamed into place; an object in one request."""
+    url = fs.unstrip_protocol(path)
+    with writing(url), storage_errors(url, storage_options):
+        if isinstance(fs, fsspec.implementations.local.LocalFileSystem):
+            fs.makedirs(fs._parent(path), exist_ok=True)
+            tmp = f"{path}.{uuid.uuid4().hex}{TMP_SUFFIX}"
+            try:
+                with open(tmp, "wb") as fo:
+                    fo.write(data)
+                os.replace(tmp, path)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(tmp)
+        else:
+            fs.pipe(path, data)

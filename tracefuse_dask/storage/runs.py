@@ -42,7 +42,7 @@ from .files import options_for, redact, storage_errors
 from .joins import protocol_of
 from .output import TMP_SUFFIX, is_output_part
 
-__all__ = ["run_folder"]
+__all__ = ["alone", "run_folder"]
 
 log = logging.getLogger("tracefuse_dask")
 
@@ -157,6 +157,24 @@ def _clean_dead(fs: Any, out_path: str, root: str, me: str, limit: float, *, end
             dead = up["Key"].startswith(root_key + "/") and up["Key"][len(root_key) + 1:].split("/")[0] not in live
         if dead:
             _quietly(fs.call_s3, "abort_multipart_upload", Bucket=bucket, Key=up["Key"], UploadId=up["UploadId"])
+
+
+def alone(tmp_dir: str, storage_options: Mapping[str, Any] | None) -> bool:
+    """Whether the run whose folder is ``tmp_dir`` (as ``run_folder`` yielded it) is the only live run of its
+    output: what may remove what no run needs any more, such as a store's parts that its manifest no longer lists."""
+    fs, path = fsspec.core.url_to_fs(tmp_dir, **options_for(tmp_dir, storage_options))
+    root, _, me = path.rstrip("/").rpartition("/")
+    fs.invalidate_cache()
+    try:
+        entries = fs.ls(root, detail=True)
+    except FileNotFoundError:
+        return True
+    mine = next((e for e in entries if e["name"].rstrip("/").endswith(f"/{me}{LEASE_SUFFIX}")), None)
+    now = _mtime(mine) if mine is not None else None
+    now = time.time() if now is None else now
+    return not any(_alive(fs, e, run, now, _stale_after()) for e in entries
+                   if (name := e["name"].rstrip("/").rsplit("/", 1)[-1]).endswith(LEASE_SUFFIX)
+                   and (run := name[: -len(LEASE_SUFFIX)]) != me)
 
 
 def _quietly(step: Any, *args: Any, **kwargs: Any) -> None:

@@ -1,0 +1,289 @@
+"""The event store (``tracefuse index``, ``tracefuse sql``, ``tracefuse_dask.query``): SQL over every shared real
+job agrees with the same answers computed here straight from the JSON; stores on local disk, a real S3 server
+(SeaweedFS) and a real GCS emulator (fake-gcs-server) answer alike; the same inputs give the same bytes whatever the
+workers; overlapping, killed and incremental runs, truncated ranks and damaged stores end in a clean store or a
+clear error."""
+from __future__ import annotations
+
+import collections
+import gzip
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from decimal import Decimal
+from pathlib import Path
+
+import orjson
+import pandas as pd
+import pytest
+
+from conftest import REAL_SETS, SHARED, read_trace, shared, shared_params
+
+pytestmark = pytest.mark.integration
+
+JOBS = shared_params([*REAL_SETS, "gloo_4ranks", "gloo_2ranks_tb_nostraggler"])
+_COLLECTIVE = re.compile(r"^(c10d::|nccl:|rccl:|gloo:)")
+_STEP = re.compile(r"ProfilerStep#(\d+)")
+
+
+def _job(name: str) -> Path:
+    return shared("real", name) if name in REAL_SETS else shared(name)
+
+
+def tracefuse(*args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+    """The command line, in a process of its own, as a user runs it."""
+    done = subprocess.run([sys.executable, "-m", "tracefuse_dask", *args], capture_output=True, text=True,
+                          timeout=timeout)
+    if check:
+        assert done.returncode == 0, done.stderr
+    return done
+
+
+def _ns(us) -> int:
+    return int(Decimal(repr(us)) * 1000)
+
+
+def _is_kernel(e: dict) -> bool:
+    """A kernel: a GPU's ``kernel`` event, or an MTIA's device event that is not a DMA (HTA's rule)."""
+    cat = str(e.get("cat")).lower()
+    return cat == "kernel" or (cat == "mtia_ccp_events" and not str(e.get("name")).startswith("dma"))
+
+
+def _from_json(store: Path) -> dict[str, pd.DataFrame]:
+    """The answers computed straight from each rank's JSON, with none of tracefuse's code: the events a merge keeps
+    by default (all but python_function), kernels by their category, steps by the ProfilerStep#N that holds an
+    event's start (a kernel: its launch's, found by its correlation)."""
+    manifest = orjson.loads((store / "tracefuse-store.json").read_bytes())
+    kernels, ops, collectives, by_name = [], [], collections.Counter(), collections.Counter()
+    for entry in manifest["ranks"]:
+        rank = entry["rank"]
+        events = [e for e in read_trace(Path(entry["file"]))["traceEvents"] if e.get("cat") != "python_function"]
+        steps = sorted((_ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"]), int(m.group(1))) for e in events
+                       if e.get("ph") == "X" and (m := _STEP.fullmatch(str(e.get("name")))))
+        launch = {e["args"]["correlation"]: e for e in events if e.get("ph") == "X" and not _is_kernel(e)
+                  and isinstance(e.get("args"), dict) and "correlation" in e["args"]}
+
+        def step_of(e, steps=steps, launch=launch):
+            if _is_kernel(e) and (call := launch.get((e.get("args") or {}).get("correlation"))):
+                e = call
+            t = _ns(e["ts"])
+            return next((n for start, end, n in steps if start <= t < end), None)
+
+        ks = [e for e in events if e.get("ph") == "X" and _is_kernel(e)]
+        kernels.append((rank, len(ks), sum(_ns(e["dur"]) for e in ks)))
+        ops.append((rank, sum(e.get("ph") == "X" and e.get("cat") == "cpu_op" for e in events)))
+        for e in events:
+            if e.get("ph") == "X" and (_COLLECTIVE.match(str(e.get("name")))
+                                       or "Collective name" in (e.get("args") or {})):
+                collectives[rank, step_of(e)] += 1
+        for e in ks:
+            by_name[e["name"]] += _ns(e["dur"])
+    top = sorted(by_name.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
+    return {
+        "kernels": pd.DataFrame([k for k in kernels if k[1]], columns=["rank", "n", "total_ns"]),
+        "cpu_ops": pd.DataFrame([o for o in ops if o[1]], columns=["rank", "n"]),
+        "collectives": pd.DataFrame([(r, s, n) for (r, s), n in sorted(collectives.items(), key=str)],
+                                    columns=["rank", "step", "n"]),
+        "top_kernels": pd.DataFrame(top, columns=["name", "total_ns"]),
+    }
+
+
+QUERIES = {
+    "kernels": "SELECT rank, count(*) AS n, sum(dur_ns) AS total_ns FROM kernels GROUP BY rank ORDER BY rank",
+    "cpu_ops": "SELECT rank, count(*) AS n FROM events WHERE ph = 'X' AND cat = 'cpu_op' GROUP BY rank ORDER BY rank",
+    "collectives": "SELECT rank, step, count(*) AS n FROM events WHERE ph = 'X' AND (collective IS NOT NULL OR "
+                   "regexp_matches(name, '^(c10d::|nccl:|rccl:|gloo:)')) GROUP BY rank, step "
+                   "ORDER BY CAST(rank AS VARCHAR) || ', ' || coalesce(CAST(step AS VARCHAR), 'None')",
+    "top_kernels": "SELECT name, sum(dur_ns) AS total_ns FROM kernels GROUP BY name ORDER BY total_ns DESC, name "
+                   "LIMIT 5",
+}
+
+
+def _same(got: pd.DataFrame, want: pd.DataFrame, what: str) -> None:
+    got = got.astype(object).where(got.notna(), None).reset_index(drop=True)
+    want = want.astype(object).where(want.notna(), None).reset_index(drop=True)
+    assert got.values.tolist() == want.values.tolist(), what
+
+
+@pytest.mark.parametrize("name", JOBS)
+def test_sql_over_every_real_job_agrees_with_its_json(name, client, tmp_path):
+    import tracefuse_dask as tf
+
+    store = tmp_path / "store"
+    summary = tf.index_traces(str(_job(name)), str(store), client=client)
+    assert summary.status == "ok" and summary.events_out > 0
+    want = _from_json(store)
+    assert len(want["kernels"]) + len(want["cpu_ops"]) > 0, "a job with neither kernels nor CPU ops"
+    for what, sql in QUERIES.items():
+        _same(tf.query(str(store), sql), want[what], f"{name}: {what}")
+    # every step's span is its ProfilerStep's, and every kernel that has a launch has its op
+    steps = tf.query(str(store), "SELECT count(*) AS n FROM steps WHERE end_ns <= start_ns")
+    assert steps.n[0] == 0
+
+
+def test_the_command_line_indexes_and_answers_in_every_format(tmp_path):
+    job = _job("gloo_4ranks")
+    store = tmp_path / "store"
+    done = tracefuse("index", str(job), "-o", str(store), "--workers", "1")
+    assert "indexed 4 ranks" in done.stderr and f"wrote {store}" in done.stderr
+    sql = "SELECT rank, count(*) AS ops FROM events WHERE cat = 'cpu_op' GROUP BY rank ORDER BY rank"
+    table = tracefuse("sql", str(store), sql).stdout.splitlines()
+    assert table[0].split() == ["rank", "ops"] and table[-1] == "(4 rows)"
+    csv = tracefuse("sql", str(store), sql, "--format", "csv").stdout.splitlines()
+    rows = json.loads(tracefuse("sql", str(store), sql, "--format", "json").stdout)
+    assert csv[0] == '"rank","ops"' and [f'{r["rank"]},{r["ops"]}' for r in rows] == csv[1:]
+    tracefuse("sql", str(store), sql, "--format", "parquet", "-o", str(tmp_path / "r.parquet"))
+    assert pd.read_parquet(tmp_path / "r.parquet").to_dict("records") == rows
+    assert [int(line.split()[1]) for line in table[1:-1]] == [r["ops"] for r in rows]
+
+
+@pytest.mark.parametrize("sql, says", [
+    ("SELEC 1", "Parser Error: syntax error"),
+    ("SELECT * FROM kernel", "Table with name kernel does not exist"),
+])
+def test_bad_sql_gets_one_line_with_duckdb_s_message_and_the_tables(sql, says, tmp_path):
+    store = tmp_path / "store"
+    tracefuse("index", str(_job("gloo_2ranks_tb_nostraggler")), "-o", str(store), "-q", "--workers", "1")
+    done = tracefuse("sql", str(store), sql, check=False)
+    assert done.returncode == 1 and done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert says in line and "tables: events, flows, kernels, steps, ranks" in line and "Traceback" not in line
+
+
+def test_what_is_not_a_store_or_another_version_says_how_to_make_or_rebuild_it(tmp_path):
+    store = tmp_path / "store"
+    done = tracefuse("sql", str(store), "SELECT 1", check=False)
+    assert done.returncode == 1 and f"tracefuse index INPUT... -o {store}" in done.stderr
+    tracefuse("index", str(_job("gloo_2ranks_tb_nostraggler")), "-o", str(store), "-q", "--workers", "1")
+    manifest = orjson.loads((store / "tracefuse-store.json").read_bytes())
+    (store / "tracefuse-store.json").write_bytes(orjson.dumps({**manifest, "schema_version": 99}))
+    done = tracefuse("sql", str(store), "SELECT 1", check=False)
+    assert done.returncode == 1 and "schema version 99" in done.stderr and "reads version 1" in done.stderr
+    assert f"tracefuse index INPUT... -o {store} --force" in done.stderr and "Traceback" not in done.stderr
+
+
+def _files(store: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(store)): p.read_bytes() for p in sorted(store.rglob("*")) if p.is_file()}
+
+
+def test_the_same_inputs_give_the_same_store_whatever_the_workers(client, tmp_path):
+    import tracefuse_dask as tf
+
+    job = _job("hta_trace_filter")
+    tf.index_traces(str(job), str(tmp_path / "one"), workers=1)
+    tf.index_traces(str(job), str(tmp_path / "two"), client=client)
+    one, two = _files(tmp_path / "one"), _files(tmp_path / "two")
+    assert one.keys() == two.keys() and all(one[k] == two[k] for k in one)
+
+
+def test_skip_if_unchanged_indexes_only_the_ranks_whose_input_changed(tmp_path):
+    job = tmp_path / "job"
+    shutil.copytree(_job("gloo_4ranks"), job)
+    store = tmp_path / "store"
+    tracefuse("index", str(job), "-o", str(store), "-q", "--workers", "1")
+    before = _files(store)
+    done = tracefuse("index", str(job), "-o", str(store), "--skip-if-unchanged", "--workers", "1")
+    assert done.stderr.startswith("unchanged:") and _files(store) == before
+    rank2 = job / "rank2.json.gz"
+    doc = read_trace(rank2)
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("name") != "aten::add_"]
+    rank2.write_bytes(gzip.compress(orjson.dumps(doc)))
+    done = tracefuse("index", str(job), "-o", str(store), "--skip-if-unchanged", "--workers", "1")
+    assert "kept the parts of 3 ranks whose inputs did not change" in done.stderr
+    after = _files(store)
+    changed = {k.split("/")[1] for k in set(before) ^ set(after) if k.startswith("parts/")}
+    assert sorted(c.split("-")[0] for c in changed) == ["000002", "000002"]  # rank 2's old part went, its new came
+    import tracefuse_dask as tf
+
+    adds = tf.query(str(store), "SELECT rank, count(*) AS n FROM events WHERE name = 'aten::add_' GROUP BY rank "
+                                "ORDER BY rank")
+    assert 2 not in adds["rank"].tolist() and len(adds) == 3
+
+
+def test_a_truncated_rank_is_named_or_repaired(tmp_path):
+    job = tmp_path / "job"
+    shutil.copytree(_job("gloo_4ranks"), job)
+    gz = job / "rank1.json.gz"
+    bad = job / "rank1.json"
+    raw = gzip.decompress(gz.read_bytes())
+    bad.write_bytes(raw[: len(raw) * 2 // 3])  # cut in the middle of its events
+    gz.unlink()
+    store = tmp_path / "store"
+    done = tracefuse("index", str(job), "-o", str(store), "--workers", "1", check=False)
+    assert done.returncode == 1 and str(bad) in done.stderr and "--repair" in done.stderr
+    assert "Traceback" not in done.stderr and not (store / "tracefuse-store.json").exists()
+    done = tracefuse("index", str(job), "-o", str(store), "--workers", "1", "--repair")
+    assert "recovered" in done.stderr or "repair" in done.stderr
+    import tracefuse_dask as tf
+
+    n = tf.query(str(store), "SELECT rank, count(*) AS n FROM events GROUP BY rank ORDER BY rank")
+    assert n["rank"].tolist() == [0, 1, 2, 3] and n.n[0] > n.n[1] > 0
+
+
+def test_a_missing_or_foreign_part_gets_a_clear_error_and_the_next_run_cleans_up(tmp_path):
+    import tracefuse_dask as tf
+    from tracefuse_dask.errors import StoreError
+
+    job, store = _job("gloo_4ranks"), tmp_path / "store"
+    tracefuse("index", str(job), "-o", str(store), "-q", "--workers", "1")
+    (part,) = [p for p in (store / "parts").iterdir() if p.name.startswith("000001-")]
+    (part / "events.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(StoreError, match="could not be read|the query failed") as e:
+        tf.query(str(store), "SELECT count(*) FROM events")
+    assert "events.parquet" in str(e.value)
+    shutil.rmtree(part)
+    with pytest.raises(StoreError, match="could not be read"):
+        tf.query(str(store), "SELECT count(*) FROM events")
+    foreign = store / "parts" / "000009-feed"
+    foreign.mkdir()
+    (foreign / "events.parquet").write_bytes(b"someone else's")
+    tracefuse("index", str(job), "-o", str(store), "-q", "--workers", "1", "--force")
+    assert not foreign.exists() and tf.query(str(store), "SELECT count(DISTINCT rank) AS n FROM events").n[0] == 4
+
+
+def test_overlapping_and_killed_runs_leave_a_whole_store(tmp_path):
+    import tracefuse_dask as tf
+
+    job, store = _job("hta_trace_filter"), tmp_path / "store"
+    cmd = [sys.executable, "-m", "tracefuse_dask", "index", str(job), "-o", str(store), "-q", "--workers", "1",
+           "--force"]
+    killed = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (store / "parts").exists() and killed.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.killpg(killed.pid, signal.SIGKILL)  # as its first part is written: the run and its workers
+    killed.wait()
+    assert not (store / "tracefuse-store.json").exists()
+    runs = [subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    errs = [r.communicate(timeout=300)[1] for r in runs]
+    assert all(r.returncode == 0 for r in runs), errs
+    manifest = orjson.loads((store / "tracefuse-store.json").read_bytes())
+    assert sorted(p.name for p in (store / "parts").iterdir()) == sorted(r["part"][6:] for r in manifest["ranks"])
+    assert not list(tmp_path.glob("store.tracefuse-tmp/*"))
+    n = tf.query(str(store), "SELECT count(*) AS n FROM events").n[0]
+    assert n == sum(sum(r["rows"].values()) - r["rows"]["flows"] for r in manifest["ranks"])
+
+
+@pytest.mark.parametrize("where", ["s3", "gcs"])
+def test_object_storage_stores_answer_as_local_ones(where, request, bucket_name, client, tmp_path):
+    import tracefuse_dask as tf
+
+    server = request.getfixturevalue(where)
+    server.bucket(bucket_name)
+    job = _job("hta_trace_filter")
+    local = tmp_path / "store"
+    tf.index_traces(str(job), str(local), client=client)
+    url = f"{where}://{bucket_name}/store"
+    tf.index_traces(str(job), url, client=client, storage_options=server.options)
+    for sql in QUERIES.values():
+        _same(tf.query(url, sql, storage_options=server.options), tf.query(str(local), sql), f"{where}: {sql}")
+    done = subprocess.run([sys.executable, "-m", "tracefuse_dask", "sql", url, QUERIES["kernels"], "--format", "csv",
+                           "--storage-options", json.dumps(server.options)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[1:] == [f"{r.rank},{r.n},{r.total_ns}"
+                                            for r in tf.query(str(local), QUERIES["kernels"]).itertuples()]

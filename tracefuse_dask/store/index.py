@@ -1,0 +1,297 @@
+"""``tracefuse index``: the merge's plan and rank tasks, writing each rank's events as Parquet parts of a store
+(``schema.py``) instead of a merged trace; then the manifest, last.
+
+Every rank task parses its file once, applies the merge's filters, pids, tids and ids (``merge.rewrite``), and
+writes its own part under a name that hashes what it was made from; the client never holds events. The manifest,
+one object written last, lists the complete parts: a reader sees the store before or after a run, never during.
+Runs that index one store at once each write their own parts (identical inputs give identical parts, under the
+same name) and each its whole manifest; the last one stands. A run removes the parts no manifest lists only when
+no other run of the store is alive (``storage.runs.alone``).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import logging
+import os
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+import orjson
+import pyarrow.parquet as pq
+from dask.base import tokenize
+from distributed import Client
+
+from .._version import __version__
+from ..cluster import BATCH_BYTES, batches, biggest_first, connect, flat, outcomes
+from ..errors import (
+    SKIPPABLE,
+    OutputExistsError,
+    OutputWriteError,
+    every_rank_failed,
+)
+from ..kineto.document import check_document, decode_json, paused_gc
+from ..kineto.events import RankEvents
+from ..kineto.times import to_ns
+from ..merge.manifest import manifest_of
+from ..merge.plan import (
+    ClockEstimate,
+    MergeNotes,
+    MergePlan,
+    MergeRequest,
+    plan_merge,
+    settle,
+)
+from ..merge.rewrite import rewrite
+from ..model import MergeSummary, RankTask
+from ..storage.files import options_for, read_bytes, retry_unreachable, storage_errors
+from ..storage.inputs import expand_inputs
+from ..storage.output import put_whole
+from ..storage.runs import alone, run_folder
+from .columns import rank_tables
+from .schema import MANIFEST, SCHEMA_VERSION
+
+__all__ = ["index"]
+
+log = logging.getLogger("tracefuse_dask")
+
+# Columns that mostly grow from row to row: stored as deltas, a third of their size as dictionaries (2.6x smaller
+# parts on hta_negative_queue_length's rank; zstd level 9 costs 5% of its indexing over level 1, and saves 10%)
+_DELTA = ("ts_ns", "correlation", "external_id", "id")
+
+
+@dataclass
+class IndexedRank:
+    """What a rank task returns: where its part is and small facts, never events."""
+
+    rank: int
+    path: str
+    part: str  # the part's folder, relative to the store
+    events_in: int
+    rows: dict[str, int]  # per table
+    bytes_in: int
+    bytes_out: int
+    host: str | None
+    device: str | None
+    warnings: list[str] = dataclasses.field(default_factory=list)
+
+
+def _part_name(task: RankTask, identity: Mapping[str, Any]) -> str:
+    """The folder of a rank's part, relative to the store: the rank and a hash of all it was made from."""
+    made_from = (SCHEMA_VERSION, __version__, dict(identity), task.rank, task.base, task.options.describe(),
+                 task.window_abs_ns, task.repair)
+    return f"parts/{task.rank:06d}-{tokenize(*made_from)}"
+
+
+@retry_unreachable
+def _index_batch(tasks: list[RankTask], parts: list[str], store: str, storage_options: Mapping[str, Any] | None,
+                 skip: bool) -> list[tuple[IndexedRank | None, BaseException | None]]:
+    """A rank task: each rank's part, or (with ``skip``) why a rank could not be read."""
+    done: list[tuple[IndexedRank | None, BaseException | None]] = []
+    for task, part in zip(tasks, parts):
+        try:
+            with paused_gc():
+                done.append((_index_rank(task, part, store, storage_options), None))
+        except SKIPPABLE as e:
+            if not skip:
+                raise
+            done.append((None, e))
+    return done
+
+
+def _index_rank(task: RankTask, part: str, store: str, storage_options: Mapping[str, Any] | None) -> IndexedRank:
+    """One rank read, filtered and rewritten as the merge does, and written as its part's tables."""
+    who = f"{task.path} (rank {task.rank})"
+    data, cut_gzip = read_bytes(task.path, storage_options, repair=task.repair)
+    doc, nbytes, note = decode_json(data, task.path, rank=task.rank, cut_gzip=cut_gzip, repair=task.repair)
+    del data
+    check_document(doc, who)
+    events = doc["traceEvents"]
+    sel = RankEvents(events, task.base, task.options, who, task.window_abs_ns)
+    before = {id(ev): (ev.get("ts"), ev.get("dur"), sel.dev[i]) for i, ev in enumerate(events) if sel.keep[i]}
+    used = {ev.get("pid") for i, ev in enumerate(events) if sel.keep[i] and sel.dev[i]}
+    head, body = rewrite(sel, task.rank, task.base_out)
+    merged = head + body
+    raw = [before.get(id(ev), (None, None, False)) for ev in merged]  # the process names are new events
+    tables = rank_tables(task.rank, merged, [None if t is None else to_ns(t) + task.base for t, _, _ in raw],
+                         [None if d is None else to_ns(d) for _, d, _ in raw], [dev for _, _, dev in raw])
+    fs, root = fsspec.core.url_to_fs(store, **options_for(store, storage_options))
+    written = 0
+    for name, table in tables.items():
+        buf = io.BytesIO()
+        delta = [c for c in _DELTA if c in table.column_names]
+        pq.write_table(table, buf, compression="zstd", compression_level=9, use_dictionary=[
+            c for c in table.column_names if c not in delta], column_encoding=dict.fromkeys(delta, "DELTA_BINARY_PACKED"))
+        written += buf.tell()
+        put_whole(fs, f"{root}/{part}/{name}.parquet", buf.getvalue(), storage_options)
+    props = doc.get("deviceProperties")
+    names = sorted({str(d.get("name")) for d in props if isinstance(d, dict) and d.get("id") in used}) \
+        if isinstance(props, list) else []
+    host = doc.get("host_name")
+    return IndexedRank(task.rank, task.path, part, len(events), {k: t.num_rows for k, t in tables.items()}, nbytes,
+                       written, host if isinstance(host, str) else None, ", ".join(names) or None,
+                       [note] if note else [])
+
+
+def _previous(fs: Any, root: str, store: str, request: MergeRequest) -> dict[str, Any] | None:
+    """The store's manifest, None when there is none; raises when the folder may not be indexed into as asked."""
+    try:
+        manifest = orjson.loads(fs.cat_file(f"{root}/{MANIFEST}"))
+    except (FileNotFoundError, orjson.JSONDecodeError):
+        manifest = None
+    if not isinstance(manifest, dict):
+        # a folder that holds only parts is one whose first run failed or was killed
+        other = [e for e in (fs.ls(root, detail=False) if fs.isdir(root) else [])
+                 if e.rstrip("/").rsplit("/", 1)[-1] != "parts"]
+        if other and not request.force:
+            raise OutputExistsError(f"{store}: the folder exists and is not a tracefuse store; give an empty or new "
+                                    "folder, or pass {force} to index into it")
+        return None
+    if not (request.force or request.skip_if_unchanged):
+        raise OutputExistsError(f"{store}: the store exists; pass {{force}} to replace it, or --skip-if-unchanged "
+                                "to index only the ranks whose inputs changed")
+    return manifest
+
+
+def index(urlpath: str | Iterable[str] | Mapping[int, str], request: MergeRequest, *, client: Client | None = None,
+          workers: int | None = None, scheduler: str | None = None, scheduler_file: str | None = None,
+          timeout: float = 10.0, estimate: ClockEstimate | None = None) -> MergeSummary:
+    """Index the inputs ``urlpath`` into the store ``request.out``; see ``api.index_traces``. ``estimate`` gives the
+    ranks' clock offsets for ``align="collectives"``."""
+    started = time.perf_counter()
+    so, store = request.storage_options, request.out.rstrip("/")
+    files, unlisted = expand_inputs(urlpath, storage_options=so, rank_regex=request.rank_regex,
+                                    subset=request.subset)
+    made_from = {k: v for k, v in manifest_of(files, request).items() if k in ("inputs", "options")}
+    made_from["options"] = {k: v for k, v in made_from["options"].items() if k not in ("gzip_members", "format")}
+    with storage_errors(store, so):
+        fs, root = fsspec.core.url_to_fs(store, **options_for(store, so))
+        previous = _previous(fs, root, store, request)
+    same = previous is not None and previous.get("schema_version") == SCHEMA_VERSION \
+        and previous.get("version") == __version__
+    if request.skip_if_unchanged and same and previous.get("made_from") == orjson.loads(orjson.dumps(made_from)):
+        said = f"{store} is up to date: inputs, options and version as in its {MANIFEST}; nothing to do"
+        return _summary(store, previous, "unchanged", started, [said])
+    reusable = {r["part"]: r for r in previous.get("ranks", [])} if same and request.skip_if_unchanged else {}
+    identity = {f.path: f.identity for f in files}
+    notes = MergeNotes()
+    notes.ignored.extend(f"{p}: not a JSON trace by name, or written by tracefuse" for p in unlisted)
+    futures: list[Any] = []
+    with run_folder(store, so) as tmp_dir:
+        try:
+            with connect(client, scheduler=scheduler, scheduler_file=scheduler_file, workers=workers,
+                         timeout=timeout, inputs=files) as c:
+                plan = plan_merge(c, request, files, unlisted, tmp_dir, estimate, notes, futures)
+                parts = [_part_name(t, identity[t.path]) for t in plan.tasks]
+                ranks = _run(c, plan, parts, [k for k, p in enumerate(parts) if p not in reusable], store, notes,
+                             futures)
+            kept = [k for k, p in enumerate(parts) if p in reusable]
+            if kept:
+                notes.notes.append(f"kept the parts of {len(kept):,} ranks whose inputs did not change")
+            rows = sorted([*ranks, *({**reusable[parts[k]], "file": plan.tasks[k].path} for k in kept)],
+                          key=lambda r: r["rank"])
+            if not rows:
+                raise every_rank_failed(notes.skipped)
+            manifest = {"format": "tracefuse-store", "schema_version": SCHEMA_VERSION, "tool": "tracefuse_dask",
+                        "version": __version__, "made_from": made_from, "alignment": plan.alignment,
+                        "base_ns": plan.base_out, "world_size": plan.world_size, "ranks": rows,
+                        "skipped": notes.skipped, "warnings": notes.warnings}
+            with storage_errors(store, so):
+                _commit(fs, root, store, manifest, so)
+        except BaseException:
+            for fut in futures:
+                if not fut.done():
+                    fut.cancel()
+            _tidy(fs, root, tmp_dir, previous, so)
+            raise
+        finally:
+            futures.clear()
+        _tidy(fs, root, tmp_dir, manifest, so)
+    return _summary(store, manifest, "ok", started, notes.warnings, notes, sum(r["bytes_in"] for r in ranks))
+
+
+def _listed(fs: Any, root: str) -> set[str]:
+    """The names of the part folders under the store ``root``."""
+    fs.invalidate_cache()
+    try:
+        return {e.rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(f"{root}/parts", detail=False)}
+    except FileNotFoundError:
+        return set()
+
+
+def _commit(fs: Any, root: str, store: str, manifest: dict[str, Any], so: Mapping[str, Any]) -> None:
+    """Write the manifest, once every part it lists is there."""
+    present = _listed(fs, root)
+    missing = [r["part"] for r in manifest["ranks"] if r["part"].rsplit("/", 1)[-1] not in present]
+    if missing:
+        raise OutputWriteError(f"{store}: {len(missing):,} parts went while this run wrote them (the first: "
+                               f"{missing[0]}): another run removed them; run again")
+    put_whole(fs, f"{root}/{MANIFEST}", orjson.dumps(manifest, option=orjson.OPT_INDENT_2), so)
+
+
+def _tidy(fs: Any, root: str, tmp_dir: str, manifest: dict[str, Any] | None, so: Mapping[str, Any]) -> None:
+    """Remove the parts that ``manifest`` (the store's, now) does not list, when no other run of the store lives:
+    the replaced parts of a run that worked, the new parts of one that failed. A store left with no manifest and no
+    parts goes too. A storage that fails here fails nothing: the next run tidies."""
+    try:
+        if not alone(tmp_dir, so):
+            return
+        listed = {r["part"].rsplit("/", 1)[-1] for r in (manifest or {}).get("ranks", [])}
+        for name in sorted(_listed(fs, root) - listed):
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm(f"{root}/parts/{name}", recursive=True)
+        if manifest is None and isinstance(fs, fsspec.implementations.local.LocalFileSystem):
+            for folder in (f"{root}/parts", root):
+                with contextlib.suppress(OSError):
+                    os.rmdir(folder)
+    except Exception as e:  # noqa: BLE001 - the run's own outcome stands
+        log.warning("%s: could not remove parts no manifest lists (%s); the next run will", root, e)
+
+
+def _run(c: Client, plan: MergePlan, parts: list[str], todo: list[int], store: str, notes: MergeNotes,
+         futures: list[Any]) -> list[dict[str, Any]]:
+    """The rank tasks of the plan's ranks ``todo`` (small ranks batched), biggest first; each rank's manifest
+    entry, in rank order."""
+    if not todo:
+        return []
+    request, tasks, so = plan.request, plan.tasks, plan.request.storage_options
+    by_path = {f.path: f.trace_bytes for f in plan.files}
+    sizes = [by_path.get(tasks[k].path) for k in todo]
+    runs = [[todo[i] for i in b] for b in batches(sizes, BATCH_BYTES)]
+    keys = [f"tracefuse-index-{tokenize([tasks[k] for k in run], [parts[k] for k in run], store, so)}"
+            for run in runs]
+    order = biggest_first([None if None in (s := [by_path.get(tasks[k].path) for k in run]) else sum(s)
+                           for run in runs])
+    got = c.map(_index_batch, [[tasks[k] for k in runs[j]] for j in order], [[parts[k] for k in runs[j]] for j in order],
+                store=store, storage_options=so, skip=request.on_error == "skip", key=[keys[j] for j in order])
+    futures[:] = [f for _, f in sorted(zip(order, got), key=lambda jf: jf[0])]
+    done = settle(flat(outcomes(c, futures, request.show_progress)), [tasks[k].path for run in runs for k in run],
+                  [tasks[k].rank for run in runs for k in run], request.on_error, notes.skipped)
+    by_rank = {t.rank: t for t in tasks}
+    out = []
+    for _, r in done:
+        notes.warnings.extend(w for w in r.warnings if w not in notes.warnings)
+        out.append({"rank": r.rank, "file": r.path, "part": r.part, "host": r.host, "device": r.device,
+                    "base_ns": by_rank[r.rank].base, "offset_ns": plan.clock_offsets.get(r.rank, 0),
+                    "events_in": r.events_in,
+                    "rows": r.rows, "bytes_in": r.bytes_in, "bytes_out": r.bytes_out})
+    return out
+
+
+def _summary(store: str, manifest: dict[str, Any], status: str, started: float, warnings: list[str],
+             notes: MergeNotes | None = None, bytes_in: int = 0) -> MergeSummary:
+    """The run's summary, in the merge's terms (events in and rows out)."""
+    seconds = round(time.perf_counter() - started, 3)
+    ranks = manifest.get("ranks", [])
+    return MergeSummary(
+        ranks=len(ranks), skipped=notes.skipped if notes else [],
+        events_in=sum(r["events_in"] for r in ranks) if notes else 0,
+        events_out=sum(sum(r["rows"].values()) for r in ranks) if notes else 0,
+        bytes_in=bytes_in, bytes_out=sum(r["bytes_out"] for r in ranks), seconds=seconds,
+        mb_per_s=round(bytes_in / 1e6 / seconds, 1) if seconds and bytes_in else 0.0, output=store, status=status,
+        warnings=warnings, ignored=notes.ignored if notes else [], notes=notes.notes if notes else [],
+        rank_list=[r["rank"] for r in ranks], outputs=[store])

@@ -1,0 +1,139 @@
+"""Reading a store: its manifest checked (``open_store``), and SQL over its tables run by DuckDB in this process
+(``query``), through the same fsspec filesystem as every other read; DuckDB never loads an extension, so nothing is
+downloaded at run time."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+import orjson
+import pyarrow as pa
+
+from ..errors import StoreError
+from ..storage.files import options_for, storage_errors
+from .schema import MANIFEST, PART_TABLES, SCHEMA_VERSION, VIEWS
+
+__all__ = ["TABLES", "Store", "connect", "is_store", "open_store", "query", "result"]
+
+TABLES = (*PART_TABLES, *VIEWS, "ranks")
+
+
+@dataclass(frozen=True)
+class Store:
+    """A store as its manifest lists it."""
+
+    url: str
+    fs: Any
+    root: str
+    manifest: dict[str, Any]
+
+    def files(self, table: str) -> list[str]:
+        """The URLs of the parts of ``table`` (``events`` or ``flows``), in rank order."""
+        return [self.fs.unstrip_protocol(f"{self.root}/{r['part']}/{table}.parquet") for r in self.manifest["ranks"]]
+
+
+def is_store(url: str, storage_options: Mapping[str, Any] | None = None) -> bool:
+    """Whether ``url`` is a store's folder: it holds a store's manifest."""
+    with storage_errors(url, storage_options):
+        fs, root = fsspec.core.url_to_fs(url, **options_for(url, storage_options))
+        return fs.isfile(f"{root.rstrip('/')}/{MANIFEST}")
+
+
+def open_store(url: str, storage_options: Mapping[str, Any] | None = None) -> Store:
+    """The store at ``url``, its manifest read and checked.
+
+    Raises
+    ------
+    StoreError
+        When ``url`` holds no store, or one of another schema version (the message says how to rebuild it).
+    """
+    url = url.rstrip("/")
+    with storage_errors(url, storage_options):
+        fs, root = fsspec.core.url_to_fs(url, **options_for(url, storage_options))
+        try:
+            manifest = orjson.loads(fs.cat_file(f"{root}/{MANIFEST}"))
+        except FileNotFoundError:
+            raise StoreError(f"{url}: not a tracefuse store (no {MANIFEST}); make one with "
+                             f"`tracefuse index INPUT... -o {url}`") from None
+        except orjson.JSONDecodeError as e:
+            raise StoreError(f"{url}/{MANIFEST} is not JSON ({e}); rebuild the store with "
+                             f"`tracefuse index INPUT... -o {url} --force`") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != "tracefuse-store":
+        raise StoreError(f"{url}/{MANIFEST} is not a tracefuse store's manifest; rebuild the store with "
+                         f"`tracefuse index INPUT... -o {url} --force`")
+    version = manifest.get("schema_version")
+    if version != SCHEMA_VERSION:
+        made = manifest.get("version", "an unknown version")
+        raise StoreError(f"{url}: the store has schema version {version} (written by tracefuse {made}); this "
+                         f"tracefuse reads version {SCHEMA_VERSION}. Rebuild it from its traces with "
+                         f"`tracefuse index INPUT... -o {url} --force`")
+    return Store(url, fs, root, manifest)
+
+
+def _ranks(store: Store) -> pa.Table:
+    """The ``ranks`` table: each rank's file, host, device, base time and clock offset, from the manifest."""
+    rows = store.manifest["ranks"]
+    return pa.table({
+        "rank": pa.array([r["rank"] for r in rows], pa.int32()),
+        "file": pa.array([r["file"] for r in rows], pa.string()),
+        "host": pa.array([r.get("host") for r in rows], pa.string()),
+        "device": pa.array([r.get("device") for r in rows], pa.string()),
+        "base_ns": pa.array([r["base_ns"] for r in rows], pa.int64()),
+        "offset_ns": pa.array([r.get("offset_ns", 0) for r in rows], pa.int64()),
+        "events_in": pa.array([r["events_in"] for r in rows], pa.int64()),
+    })
+
+
+def connect(store: Store) -> Any:
+    """A DuckDB connection (in memory, in this process) whose tables are the store's: ``events`` and ``flows``
+    over the parts, the views ``kernels`` and ``steps``, and ``ranks``."""
+    import duckdb
+
+    con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+    if not isinstance(store.fs, fsspec.implementations.local.LocalFileSystem):
+        con.register_filesystem(store.fs)
+    for table in PART_TABLES:
+        files = ", ".join("'" + f.replace("'", "''") + "'" for f in store.files(table))
+        con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet([{files}])")
+    for name, sql in VIEWS.items():
+        con.execute(f"CREATE VIEW {name} AS {sql}")
+    con.register("ranks", _ranks(store))
+    return con
+
+
+def result(store: str | Store, sql: str, storage_options: Mapping[str, Any] | None = None) -> pa.Table:
+    """The result of the SQL query ``sql`` over the store's tables (``TABLES``), as an Arrow table (empty for a
+    statement that returns no rows).
+
+    Raises
+    ------
+    StoreError
+        When the store cannot be read, or the query fails (DuckDB's message, on one line, and the tables).
+    """
+    import duckdb
+
+    store = store if isinstance(store, Store) else open_store(store, storage_options)
+    try:
+        con = connect(store)
+        try:
+            rel = con.sql(sql)
+            return rel.to_arrow_table() if rel is not None else pa.table({})
+        finally:
+            con.close()
+    except duckdb.IOException as e:
+        raise StoreError(f"{store.url}: a part of the store could not be read ({_line(e)}); another run may have "
+                         "replaced it: run the query again, or rebuild the store") from None
+    except duckdb.Error as e:
+        raise StoreError(f"the query failed: {_line(e)} (tables: {', '.join(TABLES)})") from None
+
+
+def query(store: str | Store, sql: str, storage_options: Mapping[str, Any] | None = None) -> Any:
+    """The result of the SQL query ``sql`` over the store's tables, as a pandas DataFrame; see ``result``."""
+    return result(store, sql, storage_options).to_pandas()
+
+
+def _line(e: BaseException) -> str:
+    """DuckDB's message on one line."""
+    return " ".join(str(e).split("\n")[0].split())
