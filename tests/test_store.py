@@ -287,3 +287,43 @@ def test_object_storage_stores_answer_as_local_ones(where, request, bucket_name,
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[1:] == [f"{r.rank},{r.n},{r.total_ns}"
                                             for r in tf.query(str(local), QUERIES["kernels"]).itertuples()]
+
+
+def test_docs_dask_example_gives_sql_s_p99_kernel_time_per_rank(client, tmp_path):
+    """docs/store.md's example, as written there, on the user's cluster."""
+    import dask.dataframe as dd
+
+    import tracefuse_dask as tf
+
+    tf.index_traces(str(_job("hta_trace_filter")), str(tmp_path / "store"), client=client)
+    storage_options = None
+    store = tf.open_store(str(tmp_path / "store"), storage_options)
+    kernels = dd.read_parquet(store.files("events"), columns=["rank", "kind", "dur_ns"],
+                              filters=[("kind", "==", "kernel")], storage_options=storage_options)
+    p99 = kernels.groupby("rank").dur_ns.apply(lambda s: s.quantile(0.99), meta=("dur_ns", "f8")).compute()
+    sql = tf.query(str(tmp_path / "store"), "SELECT rank, quantile_cont(dur_ns, 0.99) AS p99 FROM kernels "
+                                            "GROUP BY rank ORDER BY rank")
+    assert len(sql) == 2 and p99.sort_index().tolist() == sql.p99.tolist()
+    assert "p99 = kernels.groupby(\"rank\").dur_ns.apply(lambda s: s.quantile(0.99), meta=(\"dur_ns\", \"f8\"))" \
+        in (Path(__file__).parents[1] / "docs" / "store.md").read_text()
+
+
+def test_the_readme_s_questions_in_sql_give_the_answers_it_shows(client, tmp_path):
+    """Each ``$ tracefuse sql ...`` of the README's "Questions in SQL", run as written on the stores it names,
+    prints what the README shows under it."""
+    import shlex
+
+    import tracefuse_dask as tf
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    block = re.search(r"## Questions in SQL.*?\n```\n(.*?)```", readme, re.S).group(1)
+    tf.index_traces(str(_job("hta_trace_filter")), str(tmp_path / "filter.store"), client=client)
+    tf.index_traces(str(_job("gloo_4ranks")), str(tmp_path / "gloo.store"), client=client)
+    asked = re.findall(r"^\$ (tracefuse sql .*?\")\n(.*?)(?:\n\n|\Z)", block, re.S | re.M)
+    assert len(asked) == 5
+    for command, shown in asked:
+        args = shlex.split(command)[1:]
+        done = subprocess.run([sys.executable, "-m", "tracefuse_dask", *args], capture_output=True, text=True,
+                              cwd=tmp_path, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.rstrip("\n") == shown.rstrip("\n"), command

@@ -40,12 +40,14 @@ __all__ = [
     "diff",
     "index_traces",
     "merge_traces",
+    "open_store",
     "query",
 ]
 
 
 _LAZY = {"merge_traces": "api", "TraceFuse": "api", "analyze": "api", "diff": "api", "index_traces": "api",
-         "query": "api", "Analysis": "api", "Diff": "api", "MergeSummary": "model", "Cutoffs": "analysis.schema"}
+         "query": "api", "open_store": "store.query", "Analysis": "api", "Diff": "api", "MergeSummary": "model",
+         "Cutoffs": "analysis.schema"}
 
 
 def __getattr__(name: str) -> object:
