@@ -327,3 +327,29 @@ def test_the_readme_s_questions_in_sql_give_the_answers_it_shows(client, tmp_pat
                               cwd=tmp_path, timeout=120)
         assert done.returncode == 0, done.stderr
         assert done.stdout.rstrip("\n") == shown.rstrip("\n"), command
+
+
+@pytest.mark.parametrize("name", shared_params(["hta_trace_filter", "tracelens_h100_qwen", "hta_mtia_inference"]))
+def test_the_merge_s_fast_and_general_paths_write_the_same_rows(name, client, tmp_path):
+    """A filter that keeps every event sends each rank down the merge's general path (dicts): its rows are the fast
+    path's, column for column (``args`` the same JSON, written by another encoder)."""
+    import tracefuse_dask as tf
+
+    tf.index_traces(str(_job(name)), str(tmp_path / "fast"), client=client)
+    tf.index_traces(str(_job(name)), str(tmp_path / "general"), client=client, filter_fn=lambda e: True)
+    from tracefuse_dask.store.query import result
+
+    def rows(store: str, sql: str) -> list[dict]:
+        got = result(str(tmp_path / store), sql).to_pylist()
+        for row in got:
+            if row.get("args") is not None:
+                row["args"] = orjson.loads(row["args"])
+        return got
+
+    sizes = []
+    for sql in ("SELECT * FROM events ORDER BY rank, ts_ns, pid, tid, name, dur_ns",
+                "SELECT * FROM flows ORDER BY rank, id, ph, ts_ns"):
+        fast = rows("fast", sql)
+        assert fast == rows("general", sql), f"{name}: {sql}"
+        sizes.append(len(fast))
+    assert sizes[0] > 0 and (sizes[1] > 0 or name == "hta_trace_filter")  # its sampled ranks have no flows

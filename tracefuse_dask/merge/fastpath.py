@@ -33,7 +33,7 @@ from ..kineto.vocabulary import KnownCategory, KnownPhase, host_category, on_dev
 from ..model import MergeOptions
 from .rewrite import PROCESS_M, IdMap, order_slots, pid_maps, process_metadata
 
-__all__ = ["handles", "rewrite_fast"]
+__all__ = ["handles", "rewrite_fast", "rewritten_fast"]
 
 
 class _Event(Struct, kw_only=True, gc=False, forbid_unknown_fields=True, omit_defaults=True):
@@ -83,6 +83,27 @@ def handles(options: MergeOptions, window_abs_ns: tuple[int, int] | None) -> boo
 
 def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: MergeOptions,
                  who: str) -> tuple[bytes, bytearray, int, int] | None:
+    """Rewrite one rank's trace text as ``RankEvents.rewrite`` would (``rewritten_fast``), as JSON text; or None to
+    use the general path.
+
+    Returns
+    -------
+    tuple or None
+        ``(head, body, events_in, events_out)``: the process metadata events and
+        the other events, each as JSON array text (``body`` in a bytearray, which the
+        caller may change in place); None when the input needs the general path.
+    """
+    got = rewritten_fast(data, rank, base, base_out, options, who)
+    if got is None:
+        return None
+    head, body, n_in, _ = got
+    text = bytearray()
+    _encoder.encode_into(body, text)
+    return orjson.dumps(head), text, n_in, len(head) + len(body)
+
+
+def rewritten_fast(data: bytes, rank: int, base: int, base_out: int, options: MergeOptions,
+                   who: str) -> tuple[list[dict[str, Any]], list[Any], int, set[Any]] | None:
     """Rewrite one rank's trace text as ``RankEvents.rewrite`` would, or None to use the general path.
 
     Parameters
@@ -99,10 +120,9 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
     Returns
     -------
     tuple or None
-        ``(head, body, events_in, events_out)``: the process metadata events and
-        the other events, each as JSON array text (``body`` in a bytearray, which the
-        caller may change in place); None when the input needs the
-        general path (a decoding or validation failure, an odd field, a time
+        ``(head, body, events_in, devices)``: the process metadata events (dicts) and the other events (structs
+        whose ``args`` is raw JSON text and whose ``ts`` is a float, an int or the raw text of exact µs), in output
+        order, and the pids (as read) of the devices; None when the input needs the general path (a decoding or validation failure, an odd field, a time
         that needs the general path's checks or formatting).
 
     Raises
@@ -149,10 +169,7 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
     _rewrite_events(events, pid_map, id_map, any(k[0] in _INSTANT_PH for k in found.keys))
     if options.annotate_rank and not _annotate_rank(events, rank, b"\\" not in data):
         return None
-    body = _thread_names(metas, shown) + events
-    text = bytearray()
-    _encoder.encode_into(body, text)
-    return orjson.dumps(head), text, n_in, len(head) + len(body)
+    return head, _thread_names(metas, shown) + events, n_in, found.device
 
 
 @dataclass

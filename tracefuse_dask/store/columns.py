@@ -1,143 +1,219 @@
 """One rank's merged events as the store's columns (``schema.EVENTS``, ``schema.FLOWS``): pure functions, no IO.
 
-The events come as the merge's rank rewrite leaves them (pids, tids and ids as the merged trace has them); their
-times come apart, as absolute ns taken before the rewrite, so that no rounding of the merged trace's µs text
-reaches the store.
+The events come as the merge's rank rewrite leaves them (pids, tids and ids as the merged trace has them), from its
+fast path (msgspec structs whose ``args`` is raw JSON text) or its general path (dicts): ``Fields`` holds either,
+field by field, with each event's absolute time in ns. The arguments are decoded once, all together, into the keys
+that have columns of their own; the whole ``args`` stays as its JSON text.
 """
 from __future__ import annotations
 
-import bisect
-from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from operator import attrgetter
 from typing import Any
 
+import msgspec
+import numpy as np
 import orjson
 import pyarrow as pa
 
+from ..kineto.times import to_ns
 from ..kineto.vocabulary import STEP, device_kind, is_cpu_op_category
 from .schema import EVENTS, FLOWS
 
-__all__ = ["rank_tables"]
+__all__ = ["Fields", "fields_of_dicts", "fields_of_structs", "joined", "rank_tables"]
 
-# args that have a column of their own: (column, the trace's key, the column's check of a value)
-_INT = (int,)
-_TYPED = (
-    ("stream", "stream", _INT),
-    ("correlation", "correlation", _INT),
-    ("external_id", "External id", _INT),
-    ("collective", "Collective name", (str,)),
-    ("process_group", "Process Group Name", (str,)),
-    ("group_size", "Group size", _INT),
-    ("in_nelems", "In msg nelems", _INT),
-    ("out_nelems", "Out msg nelems", _INT),
-    ("dtype", "dtype", (str,)),
-    ("bytes", "bytes", _INT),
-)
 _FLOW_PHASES = frozenset({"s", "t", "f"})
 
 
-def _ints(v: Any) -> bool:
-    return type(v) is list and all(type(x) is int for x in v)
+class _Typed(msgspec.Struct, gc=False):
+    """The arguments that have columns of their own, as the trace spells them: scalars of any type (checked per
+    column), lists as raw text (decoded, and checked, only where there is one)."""
+
+    stream: Any = None
+    correlation: Any = None
+    external_id: Any = msgspec.field(default=None, name="External id")
+    collective: Any = msgspec.field(default=None, name="Collective name")
+    process_group: Any = msgspec.field(default=None, name="Process Group Name")
+    group_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
+    group_size: Any = msgspec.field(default=None, name="Group size")
+    in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
+    dtype: Any = None
+    bytes: Any = None
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
+    input_types: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
+    concrete_inputs: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Concrete Inputs")
 
 
-def _texts(v: Any) -> bool:
-    return type(v) is list and all(type(x) is str for x in v)
+_NO_ARGS = _Typed()
+_INTS = ("stream", "correlation", "external_id", "group_size", "in_nelems", "out_nelems", "bytes")
+_TEXTS = ("collective", "process_group", "dtype")
+_LISTS = {"input_dims": list[list[int]], "input_types": list[str], "concrete_inputs": list[str]}
 
 
-def rank_tables(rank: int, events: Sequence[dict[str, Any]], ts_ns: Sequence[int | None],
-                dur_ns: Sequence[int | None], dev: Sequence[bool]) -> dict[str, pa.Table]:
-    """The rank's ``events`` and ``flows`` tables, from its merged ``events`` in order, each event's absolute
-    time and duration in ns (None where it has none) and whether it is device work."""
-    cols: dict[str, list[Any]] = {f.name: [] for f in EVENTS}
-    flows: dict[str, list[Any]] = {f.name: [] for f in FLOWS}
-    for ev, ts, dur, on_device in zip(events, ts_ns, dur_ns, dev):
-        ph = ev.get("ph")
-        if ph in _FLOW_PHASES:
-            for key, value in (("rank", rank), ("id", ev.get("id")), ("ph", ph), ("cat", ev.get("cat")),
-                               ("name", ev.get("name")), ("ts_ns", ts), ("pid", ev.get("pid")),
-                               ("tid", ev.get("tid")), ("bp", ev.get("bp"))):
-                flows[key].append(value)
-            continue
-        args = ev.get("args")
-        rest = dict(args) if type(args) is dict else ({} if args is None else {"": args})
-        cols["rank"].append(rank)
-        cols["pid"].append(ev.get("pid"))
-        cols["tid"].append(ev.get("tid"))
-        cols["ph"].append(ph)
-        cols["cat"].append(ev.get("cat"))
-        cols["name"].append(ev.get("name"))
-        cols["ts_ns"].append(ts)
-        cols["dur_ns"].append(dur)
-        cols["kind"].append(device_kind(ev.get("cat"), ev.get("name"), args) if on_device else None)
-        for column, key, types in _TYPED:
-            v = rest.get(key)
-            if type(v) in types:
-                del rest[key]
-                cols[column].append(v)
-            else:
-                cols[column].append(None)
-        dims = rest.get("Input Dims")
-        ok = type(dims) is list and all(_ints(d) for d in dims)
-        cols["input_dims"].append(rest.pop("Input Dims") if ok else None)
-        for column, key in (("input_types", "Input type"), ("concrete_inputs", "Concrete Inputs")):
-            ok = _texts(rest.get(key))
-            cols[column].append(rest.pop(key) if ok else None)
-        ranks = rest.pop("Process Group Ranks", None)
-        cols["group_ranks"].append(None if ranks is None else ranks if type(ranks) is str
-                                   else orjson.dumps(ranks).decode())
-        cols["args"].append(orjson.dumps(rest, option=orjson.OPT_SORT_KEYS).decode() if rest else None)
-    cols["step"], cols["launch_op"] = _steps_and_launches(cols, dev_of=[d for ev, d in zip(events, dev)
-                                                                       if ev.get("ph") not in _FLOW_PHASES])
+def _lists(raws: list[msgspec.Raw], tp: Any) -> list[Any]:
+    """A list argument's values (None where an event has none, or one not of type ``tp``, which stays in
+    ``args``): those present decoded in one call, one by one when one of them is not of the type."""
+    at = [i for i, r in enumerate(raws) if len(r)]
+    out: list[Any] = [None] * len(raws)
+    try:
+        values = msgspec.json.decode(b"[" + b",".join(bytes(raws[i]) for i in at) + b"]", type=list[tp])
+    except msgspec.ValidationError:
+        decoder = msgspec.json.Decoder(tp)
+        values = []
+        for i in at:
+            try:
+                values.append(decoder.decode(raws[i]))
+            except msgspec.ValidationError:
+                values.append(None)
+    for i, v in zip(at, values):
+        out[i] = v
+    return out
+
+
+@dataclass
+class Fields:
+    """A rank's kept events in output order, field by field (None where an event has none); ``args`` as JSON text,
+    ``ts_ns`` as absolute integer ns."""
+
+    ph: list[Any]
+    cat: list[Any]
+    name: list[Any]
+    pid: list[Any]
+    tid: list[Any]
+    ts_ns: list[int | None]
+    dur_ns: list[int | None]
+    id: list[Any]
+    bp: list[Any]
+    args: list[bytes | None]
+
+
+def joined(first: Fields, then: Fields) -> Fields:
+    """The events of ``first``, then those of ``then``."""
+    return Fields(*(getattr(first, f.name) + getattr(then, f.name) for f in fields(Fields)))
+
+
+def _ns_of(values: list[Any], offset: int) -> list[int | None]:
+    """µs values as the rewrite leaves them (a float, an int, the raw text of exact µs, or None), as integer ns
+    plus ``offset``."""
+    out: list[int | None] = []
+    for v in values:
+        if v is None:
+            out.append(None)
+        elif type(v) is msgspec.Raw:
+            whole, _, frac = bytes(v).partition(b".")
+            out.append(int(whole) * 1000 + int(frac.ljust(3, b"0")[:3] or 0) + offset)
+        else:
+            out.append(to_ns(v) + offset)
+    return out
+
+
+def fields_of_structs(events: list[Any], base_out: int) -> Fields:
+    """``Fields`` of the merge fast path's events (``merge.fastpath.rewritten_fast``), whose times are µs after
+    ``base_out``."""
+    unset = msgspec.UNSET
+    cols = [[None if v is unset else v for v in map(attrgetter(k), events)]
+            for k in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "id", "bp", "args")]
+    ph, cat, name, pid, tid, ts, dur, ids, bp, args = cols
+    return Fields(ph, cat, name, pid, tid, _ns_of(ts, base_out), _ns_of(dur, 0), ids, bp,
+                  [None if a is None else bytes(a) for a in args])
+
+
+def fields_of_dicts(events: list[dict[str, Any]], ts_ns: list[int | None]) -> Fields:
+    """``Fields`` of the merge general path's events (dicts), with their absolute times ``ts_ns``."""
+    get = [[ev.get(k) for ev in events] for k in ("ph", "cat", "name", "pid", "tid", "dur", "id", "bp", "args")]
+    ph, cat, name, pid, tid, dur, ids, bp, args = get
+    return Fields(ph, cat, name, pid, tid, ts_ns, _ns_of(dur, 0), ids, bp,
+                  [None if a is None else orjson.dumps(a) for a in args])
+
+
+def _typed(args: list[bytes | None]) -> list[_Typed]:
+    """Each event's typed arguments: all decoded in one call, one by one when some ``args`` is not an object."""
+    texts = [b"{}" if a is None else a for a in args]
+    try:
+        return msgspec.json.decode(b"[" + b",".join(texts) + b"]", type=list[_Typed])
+    except msgspec.DecodeError:
+        out = []
+        for t in texts:
+            try:
+                out.append(msgspec.json.decode(t, type=_Typed))
+            except msgspec.DecodeError:
+                out.append(_NO_ARGS)
+        return out
+
+
+def rank_tables(rank: int, f: Fields) -> dict[str, pa.Table]:
+    """The rank's ``events`` and ``flows`` tables."""
+    n = len(f.ph)
+    flow = [p in _FLOW_PHASES for p in f.ph]
+    keep = [not x for x in flow]
+    ev = {k: [v for v, k_ in zip(getattr(f, k), keep) if k_] for k in
+          ("ph", "cat", "name", "pid", "tid", "ts_ns", "dur_ns", "args")}
+    typed = _typed(ev["args"])
+    cols: dict[str, Any] = {"rank": [rank] * len(typed), **{k: ev[k] for k in ("pid", "tid", "ph", "cat", "name",
+                                                                               "ts_ns", "dur_ns")}}
+    for column in _INTS:
+        cols[column] = [v if type(v) is int else None for v in map(attrgetter(column), typed)]
+    for column in _TEXTS:
+        cols[column] = [v if type(v) is str else None for v in map(attrgetter(column), typed)]
+    for column, tp in _LISTS.items():
+        cols[column] = _lists(list(map(attrgetter(column), typed)), tp)
+    cols["group_ranks"] = [None if (r := t.group_ranks) is None else r if type(r) is str else
+                           orjson.dumps(r).decode() for t in typed]
+    cols["kind"] = [device_kind(c, nm, t) for c, nm, t in zip(ev["cat"], ev["name"], typed)]
+    cols["args"] = [None if a is None else a.decode() for a in ev["args"]]
+    cols["step"], cols["launch_op"] = _steps_and_launches(cols)
+    flows = {k: [v for v, x in zip(getattr(f, a), flow) if x] for k, a in
+             (("id", "id"), ("ph", "ph"), ("cat", "cat"), ("name", "name"), ("ts_ns", "ts_ns"), ("pid", "pid"),
+              ("tid", "tid"), ("bp", "bp"))}
+    flows["rank"] = [rank] * (n - len(typed))
     return {"events": pa.Table.from_pydict(cols, schema=EVENTS), "flows": pa.Table.from_pydict(flows, schema=FLOWS)}
 
 
-def _steps_and_launches(cols: dict[str, list[Any]], dev_of: list[bool]) -> tuple[list[Any], list[Any]]:
+def _steps_and_launches(cols: dict[str, list[Any]]) -> tuple[list[Any], list[Any]]:
     """Each event's step (the ``ProfilerStep#N`` whose span holds its start; device work: its launch's, else its
     own start's) and each device event's launching op (the innermost CPU op on the launch's thread around it)."""
-    ts, dur, names, phs = cols["ts_ns"], cols["dur_ns"], cols["name"], cols["ph"]
+    ts, dur, names, phs, kinds, corr = (cols[k] for k in ("ts_ns", "dur_ns", "name", "ph", "kind", "correlation"))
     n = len(ts)
-    spans = sorted((ts[i], ts[i] + (dur[i] or 0), int(m.group(1))) for i in range(n)
-                   if phs[i] == "X" and ts[i] is not None and isinstance(names[i], str)
+    t = np.array([-1 if v is None else v for v in ts], dtype=np.int64)
+    steps = sorted((ts[i], ts[i] + (dur[i] or 0), int(m.group(1))) for i in range(n)
+                   if phs[i] == "X" and ts[i] is not None and type(names[i]) is str
                    and (m := STEP.fullmatch(names[i])))
-    starts = [s for s, _, _ in spans]
-
-    def step_at(t: int | None) -> int | None:
-        if t is None or not spans:
-            return None
-        k = bisect.bisect_right(starts, t) - 1
-        return spans[k][2] if k >= 0 and t < spans[k][1] else None
-
-    # the host call of each correlation id, and the innermost CPU op around it
-    corr = cols["correlation"]
-    launches = {corr[i]: i for i in range(n) if not dev_of[i] and corr[i] is not None and phs[i] == "X"}
-    enclosing = _innermost_ops(cols, dev_of, set(launches.values()))
-    step = [None] * n
+    step: list[Any] = [None] * n
+    if steps:
+        starts, ends, numbers = (np.array(x, dtype=np.int64) for x in zip(*steps))
+        k = np.searchsorted(starts, t, side="right") - 1
+        inside = (k >= 0) & (t < ends[np.maximum(k, 0)]) & (t >= 0)
+        step = np.where(inside, numbers[np.maximum(k, 0)], -1).tolist()
+        step = [None if s < 0 else s for s in step]
+    calls = {corr[i]: i for i in range(n) if kinds[i] is None and corr[i] is not None and phs[i] == "X"}
+    device = [i for i in range(n) if kinds[i] is not None and corr[i] in calls]
+    around = _innermost_ops(cols, {calls[corr[i]] for i in device})
     op: list[Any] = [None] * n
-    for i in range(n):
-        j = launches.get(corr[i]) if dev_of[i] else None
-        if j is not None:
-            step[i] = step_at(ts[j])
-            op[i] = enclosing.get(j)
-        else:
-            step[i] = step_at(ts[i])
+    for i in device:
+        j = calls[corr[i]]
+        step[i], op[i] = step[j], around.get(j)
     return step, op
 
 
-def _innermost_ops(cols: dict[str, list[Any]], dev_of: list[bool], calls: set[int]) -> dict[int, str]:
+def _innermost_ops(cols: dict[str, list[Any]], calls: set[int]) -> dict[int, str]:
     """For each event of ``calls``, the name of the innermost CPU op on its thread whose span holds it."""
     ts, dur, names, cats, pids, tids, phs = (cols[k] for k in ("ts_ns", "dur_ns", "name", "cat", "pid", "tid", "ph"))
-    threads: dict[Any, list[int]] = {}
-    for i in range(len(ts)):
-        if not dev_of[i] and phs[i] == "X" and ts[i] is not None and (i in calls or is_cpu_op_category(cats[i])):
-            threads.setdefault((pids[i], tids[i]), []).append(i)
+    rows = [i for i in range(len(ts)) if ts[i] is not None and phs[i] == "X"
+            and (i in calls or (cols["kind"][i] is None and is_cpu_op_category(cats[i])))]
+    # by thread, then start, the longer first, an op before a call that starts with it
+    rows.sort(key=lambda i: (str(pids[i]), str(tids[i]), ts[i], -(dur[i] or 0), i in calls))
     out: dict[int, str] = {}
-    for members in threads.values():
-        members.sort(key=lambda i: (ts[i], -(dur[i] or 0), i not in calls))
-        stack: list[int] = []  # the open CPU ops, outermost first
-        for i in members:
-            while stack and ts[stack[-1]] + (dur[stack[-1]] or 0) <= ts[i]:
-                stack.pop()
-            if i in calls and stack:
+    stack: list[int] = []  # the open CPU ops of the thread, outermost first
+    thread = None
+    for i in rows:
+        if (pids[i], tids[i]) != thread:
+            thread, stack = (pids[i], tids[i]), []
+        while stack and ts[stack[-1]] + (dur[stack[-1]] or 0) <= ts[i]:
+            stack.pop()
+        if i in calls:
+            if stack:
                 out[i] = names[stack[-1]]
-            if is_cpu_op_category(cats[i]):
-                stack.append(i)
+        else:
+            stack.append(i)
     return out

@@ -37,6 +37,7 @@ from ..errors import (
 from ..kineto.document import check_document, decode_json, paused_gc
 from ..kineto.events import RankEvents
 from ..kineto.times import to_ns
+from ..merge.fastpath import handles, rewritten_fast
 from ..merge.manifest import manifest_of
 from ..merge.plan import (
     ClockEstimate,
@@ -52,7 +53,7 @@ from ..storage.files import options_for, read_bytes, retry_unreachable, storage_
 from ..storage.inputs import expand_inputs
 from ..storage.output import put_whole
 from ..storage.runs import alone, run_folder
-from .columns import rank_tables
+from .columns import fields_of_dicts, fields_of_structs, joined, rank_tables
 from .schema import MANIFEST, SCHEMA_VERSION
 
 __all__ = ["index"]
@@ -88,14 +89,15 @@ def _part_name(task: RankTask, identity: Mapping[str, Any]) -> str:
 
 
 @retry_unreachable
-def _index_batch(tasks: list[RankTask], parts: list[str], store: str, storage_options: Mapping[str, Any] | None,
+def _index_batch(tasks: list[RankTask], metas: list[tuple[str, int, int] | None], parts: list[str], store: str,
+                 storage_options: Mapping[str, Any] | None,
                  skip: bool) -> list[tuple[IndexedRank | None, BaseException | None]]:
     """A rank task: each rank's part, or (with ``skip``) why a rank could not be read."""
     done: list[tuple[IndexedRank | None, BaseException | None]] = []
-    for task, part in zip(tasks, parts):
+    for task, meta, part in zip(tasks, metas, parts):
         try:
             with paused_gc():
-                done.append((_index_rank(task, part, store, storage_options), None))
+                done.append((_index_rank(task, meta, part, store, storage_options), None))
         except SKIPPABLE as e:
             if not skip:
                 raise
@@ -103,22 +105,33 @@ def _index_batch(tasks: list[RankTask], parts: list[str], store: str, storage_op
     return done
 
 
-def _index_rank(task: RankTask, part: str, store: str, storage_options: Mapping[str, Any] | None) -> IndexedRank:
-    """One rank read, filtered and rewritten as the merge does, and written as its part's tables."""
+def _index_rank(task: RankTask, meta: tuple[str, int, int] | None, part: str, store: str,
+                storage_options: Mapping[str, Any] | None) -> IndexedRank:
+    """One rank read, filtered and rewritten as the merge does (its fast path where the merge would take it), and
+    written as its part's tables; ``meta`` is where the header pass put the rank's host and device properties."""
     who = f"{task.path} (rank {task.rank})"
     data, cut_gzip = read_bytes(task.path, storage_options, repair=task.repair)
-    doc, nbytes, note = decode_json(data, task.path, rank=task.rank, cut_gzip=cut_gzip, repair=task.repair)
+    nbytes, note = len(data), None
+    fast = rewritten_fast(data, task.rank, task.base, task.base_out, task.options, who) \
+        if handles(task.options, task.window_abs_ns) else None
+    if fast is not None:
+        head, body, n_in, devices = fast
+        fields = joined(fields_of_dicts(head, [None] * len(head)), fields_of_structs(body, task.base_out))
+    else:
+        doc, nbytes, note = decode_json(data, task.path, rank=task.rank, cut_gzip=cut_gzip, repair=task.repair)
+        check_document(doc, who)
+        events = doc["traceEvents"]
+        n_in = len(events)
+        sel = RankEvents(events, task.base, task.options, who, task.window_abs_ns)
+        devices = sel.pids[1]
+        before = {id(ev): ev.get("ts") for i, ev in enumerate(events) if sel.keep[i]}  # the rewrite shifts them
+        head, body = rewrite(sel, task.rank, task.base_out)
+        merged = head + body
+        fields = fields_of_dicts(merged, [None if (t := before.get(id(ev))) is None else to_ns(t) + task.base
+                                          for ev in merged])
+        del doc, events, sel
     del data
-    check_document(doc, who)
-    events = doc["traceEvents"]
-    sel = RankEvents(events, task.base, task.options, who, task.window_abs_ns)
-    before = {id(ev): (ev.get("ts"), ev.get("dur"), sel.dev[i]) for i, ev in enumerate(events) if sel.keep[i]}
-    used = {ev.get("pid") for i, ev in enumerate(events) if sel.keep[i] and sel.dev[i]}
-    head, body = rewrite(sel, task.rank, task.base_out)
-    merged = head + body
-    raw = [before.get(id(ev), (None, None, False)) for ev in merged]  # the process names are new events
-    tables = rank_tables(task.rank, merged, [None if t is None else to_ns(t) + task.base for t, _, _ in raw],
-                         [None if d is None else to_ns(d) for _, d, _ in raw], [dev for _, _, dev in raw])
+    tables = rank_tables(task.rank, fields)
     fs, root = fsspec.core.url_to_fs(store, **options_for(store, storage_options))
     written = 0
     for name, table in tables.items():
@@ -128,13 +141,25 @@ def _index_rank(task: RankTask, part: str, store: str, storage_options: Mapping[
             c for c in table.column_names if c not in delta], column_encoding=dict.fromkeys(delta, "DELTA_BINARY_PACKED"))
         written += buf.tell()
         put_whole(fs, f"{root}/{part}/{name}.parquet", buf.getvalue(), storage_options)
-    props = doc.get("deviceProperties")
-    names = sorted({str(d.get("name")) for d in props if isinstance(d, dict) and d.get("id") in used}) \
+    host, device = _host_device(meta, devices, storage_options)
+    return IndexedRank(task.rank, task.path, part, n_in, {k: t.num_rows for k, t in tables.items()}, nbytes,
+                       written, host, device, [note] if note else [])
+
+
+def _host_device(meta: tuple[str, int, int] | None, devices: set[Any],
+                 storage_options: Mapping[str, Any] | None) -> tuple[str | None, str | None]:
+    """The rank's ``host_name``, and the ``deviceProperties`` names of the devices its events ran on, from the text
+    the header pass wrote at ``meta`` (``(file, offset, length)``)."""
+    if meta is None:
+        return None, None
+    path, offset, length = meta
+    with storage_errors(path, storage_options):
+        fs, p = fsspec.core.url_to_fs(path, **options_for(path, storage_options))
+        text = orjson.loads(fs.cat_file(p, start=offset, end=offset + length))
+    host, props = text.get("host_name"), text.get("deviceProperties")
+    names = sorted({str(d.get("name")) for d in props if isinstance(d, dict) and d.get("id") in devices}) \
         if isinstance(props, list) else []
-    host = doc.get("host_name")
-    return IndexedRank(task.rank, task.path, part, len(events), {k: t.num_rows for k, t in tables.items()}, nbytes,
-                       written, host if isinstance(host, str) else None, ", ".join(names) or None,
-                       [note] if note else [])
+    return (host if isinstance(host, str) else None), ", ".join(names) or None
 
 
 def _previous(fs: Any, root: str, store: str, request: MergeRequest) -> dict[str, Any] | None:
@@ -266,7 +291,8 @@ def _run(c: Client, plan: MergePlan, parts: list[str], todo: list[int], store: s
             for run in runs]
     order = biggest_first([None if None in (s := [by_path.get(tasks[k].path) for k in run]) else sum(s)
                            for run in runs])
-    got = c.map(_index_batch, [[tasks[k] for k in runs[j]] for j in order], [[parts[k] for k in runs[j]] for j in order],
+    got = c.map(_index_batch, [[tasks[k] for k in runs[j]] for j in order],
+                [[plan.ranks[k][1].meta for k in runs[j]] for j in order], [[parts[k] for k in runs[j]] for j in order],
                 store=store, storage_options=so, skip=request.on_error == "skip", key=[keys[j] for j in order])
     futures[:] = [f for _, f in sorted(zip(order, got), key=lambda jf: jf[0])]
     done = settle(flat(outcomes(c, futures, request.show_progress)), [tasks[k].path for run in runs for k in run],

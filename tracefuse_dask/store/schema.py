@@ -36,7 +36,7 @@ EVENTS = pa.schema([
     ("external_id", pa.int64()),
     ("step", pa.int64()),  # the ProfilerStep#N the event falls in (device work: its launch's), else null
     ("launch_op", _TEXT),  # device work: the innermost CPU op around the call that launched it
-    ("input_dims", pa.list_(pa.list_(pa.int64()))),  # null when the trace's are not lists of ints (then in args)
+    ("input_dims", pa.list_(pa.list_(pa.int64()))),  # null when the trace's are not lists of ints (args has them)
     ("input_types", pa.list_(pa.string())),
     ("concrete_inputs", pa.list_(pa.string())),
     ("collective", _TEXT),  # args "Collective name"
@@ -47,7 +47,7 @@ EVENTS = pa.schema([
     ("out_nelems", pa.int64()),
     ("dtype", _TEXT),
     ("bytes", pa.int64()),  # args "bytes" (copies)
-    ("args", pa.string()),  # the other args, as JSON text; null when there are none
+    ("args", pa.string()),  # all the event's args, as JSON text; null when there are none
 ])
 
 FLOWS = pa.schema([
