@@ -46,6 +46,8 @@ class _Typed(msgspec.Struct, gc=False):
 
 
 _NO_ARGS = _Typed()
+# each column's key in ``args``
+_KEYS = [(f.name, f.encode_name) for f in msgspec.structs.fields(_Typed)]
 _INTS = ("stream", "correlation", "external_id", "group_size", "in_nelems", "out_nelems", "bytes")
 _TEXTS = ("collective", "process_group", "dtype")
 _LISTS = {"input_dims": list[list[int]], "input_types": list[str], "concrete_inputs": list[str]}
@@ -142,6 +144,26 @@ def _typed(args: list[bytes | None]) -> list[_Typed]:
         return out
 
 
+def _rest(args: list[bytes | None], cols: dict[str, list[Any]]) -> list[str | None]:
+    """Each event's arguments but those its typed columns hold, as JSON text (None when none are left): the
+    trace's keys in its order, without the repeated ids and shapes that would double the part."""
+    columns = [(c, key) for c, key in _KEYS if c in cols]
+    out: list[str | None] = []
+    for i, a in enumerate(args):
+        if a is None:
+            out.append(None)
+            continue
+        rest = orjson.loads(a)
+        if type(rest) is not dict:
+            out.append(a.decode())
+            continue
+        for column, key in columns:
+            if cols[column][i] is not None:
+                rest.pop(key, None)
+        out.append(orjson.dumps(rest).decode() if rest else None)
+    return out
+
+
 def rank_tables(rank: int, f: Fields) -> dict[str, pa.Table]:
     """The rank's ``events`` and ``flows`` tables."""
     n = len(f.ph)
@@ -161,7 +183,7 @@ def rank_tables(rank: int, f: Fields) -> dict[str, pa.Table]:
     cols["group_ranks"] = [None if (r := t.group_ranks) is None else r if type(r) is str else
                            orjson.dumps(r).decode() for t in typed]
     cols["kind"] = [device_kind(c, nm, t) for c, nm, t in zip(ev["cat"], ev["name"], typed)]
-    cols["args"] = [None if a is None else a.decode() for a in ev["args"]]
+    cols["args"] = _rest(ev["args"], cols)
     cols["step"], cols["launch_op"] = _steps_and_launches(cols)
     flows = {k: [v for v, x in zip(getattr(f, a), flow) if x] for k, a in
              (("id", "id"), ("ph", "ph"), ("cat", "cat"), ("name", "name"), ("ts_ns", "ts_ns"), ("pid", "pid"),

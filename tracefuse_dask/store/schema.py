@@ -47,7 +47,7 @@ EVENTS = pa.schema([
     ("out_nelems", pa.int64()),
     ("dtype", _TEXT),
     ("bytes", pa.int64()),  # args "bytes" (copies)
-    ("args", pa.string()),  # all the event's args, as JSON text; null when there are none
+    ("args", pa.string()),  # the args no column above holds, as JSON text; null when none are left
 ])
 
 FLOWS = pa.schema([
