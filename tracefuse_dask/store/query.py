@@ -15,7 +15,7 @@ from ..errors import StoreError
 from ..storage.files import options_for, storage_errors
 from .schema import MANIFEST, PART_TABLES, SCHEMA_VERSION, VIEWS
 
-__all__ = ["TABLES", "Store", "connect", "is_store", "open_store", "query", "result"]
+__all__ = ["TABLES", "Store", "connect", "open_store", "query", "result"]
 
 TABLES = (*PART_TABLES, *VIEWS, "ranks")
 
@@ -32,13 +32,6 @@ class Store:
     def files(self, table: str) -> list[str]:
         """The URLs of the parts of ``table`` (``events`` or ``flows``), in rank order."""
         return [self.fs.unstrip_protocol(f"{self.root}/{r['part']}/{table}.parquet") for r in self.manifest["ranks"]]
-
-
-def is_store(url: str, storage_options: Mapping[str, Any] | None = None) -> bool:
-    """Whether ``url`` is a store's folder: it holds a store's manifest."""
-    with storage_errors(url, storage_options):
-        fs, root = fsspec.core.url_to_fs(url, **options_for(url, storage_options))
-        return fs.isfile(f"{root.rstrip('/')}/{MANIFEST}")
 
 
 def open_store(url: str, storage_options: Mapping[str, Any] | None = None) -> Store:
