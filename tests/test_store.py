@@ -60,6 +60,7 @@ def _from_json(store: Path) -> dict[str, pd.DataFrame]:
     event's start (a kernel: its launch's, found by its correlation)."""
     manifest = orjson.loads((store / "tracefuse-store.json").read_bytes())
     kernels, ops, collectives, by_name = [], [], collections.Counter(), collections.Counter()
+    launch_ops = collections.Counter()
     for entry in manifest["ranks"]:
         rank = entry["rank"]
         events = [e for e in read_trace(Path(entry["file"]))["traceEvents"] if e.get("cat") != "python_function"]
@@ -75,6 +76,16 @@ def _from_json(store: Path) -> dict[str, pd.DataFrame]:
             return next((n for start, end, n in steps if start <= t < end), None)
 
         ks = [e for e in events if e.get("ph") == "X" and _is_kernel(e)]
+        ops_by_thread = collections.defaultdict(list)
+        for i, e in enumerate(events):
+            if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "Operator"):
+                ops_by_thread[e["pid"], e.get("tid")].append((_ns(e["ts"]), -_ns(e["dur"]), i, e["name"]))
+        for k in ks:  # the innermost CPU op around the call that launched the kernel, on the call's thread
+            call = launch.get((k.get("args") or {}).get("correlation"))
+            t = call and _ns(call["ts"])
+            around = [o for o in ops_by_thread[call["pid"], call.get("tid")] if o[0] <= t < o[0] - o[1]] \
+                if call else []
+            launch_ops[max(around)[3] if around else None] += 1
         kernels.append((rank, len(ks), sum(_ns(e["dur"]) for e in ks)))
         ops.append((rank, sum(e.get("ph") == "X" and e.get("cat") == "cpu_op" for e in events)))
         for e in events:
@@ -90,6 +101,8 @@ def _from_json(store: Path) -> dict[str, pd.DataFrame]:
         "collectives": pd.DataFrame([(r, s, n) for (r, s), n in sorted(collectives.items(), key=str)],
                                     columns=["rank", "step", "n"]),
         "top_kernels": pd.DataFrame(top, columns=["name", "total_ns"]),
+        "launch_ops": pd.DataFrame(sorted(launch_ops.items(), key=lambda kv: (-kv[1], str(kv[0])))[:10],
+                                   columns=["launch_op", "n"]),
     }
 
 
@@ -101,6 +114,8 @@ QUERIES = {
                    "ORDER BY CAST(rank AS VARCHAR) || ', ' || coalesce(CAST(step AS VARCHAR), 'None')",
     "top_kernels": "SELECT name, sum(dur_ns) AS total_ns FROM kernels GROUP BY name ORDER BY total_ns DESC, name "
                    "LIMIT 5",
+    "launch_ops": "SELECT launch_op, count(*) AS n FROM kernels GROUP BY launch_op "
+                  "ORDER BY n DESC, coalesce(launch_op, 'None') LIMIT 10",
 }
 
 
