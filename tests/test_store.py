@@ -22,7 +22,7 @@ import orjson
 import pandas as pd
 import pytest
 
-from conftest import REAL_SETS, SHARED, read_trace, shared, shared_params
+from conftest import REAL_SETS, read_trace, shared, shared_params
 
 pytestmark = pytest.mark.integration
 
@@ -65,15 +65,16 @@ def _from_json(store: Path) -> dict[str, pd.DataFrame]:
         rank = entry["rank"]
         events = [e for e in read_trace(Path(entry["file"]))["traceEvents"] if e.get("cat") != "python_function"]
         steps = sorted((_ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"]), int(m.group(1))) for e in events
-                       if e.get("ph") == "X" and (m := _STEP.fullmatch(str(e.get("name")))))
+                       if e.get("ph") == "X" and not str(e.get("cat")).lower().startswith("gpu_")
+                       and (m := _STEP.fullmatch(str(e.get("name")))))
         launch = {e["args"]["correlation"]: e for e in events if e.get("ph") == "X" and not _is_kernel(e)
                   and isinstance(e.get("args"), dict) and "correlation" in e["args"]}
 
         def step_of(e, steps=steps, launch=launch):
             if _is_kernel(e) and (call := launch.get((e.get("args") or {}).get("correlation"))):
                 e = call
-            t = _ns(e["ts"])
-            return next((n for start, end, n in steps if start <= t < end), None)
+            t = _ns(e["ts"])  # the host's step begun last among those that hold it
+            return next((n for start, end, n in reversed(steps) if start <= t < end), None)
 
         ks = [e for e in events if e.get("ph") == "X" and _is_kernel(e)]
         ops_by_thread = collections.defaultdict(list)
@@ -254,11 +255,14 @@ def test_a_missing_or_foreign_part_gets_a_clear_error_and_the_next_run_cleans_up
     shutil.rmtree(part)
     with pytest.raises(StoreError, match="could not be read"):
         tf.query(str(store), "SELECT count(*) FROM events")
-    foreign = store / "parts" / "000009-feed"
-    foreign.mkdir()
-    (foreign / "events.parquet").write_bytes(b"someone else's")
+    stale = store / "parts" / ("000009-" + "0" * 32)  # named as a part: a dead run's, which no manifest lists
+    stale.mkdir()
+    (stale / "events.parquet").write_bytes(b"a dead run's")
+    mine = store / "parts" / "notes.txt"  # not a part: somebody's, left alone
+    mine.write_text("keep me")
     tracefuse("index", str(job), "-o", str(store), "-q", "--workers", "1", "--force")
-    assert not foreign.exists() and tf.query(str(store), "SELECT count(DISTINCT rank) AS n FROM events").n[0] == 4
+    assert not stale.exists() and mine.read_text() == "keep me"
+    assert tf.query(str(store), "SELECT count(DISTINCT rank) AS n FROM events").n[0] == 4
 
 
 def test_overlapping_and_killed_runs_leave_a_whole_store(tmp_path):
@@ -368,3 +372,83 @@ def test_the_merge_s_fast_and_general_paths_write_the_same_rows(name, client, tm
         assert fast == rows("general", sql), f"{name}: {sql}"
         sizes.append(len(fast))
     assert sizes[0] > 0 and (sizes[1] > 0 or name == "hta_trace_filter")  # its sampled ranks have no flows
+
+
+def test_a_folder_that_is_not_a_store_is_refused_and_what_is_in_it_stays(tmp_path):
+    folder = tmp_path / "proj"
+    (folder / "parts").mkdir(parents=True)
+    (folder / "parts" / "notes.txt").write_text("precious")
+    done = tracefuse("index", str(_job("hta_cpu_only")), "-o", str(folder), "--workers", "1", check=False)
+    assert done.returncode == 1 and "is not a tracefuse store" in done.stderr and "--force" in done.stderr
+    tracefuse("index", str(_job("hta_cpu_only")), "-o", str(folder), "-q", "--workers", "1", "--force")
+    assert (folder / "parts" / "notes.txt").read_text() == "precious" and (folder / "tracefuse-store.json").exists()
+    file = tmp_path / "a-file"
+    file.write_text("x")
+    for command in (["index", str(_job("hta_cpu_only")), "-o", str(file)], ["sql", str(file), "SELECT 1"]):
+        done = tracefuse(*command, check=False)
+        assert done.returncode == 1 and "Traceback" not in done.stderr and str(file) in done.stderr, done.stderr
+
+
+def test_a_run_that_ends_after_another_finished_leaves_that_run_s_parts(tmp_path):
+    """The tidy of a run that fails (or is stopped) after another run committed keeps the parts the store's
+    manifest lists now, not only those of the manifest it started from."""
+    import fsspec
+
+    from tracefuse_dask.storage.runs import run_folder
+    from tracefuse_dask.store.index import _tidy
+
+    job, store = tmp_path / "job", tmp_path / "store"
+    shutil.copytree(_job("gloo_4ranks"), job)
+    tracefuse("index", str(job), "-o", str(store), "-q", "--workers", "1")
+    old = orjson.loads((store / "tracefuse-store.json").read_bytes())
+    tracefuse("index", str(job), "-o", str(store), "-q", "--workers", "1", "--force", "--include-pyfunc")
+    new = orjson.loads((store / "tracefuse-store.json").read_bytes())
+    assert {r["part"] for r in old["ranks"]}.isdisjoint(r["part"] for r in new["ranks"])
+    with run_folder(str(store), None) as tmp_dir:  # a run that started from the old manifest, and failed
+        _tidy(fsspec.filesystem("file"), str(store), tmp_dir, old, None)
+    assert all((store / r["part"] / "events.parquet").exists() for r in new["ranks"])
+
+
+def test_skip_if_unchanged_rebuilds_a_part_that_is_gone(tmp_path):
+    import tracefuse_dask as tf
+
+    store = tmp_path / "store"
+    tracefuse("index", str(_job("gloo_4ranks")), "-o", str(store), "-q", "--workers", "1")
+    before = tf.query(str(store), QUERIES["cpu_ops"])
+    (part,) = [p for p in (store / "parts").iterdir() if p.name.startswith("000002-")]
+    shutil.rmtree(part)
+    done = tracefuse("index", str(_job("gloo_4ranks")), "-o", str(store), "--workers", "1", "--skip-if-unchanged")
+    assert "kept the parts of 3 ranks" in done.stderr and part.exists()
+    _same(tf.query(str(store), QUERIES["cpu_ops"]), before, "after the rebuild")
+
+
+def test_answers_keep_exact_ns_and_every_format_writes_sums(tmp_path):
+    import tracefuse_dask as tf
+
+    store = tmp_path / "store"
+    tracefuse("index", str(_job("gloo_4ranks")), "-o", str(store), "-q", "--workers", "1")
+    sql = "SELECT ts_ns, step FROM events ORDER BY ts_ns NULLS FIRST, name LIMIT 40"
+    got = tf.query(str(store), sql)
+    from tracefuse_dask.store.query import result
+
+    exact = result(str(store), sql).to_pylist()
+    assert got["ts_ns"].isna().any() and [None if pd.isna(v) else int(v) for v in got["ts_ns"]] == \
+        [r["ts_ns"] for r in exact]
+    table = tracefuse("sql", str(store), sql).stdout
+    assert all(str(r["ts_ns"]) in table for r in exact if r["ts_ns"] is not None) and ".0 " not in table
+    total = json.loads(tracefuse("sql", str(store), "SELECT sum(dur_ns) AS s FROM events", "--format", "json").stdout)
+    assert total == [{"s": int(tf.query(str(store), "SELECT sum(dur_ns) AS s FROM events").s[0])}]
+
+
+def test_an_id_beyond_int64_stays_in_args(tmp_path):
+    import tracefuse_dask as tf
+
+    doc = read_trace(_job("gloo_4ranks") / "rank0.json.gz")
+    (first,) = [e for e in doc["traceEvents"] if e.get("ph") == "X"][:1]
+    first.setdefault("args", {})["External id"] = 2**63 + 5
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "rank0.json").write_text(json.dumps(doc))  # orjson writes no int beyond 64 bits
+    tracefuse("index", str(tmp_path / "job"), "-o", str(tmp_path / "store"), "-q", "--workers", "1")
+    row = tf.query(str(tmp_path / "store"),
+                   "SELECT external_id, args FROM events WHERE args LIKE '%9223372036854775813%'")
+    assert len(row) == 1 and pd.isna(row.external_id[0])

@@ -17,12 +17,13 @@ import orjson
 import pyarrow as pa
 
 from ..kineto.times import to_ns
-from ..kineto.vocabulary import STEP, device_kind, is_cpu_op_category
+from ..kineto.vocabulary import STEP, device_kind, host_category, is_cpu_op_category
 from .schema import EVENTS, FLOWS
 
 __all__ = ["Fields", "fields_of_dicts", "fields_of_structs", "joined", "rank_tables"]
 
 _FLOW_PHASES = frozenset({"s", "t", "f"})
+_I64 = 1 << 63
 
 
 class _Typed(msgspec.Struct, gc=False):
@@ -145,8 +146,8 @@ def _typed(args: list[bytes | None]) -> list[_Typed]:
 
 
 def _rest(args: list[bytes | None], cols: dict[str, list[Any]]) -> list[str | None]:
-    """Each event's arguments but those its typed columns hold, as JSON text (None when none are left): the
-    trace's keys in its order, without the repeated ids and shapes that would double the part."""
+    """Each event's arguments but those its typed columns hold, as JSON text (None for an event without ``args``):
+    the trace's keys in its order, without the repeated ids and shapes that would double the part."""
     columns = [(c, key) for c, key in _KEYS if c in cols]
     out: list[str | None] = []
     for i, a in enumerate(args):
@@ -160,7 +161,7 @@ def _rest(args: list[bytes | None], cols: dict[str, list[Any]]) -> list[str | No
         for column, key in columns:
             if cols[column][i] is not None:
                 rest.pop(key, None)
-        out.append(orjson.dumps(rest).decode() if rest else None)
+        out.append(orjson.dumps(rest).decode())
     return out
 
 
@@ -174,8 +175,8 @@ def rank_tables(rank: int, f: Fields) -> dict[str, pa.Table]:
     typed = _typed(ev["args"])
     cols: dict[str, Any] = {"rank": [rank] * len(typed), **{k: ev[k] for k in ("pid", "tid", "ph", "cat", "name",
                                                                                "ts_ns", "dur_ns")}}
-    for column in _INTS:
-        cols[column] = [v if type(v) is int else None for v in map(attrgetter(column), typed)]
+    for column in _INTS:  # an int beyond int64 stays in args
+        cols[column] = [v if type(v) is int and -_I64 <= v < _I64 else None for v in map(attrgetter(column), typed)]
     for column in _TEXTS:
         cols[column] = [v if type(v) is str else None for v in map(attrgetter(column), typed)]
     for column, tp in _LISTS.items():
@@ -198,16 +199,19 @@ def _steps_and_launches(cols: dict[str, list[Any]]) -> tuple[list[Any], list[Any
     ts, dur, names, phs, kinds, corr = (cols[k] for k in ("ts_ns", "dur_ns", "name", "ph", "kind", "correlation"))
     n = len(ts)
     t = np.array([-1 if v is None else v for v in ts], dtype=np.int64)
+    # the host's steps (a device's copies of them, gpu_user_annotation, are not the step's span)
     steps = sorted((ts[i], ts[i] + (dur[i] or 0), int(m.group(1))) for i in range(n)
                    if phs[i] == "X" and ts[i] is not None and type(names[i]) is str
-                   and (m := STEP.fullmatch(names[i])))
+                   and host_category(cols["cat"][i]) and (m := STEP.fullmatch(names[i])))
     step: list[Any] = [None] * n
     if steps:
         starts, ends, numbers = (np.array(x, dtype=np.int64) for x in zip(*steps))
-        k = np.searchsorted(starts, t, side="right") - 1
+        k = np.searchsorted(starts, t, side="right") - 1  # the latest step begun by the event's start
         inside = (k >= 0) & (t < ends[np.maximum(k, 0)]) & (t >= 0)
-        step = np.where(inside, numbers[np.maximum(k, 0)], -1).tolist()
-        step = [None if s < 0 else s for s in step]
+        step = [None if s < 0 else s for s in np.where(inside, numbers[np.maximum(k, 0)], -1).tolist()]
+        reach = np.maximum.accumulate(ends)  # an earlier step may still hold it when steps overlap
+        for i in np.flatnonzero(~inside & (k >= 0) & (t >= 0) & (t < reach[np.maximum(k, 0)])).tolist():
+            step[i] = next((int(numbers[j]) for j in range(int(k[i]) - 1, -1, -1) if t[i] < ends[j]), None)
     calls = {corr[i]: i for i in range(n) if kinds[i] is None and corr[i] is not None and phs[i] == "X"}
     device = [i for i in range(n) if kinds[i] is not None and corr[i] in calls]
     around = _innermost_ops(cols, {calls[corr[i]] for i in device})

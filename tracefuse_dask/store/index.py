@@ -15,9 +15,11 @@ import dataclasses
 import io
 import logging
 import os
+import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import fsspec
@@ -81,9 +83,33 @@ class IndexedRank:
     warnings: list[str] = dataclasses.field(default_factory=list)
 
 
+def _code() -> str:
+    """A hash of the code whose changes change a part's bytes (the rewrite rules and the columns): a part written
+    by other code is never reused, whatever the tool's version says."""
+    from ..kineto import events, times, vocabulary
+    from ..merge import fastpath
+    from ..merge import rewrite as rules
+    from . import columns, schema
+
+    return tokenize(*(Path(m.__file__).read_bytes() for m in (events, times, vocabulary, fastpath, rules, columns,
+                                                              schema)))
+
+
+_CODE = _code()
+PART = re.compile(r"\d{6,}-[0-9a-f]{32}")  # a part's folder name: the rank, then a hash
+
+
+def _options(options: Any) -> dict[str, Any]:
+    """The options as the manifest and a part's name record them: a ``filter_fn`` by its code, not its name."""
+    described = options.describe()
+    if options.filter_fn is not None:
+        described["filter_fn"] = f"{options.filter_fn.name} {tokenize(options.filter_fn.blob)}"
+    return described
+
+
 def _part_name(task: RankTask, identity: Mapping[str, Any]) -> str:
     """The folder of a rank's part, relative to the store: the rank and a hash of all it was made from."""
-    made_from = (SCHEMA_VERSION, __version__, dict(identity), task.rank, task.base, task.options.describe(),
+    made_from = (SCHEMA_VERSION, _CODE, dict(identity), task.rank, task.base, _options(task.options),
                  task.window_abs_ns, task.repair)
     return f"parts/{task.rank:06d}-{tokenize(*made_from)}"
 
@@ -162,19 +188,28 @@ def _host_device(meta: tuple[str, int, int] | None, devices: set[Any],
     return (host if isinstance(host, str) else None), ", ".join(names) or None
 
 
-def _previous(fs: Any, root: str, store: str, request: MergeRequest) -> dict[str, Any] | None:
-    """The store's manifest, None when there is none; raises when the folder may not be indexed into as asked."""
+def _manifest(fs: Any, root: str) -> dict[str, Any] | None:
+    """The store's manifest as it is now, None when there is none."""
     try:
         manifest = orjson.loads(fs.cat_file(f"{root}/{MANIFEST}"))
-    except (FileNotFoundError, orjson.JSONDecodeError):
-        manifest = None
-    if not isinstance(manifest, dict):
+    except (FileNotFoundError, NotADirectoryError, orjson.JSONDecodeError):
+        return None
+    return manifest if isinstance(manifest, dict) else None
+
+
+def _previous(fs: Any, root: str, store: str, request: MergeRequest) -> dict[str, Any] | None:
+    """The store's manifest, None when there is none; raises when the folder may not be indexed into as asked."""
+    if fs.isfile(root):
+        raise OutputExistsError(f"{store}: a file, not a folder; a store is a folder: give a new or empty one")
+    manifest = _manifest(fs, root)
+    if manifest is None:
         # a folder that holds only parts is one whose first run failed or was killed
         other = [e for e in (fs.ls(root, detail=False) if fs.isdir(root) else [])
                  if e.rstrip("/").rsplit("/", 1)[-1] != "parts"]
-        if other and not request.force:
+        foreign = [e for e in _listed(fs, root, every=True) if not PART.fullmatch(e)]
+        if (other or foreign) and not request.force:
             raise OutputExistsError(f"{store}: the folder exists and is not a tracefuse store; give an empty or new "
-                                    "folder, or pass {force} to index into it")
+                                    "folder, or pass {force} to index into it (what is in it stays)")
         return None
     if not (request.force or request.skip_if_unchanged):
         raise OutputExistsError(f"{store}: the store exists; pass {{force}} to replace it, or --skip-if-unchanged "
@@ -193,15 +228,18 @@ def index(urlpath: str | Iterable[str] | Mapping[int, str], request: MergeReques
                                     subset=request.subset)
     made_from = {k: v for k, v in manifest_of(files, request).items() if k in ("inputs", "options")}
     made_from["options"] = {k: v for k, v in made_from["options"].items() if k not in ("gzip_members", "format")}
+    made_from["options"].update(_options(request.options), code=_CODE)
     with storage_errors(store, so):
         fs, root = fsspec.core.url_to_fs(store, **options_for(store, so))
         previous = _previous(fs, root, store, request)
-    same = previous is not None and previous.get("schema_version") == SCHEMA_VERSION \
-        and previous.get("version") == __version__
-    if request.skip_if_unchanged and same and previous.get("made_from") == orjson.loads(orjson.dumps(made_from)):
+        present = _listed(fs, root) if previous is not None and request.skip_if_unchanged else set()
+    # what a run of --skip-if-unchanged may keep: the parts of the store's manifest that are there
+    reusable = {r["part"]: r for r in previous.get("ranks", []) if r["part"].rsplit("/", 1)[-1] in present} \
+        if previous is not None and previous.get("schema_version") == SCHEMA_VERSION else {}
+    if reusable and len(reusable) == len(previous["ranks"]) \
+            and previous.get("made_from") == orjson.loads(orjson.dumps(made_from)):
         said = f"{store} is up to date: inputs, options and version as in its {MANIFEST}; nothing to do"
         return _summary(store, previous, "unchanged", started, [said])
-    reusable = {r["part"]: r for r in previous.get("ranks", [])} if same and request.skip_if_unchanged else {}
     identity = {f.path: f.identity for f in files}
     notes = MergeNotes()
     notes.ignored.extend(f"{p}: not a JSON trace by name, or written by tracefuse" for p in unlisted)
@@ -239,13 +277,14 @@ def index(urlpath: str | Iterable[str] | Mapping[int, str], request: MergeReques
     return _summary(store, manifest, "ok", started, notes.warnings, notes, sum(r["bytes_in"] for r in ranks))
 
 
-def _listed(fs: Any, root: str) -> set[str]:
-    """The names of the part folders under the store ``root``."""
+def _listed(fs: Any, root: str, every: bool = False) -> set[str]:
+    """The names of the part folders under the store ``root`` (``every``: of whatever is in ``parts/``)."""
     fs.invalidate_cache()
     try:
-        return {e.rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(f"{root}/parts", detail=False)}
+        names = {e.rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(f"{root}/parts", detail=False)}
     except FileNotFoundError:
         return set()
+    return names if every else {n for n in names if PART.fullmatch(n)}
 
 
 def _commit(fs: Any, root: str, store: str, manifest: dict[str, Any], so: Mapping[str, Any]) -> None:
@@ -259,17 +298,19 @@ def _commit(fs: Any, root: str, store: str, manifest: dict[str, Any], so: Mappin
 
 
 def _tidy(fs: Any, root: str, tmp_dir: str, manifest: dict[str, Any] | None, so: Mapping[str, Any]) -> None:
-    """Remove the parts that ``manifest`` (the store's, now) does not list, when no other run of the store lives:
-    the replaced parts of a run that worked, the new parts of one that failed. A store left with no manifest and no
-    parts goes too. A storage that fails here fails nothing: the next run tidies."""
+    """Remove the parts that neither ``manifest`` (this run's, or the one it found) nor the store's manifest as it
+    is now lists, when no other run of the store lives: the replaced parts of a run that worked, the new parts of
+    one that failed, never those of a run that finished meanwhile. A store left with no manifest and no parts goes
+    too. A storage that fails here fails nothing: the next run tidies."""
     try:
         if not alone(tmp_dir, so):
             return
-        listed = {r["part"].rsplit("/", 1)[-1] for r in (manifest or {}).get("ranks", [])}
+        now = _manifest(fs, root)
+        listed = {r["part"].rsplit("/", 1)[-1] for m in (manifest, now) for r in (m or {}).get("ranks", [])}
         for name in sorted(_listed(fs, root) - listed):
             with contextlib.suppress(FileNotFoundError):
                 fs.rm(f"{root}/parts/{name}", recursive=True)
-        if manifest is None and isinstance(fs, fsspec.implementations.local.LocalFileSystem):
+        if now is None and isinstance(fs, fsspec.implementations.local.LocalFileSystem):
             for folder in (f"{root}/parts", root):
                 with contextlib.suppress(OSError):
                     os.rmdir(folder)

@@ -2,6 +2,7 @@
 any fsspec URL) written whole or not at all."""
 from __future__ import annotations
 
+import decimal
 import io
 import sys
 from collections.abc import Mapping
@@ -15,6 +16,7 @@ import pyarrow.parquet as pq
 
 from ..storage.files import options_for, storage_errors
 from ..storage.output import put_whole
+from .query import to_pandas
 
 __all__ = ["MAX_SHOWN", "write_result"]
 
@@ -23,13 +25,20 @@ MAX_SHOWN = 1000  # rows of an aligned table on a terminal; the rest is counted,
 
 def _text(table: pa.Table) -> bytes:
     """The rows as an aligned table (at most ``MAX_SHOWN``), and how many were left out."""
-    shown = table.slice(0, MAX_SHOWN).to_pandas()
+    shown = to_pandas(table.slice(0, MAX_SHOWN))
     shown = shown.astype(object).where(shown.notna(), "NULL")  # as SQL says it, not pandas's NaN
     text = shown.to_string(index=False) if table.num_columns else ""
     more = table.num_rows - len(shown)
     note = f"\n({more:,} more rows; write them all with -o FILE --format csv)" if more > 0 else ""
     rows = f"({table.num_rows:,} row{'' if table.num_rows == 1 else 's'})"
     return f"{text}{note}\n{rows}\n".encode() if table.num_rows else f"{rows}\n".encode()
+
+
+def _json(value: Any) -> Any:
+    """What orjson does not write itself: DuckDB's big sums (decimals) as exact numbers, anything else as text."""
+    if isinstance(value, decimal.Decimal):
+        return int(value) if value == value.to_integral_value() and abs(value) < 2**63 else float(value)
+    return str(value)
 
 
 def _encoded(table: pa.Table, fmt: str) -> bytes:
@@ -39,7 +48,7 @@ def _encoded(table: pa.Table, fmt: str) -> bytes:
     if fmt == "csv":
         pacsv.write_csv(table, buf)
     elif fmt == "json":
-        buf.write(orjson.dumps(table.to_pylist(), option=orjson.OPT_APPEND_NEWLINE))
+        buf.write(orjson.dumps(table.to_pylist(), default=_json, option=orjson.OPT_APPEND_NEWLINE))
     else:
         pq.write_table(table, buf, compression="zstd")
     return buf.getvalue()

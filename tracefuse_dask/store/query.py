@@ -15,7 +15,7 @@ from ..errors import StoreError
 from ..storage.files import options_for, storage_errors
 from .schema import MANIFEST, PART_TABLES, SCHEMA_VERSION, VIEWS
 
-__all__ = ["TABLES", "Store", "connect", "open_store", "query", "result"]
+__all__ = ["TABLES", "Store", "connect", "open_store", "query", "result", "to_pandas"]
 
 TABLES = (*PART_TABLES, *VIEWS, "ranks")
 
@@ -47,7 +47,7 @@ def open_store(url: str, storage_options: Mapping[str, Any] | None = None) -> St
         fs, root = fsspec.core.url_to_fs(url, **options_for(url, storage_options))
         try:
             manifest = orjson.loads(fs.cat_file(f"{root}/{MANIFEST}"))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             raise StoreError(f"{url}: not a tracefuse store (no {MANIFEST}); make one with "
                              f"`tracefuse index INPUT... -o {url}`") from None
         except orjson.JSONDecodeError as e:
@@ -56,6 +56,14 @@ def open_store(url: str, storage_options: Mapping[str, Any] | None = None) -> St
     if not isinstance(manifest, dict) or manifest.get("format") != "tracefuse-store":
         raise StoreError(f"{url}/{MANIFEST} is not a tracefuse store's manifest; rebuild the store with "
                          f"`tracefuse index INPUT... -o {url} --force`")
+    rows = manifest.get("ranks")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and type(r.get("rank")) is int
+                                             and isinstance(r.get("part"), str) for r in rows):
+        raise StoreError(f"{url}/{MANIFEST} does not list its ranks' parts as a store's manifest does; rebuild the "
+                         f"store with `tracefuse index INPUT... -o {url} --force`")
+    if not rows:
+        raise StoreError(f"{url}: the store holds no rank; index some with `tracefuse index INPUT... -o {url} "
+                         "--force`")
     version = manifest.get("schema_version")
     if version != SCHEMA_VERSION:
         made = manifest.get("version", "an unknown version")
@@ -115,16 +123,28 @@ def result(store: str | Store, sql: str, storage_options: Mapping[str, Any] | No
             return rel.to_arrow_table() if rel is not None else pa.table({})
         finally:
             con.close()
-    except duckdb.IOException as e:
-        raise StoreError(f"{store.url}: a part of the store could not be read ({_line(e)}); another run may have "
-                         "replaced it: run the query again, or rebuild the store") from None
     except duckdb.Error as e:
+        if isinstance(e, duckdb.IOException) or ".parquet" in str(e):
+            raise StoreError(f"{store.url}: a part of the store could not be read ({_line(e)}); if another run "
+                             "replaced it meanwhile, run the query again, else rebuild the store with `tracefuse "
+                             f"index INPUT... -o {store.url} --force`") from None
         raise StoreError(f"the query failed: {_line(e)} (tables: {', '.join(TABLES)})") from None
+
+
+def to_pandas(table: pa.Table) -> Any:
+    """``table`` as a DataFrame whose integer columns stay exact integers where they hold nulls (nullable dtypes,
+    not floats, which would round a time in ns)."""
+    import pandas as pd
+
+    ints = {pa.int8(): pd.Int8Dtype(), pa.int16(): pd.Int16Dtype(), pa.int32(): pd.Int32Dtype(),
+            pa.int64(): pd.Int64Dtype(), pa.uint8(): pd.UInt8Dtype(), pa.uint16(): pd.UInt16Dtype(),
+            pa.uint32(): pd.UInt32Dtype(), pa.uint64(): pd.UInt64Dtype()}
+    return table.to_pandas(types_mapper=ints.get)
 
 
 def query(store: str | Store, sql: str, storage_options: Mapping[str, Any] | None = None) -> Any:
     """The result of the SQL query ``sql`` over the store's tables, as a pandas DataFrame; see ``result``."""
-    return result(store, sql, storage_options).to_pandas()
+    return to_pandas(result(store, sql, storage_options))
 
 
 def _line(e: BaseException) -> str:

@@ -47,7 +47,7 @@ EVENTS = pa.schema([
     ("out_nelems", pa.int64()),
     ("dtype", _TEXT),
     ("bytes", pa.int64()),  # args "bytes" (copies)
-    ("args", pa.string()),  # the args no column above holds, as JSON text; null when none are left
+    ("args", pa.string()),  # the args no column above holds, as JSON text; null for an event without args
 ])
 
 FLOWS = pa.schema([
@@ -69,5 +69,5 @@ VIEWS = {
     "kernels": "SELECT rank, step, name, stream, ts_ns, dur_ns, correlation, launch_op FROM events "
                "WHERE kind = 'kernel'",
     "steps": "SELECT rank, step, ts_ns AS start_ns, ts_ns + dur_ns AS end_ns FROM events "
-             "WHERE ph = 'X' AND regexp_full_match(name, 'ProfilerStep#[0-9]+')",
+             "WHERE ph = 'X' AND regexp_full_match(name, 'ProfilerStep#[0-9]+') AND coalesce(NOT starts_with(lower(cat), 'gpu_'), true)",
 }
