@@ -10,9 +10,14 @@ round, on one pre-started cluster of ``--workers`` worker processes, the merge (
 range, and its memory the peak RSS of the process tree. Then the store's size against the gzipped inputs, and the
 seconds of one query over the store (p99 kernel time per rank, in this process, median of 3).
 
+With ``--small-ranks N``: also N ranks of ``--small-kb`` kB (copies of one rank of the first shape cut to that
+size, ``scale.py``'s ``small_template``), merged and indexed side by side: the index's seconds per rank and the
+client's peak memory.
+
 The issue's goals: the index at most 1.2x the merge, the store at most half the gzipped JSON; ``--ranks 256
 --rank-mb 25 --shapes a100`` is its 6.4 GB query case (building it takes a while: make_dataset.py writes about
-8 MB/s here). ``--ranks 2 --rank-mb 5 --repeat 2`` takes about a minute.
+8 MB/s here); ``--small-ranks 10000`` its 5 ms per rank. ``--ranks 2 --rank-mb 5 --repeat 2`` takes about a
+minute.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Any
 
 from common import (
     MAKE_DATASET,
@@ -54,6 +60,27 @@ def _size(folder: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(folder) for f in files)
 
 
+def _small(tf: Any, client: Any, table: Table, root: str, shape: str, args: Any) -> str:
+    """The merge and the index of ``--small-ranks`` small ranks side by side; the index's cost per rank."""
+    import multiprocessing
+
+    from scale import make_small_ranks, small_template
+
+    with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
+        folder, size = make_small_ranks(pool, root, args.small_ranks, small_template(root, args.small_kb, shape))
+    merged, store = os.path.join(root, "small.json.gz"), os.path.join(root, "small.store")
+    rows = [Row("merge → .json.gz", lambda: tf.merge_traces(folder, merged, client=client, force=True)),
+            Row("index → store", lambda: tf.index_traces(folder, store, client=client, force=True))]
+    got = table.rows(f"{shape} {args.small_ranks:,}×{args.small_kb:g} kB", size, {}, rows, args.repeat)
+    if any(isinstance(g, Exception) for g in got):
+        return f"- {args.small_ranks:,} small ranks: FAILED"
+    (merge_s, _, _), (index_s, mem, _) = got
+    per_rank = [min(t) / args.small_ranks * 1e3 for t in (index_s, merge_s)]
+    return (f"- {args.small_ranks:,} ranks of {args.small_kb:g} kB: the index takes {per_rank[0]:.1f} ms per rank "
+            f"(the merge {per_rank[1]:.1f}); the client's peak RSS "
+            f"{mem.self_peak / 2**20:,.0f} MiB")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = parser(__doc__)
     ap.add_argument("--shapes", default="a100,h100", help="comma-separated real shapes (default a100,h100)")
@@ -61,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rank-mb", type=float, default=50, help="uncompressed MB per rank (default 50)")
     ap.add_argument("--workers", type=at_least_one, default=2, help="worker processes (default 2)")
     ap.add_argument("--repeat", type=at_least_one, default=3, help="rounds (default 3)")
+    ap.add_argument("--small-ranks", type=int, default=0, help="also this many small ranks (default 0: none)")
+    ap.add_argument("--small-kb", type=float, default=20, help="kB per small rank (default 20)")
     args = ap.parse_args(argv)
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
     if not shapes or set(shapes) - set(REAL_SHAPES):
@@ -100,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"{1 / max(ratios):.2f}-{1 / min(ratios):.2f}); the store is {_size(store) / MB:.1f} MB, "
                     f"{_size(store) / gz_bytes:.2f}× the {gz_bytes / MB:.1f} MB of gzipped JSON; p99 kernel time "
                     f"per rank over it answers in {statistics.median(seconds):.2f} s")
+            if args.small_ranks:
+                summary.append(_small(tf, client, table, root, shapes[0], args))
     finally:
         cleanup(root, args.keep)
     lines += table.lines + [""] + summary

@@ -163,8 +163,9 @@ def _index_rank(task: RankTask, meta: tuple[str, int, int] | None, part: str, st
     for name, table in tables.items():
         buf = io.BytesIO()
         delta = [c for c in _DELTA if c in table.column_names]
-        pq.write_table(table, buf, compression="zstd", compression_level=9, use_dictionary=[
-            c for c in table.column_names if c not in delta], column_encoding=dict.fromkeys(delta, "DELTA_BINARY_PACKED"))
+        pq.write_table(table, buf, compression="zstd", compression_level=9,
+                       use_dictionary=[c for c in table.column_names if c not in delta],
+                       column_encoding=dict.fromkeys(delta, "DELTA_BINARY_PACKED"))
         written += buf.tell()
         put_whole(fs, f"{root}/{part}/{name}.parquet", buf.getvalue(), storage_options)
     host, device = _host_device(meta, devices, storage_options)

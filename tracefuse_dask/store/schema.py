@@ -69,5 +69,6 @@ VIEWS = {
     "kernels": "SELECT rank, step, name, stream, ts_ns, dur_ns, correlation, launch_op FROM events "
                "WHERE kind = 'kernel'",
     "steps": "SELECT rank, step, ts_ns AS start_ns, ts_ns + dur_ns AS end_ns FROM events "
-             "WHERE ph = 'X' AND regexp_full_match(name, 'ProfilerStep#[0-9]+') AND coalesce(NOT starts_with(lower(cat), 'gpu_'), true)",
+             "WHERE ph = 'X' AND regexp_full_match(name, 'ProfilerStep#[0-9]+') "
+             "AND coalesce(NOT starts_with(lower(cat), 'gpu_'), true)",
 }
