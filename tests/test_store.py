@@ -452,3 +452,49 @@ def test_an_id_beyond_int64_stays_in_args(tmp_path):
     row = tf.query(str(tmp_path / "store"),
                    "SELECT external_id, args FROM events WHERE args LIKE '%9223372036854775813%'")
     assert len(row) == 1 and pd.isna(row.external_id[0])
+
+
+def test_a_storage_server_that_dies_mid_index_fails_on_one_line_and_the_next_run_works(tmp_path):
+    """SeaweedFS of its own, stopped (SIGTERM, then SIGKILL) as the first parts arrive: the run stops with one line
+    naming the storage, leaves no manifest; once the server is back, the next run indexes every rank and tidies."""
+    from conftest import S3Server
+
+    import tracefuse_dask as tf
+
+    doc = read_trace(_job("hta_trace_filter") / "sampled_rank-0.json.gz")
+    job = tmp_path / "job"
+    job.mkdir()
+    for rank in range(40):
+        doc["distributedInfo"].update(rank=rank, world_size=40)
+        (job / f"rank{rank}.json").write_bytes(orjson.dumps(doc))
+    server = S3Server(tmp_path / "weed")
+    server.start()
+    try:
+        server.bucket("jobs")
+        so = json.dumps(server.options)
+        cmd = [sys.executable, "-m", "tracefuse_dask", "index", str(job), "-o", "s3://jobs/store", "--storage-options",
+               so, "--storage-timeout", "10", "--workers", "1"]
+        run = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+        fs, deadline = server.fs(), time.monotonic() + 120
+        while run.poll() is None and time.monotonic() < deadline:
+            fs.invalidate_cache()
+            if fs.exists("jobs/store/parts"):
+                break
+            time.sleep(0.05)
+        assert run.poll() is None, "the run ended before the server could be stopped"
+        server.stop()
+        _, err = run.communicate(timeout=180)
+        assert run.returncode == 1 and "Traceback" not in err, err
+        assert "cannot reach the storage" in err.splitlines()[-1] and server.url in err.splitlines()[-1]
+        server.start()
+        assert not server.fs().exists("jobs/store/tracefuse-store.json")
+        done = subprocess.run(cmd[:-2] + ["--workers", "1", "-q"], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        manifest = orjson.loads(server.fs().cat("jobs/store/tracefuse-store.json"))
+        fs = server.fs()
+        assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls("jobs/store/parts")) == \
+            sorted(r["part"][6:] for r in manifest["ranks"])
+        n = tf.query("s3://jobs/store", "SELECT count(DISTINCT rank) AS n FROM events", storage_options=server.options)
+        assert n.n[0] == 40
+    finally:
+        server.stop()
