@@ -171,6 +171,13 @@ def test_bad_sql_gets_one_line_with_duckdb_s_message_and_the_tables(sql, says, t
     assert says in line and "tables: events, flows, kernels, steps, ranks" in line and "Traceback" not in line
 
 
+def test_a_query_s_own_bad_file_is_not_blamed_on_the_store(tmp_path):
+    store = tmp_path / "store"
+    tracefuse("index", str(_job("gloo_2ranks_tb_nostraggler")), "-o", str(store), "-q", "--workers", "1")
+    done = tracefuse("sql", str(store), f"SELECT * FROM read_parquet('{tmp_path}/nowhere.parquet')", check=False)
+    assert done.returncode == 1 and "the query failed" in done.stderr and "part of the store" not in done.stderr
+
+
 def test_what_is_not_a_store_or_another_version_says_how_to_make_or_rebuild_it(tmp_path):
     store = tmp_path / "store"
     done = tracefuse("sql", str(store), "SELECT 1", check=False)
@@ -417,9 +424,13 @@ def test_skip_if_unchanged_rebuilds_a_part_that_is_gone(tmp_path):
     before = tf.query(str(store), QUERIES["cpu_ops"])
     (part,) = [p for p in (store / "parts").iterdir() if p.name.startswith("000002-")]
     shutil.rmtree(part)
+    (other,) = [p for p in (store / "parts").iterdir() if p.name.startswith("000003-")]
+    (other / "flows.parquet").unlink()  # a part that lost one of its files
     done = tracefuse("index", str(_job("gloo_4ranks")), "-o", str(store), "--workers", "1", "--skip-if-unchanged")
-    assert "kept the parts of 3 ranks" in done.stderr and part.exists()
+    assert "kept the parts of 2 ranks" in done.stderr and part.exists() and (other / "flows.parquet").exists()
     _same(tf.query(str(store), QUERIES["cpu_ops"]), before, "after the rebuild")
+    _same(tf.query(str(store), "SELECT rank, count(*) AS n FROM flows GROUP BY rank ORDER BY rank").iloc[:, :1],
+          pd.DataFrame({"rank": [0, 1, 2, 3]}), "flows")
 
 
 def test_answers_keep_exact_ns_and_every_format_writes_sums(tmp_path):
@@ -436,8 +447,10 @@ def test_answers_keep_exact_ns_and_every_format_writes_sums(tmp_path):
         [r["ts_ns"] for r in exact]
     table = tracefuse("sql", str(store), sql).stdout
     assert all(str(r["ts_ns"]) in table for r in exact if r["ts_ns"] is not None) and ".0 " not in table
-    total = json.loads(tracefuse("sql", str(store), "SELECT sum(dur_ns) AS s FROM events", "--format", "json").stdout)
-    assert total == [{"s": int(tf.query(str(store), "SELECT sum(dur_ns) AS s FROM events").s[0])}]
+    total = json.loads(tracefuse("sql", str(store), "SELECT sum(dur_ns) AS s, sum(ts_ns) AS big FROM events",
+                                 "--format", "json").stdout)
+    exact = tf.query(str(store), "SELECT sum(dur_ns) AS s, CAST(sum(ts_ns) AS VARCHAR) AS big FROM events")
+    assert total == [{"s": int(exact.s[0]), "big": exact.big[0]}]  # beyond 64 bits: its exact digits, as text
 
 
 def test_an_id_beyond_int64_stays_in_args(tmp_path):

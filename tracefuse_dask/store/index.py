@@ -56,7 +56,7 @@ from ..storage.inputs import expand_inputs
 from ..storage.output import put_whole
 from ..storage.runs import alone, run_folder
 from .columns import fields_of_dicts, fields_of_structs, joined, rank_tables
-from .schema import MANIFEST, SCHEMA_VERSION
+from .schema import MANIFEST, PART_TABLES, SCHEMA_VERSION
 
 __all__ = ["index"]
 
@@ -233,7 +233,7 @@ def index(urlpath: str | Iterable[str] | Mapping[int, str], request: MergeReques
     with storage_errors(store, so):
         fs, root = fsspec.core.url_to_fs(store, **options_for(store, so))
         previous = _previous(fs, root, store, request)
-        present = _listed(fs, root) if previous is not None and request.skip_if_unchanged else set()
+        present = _whole_parts(fs, root) if previous is not None and request.skip_if_unchanged else set()
     # what a run of --skip-if-unchanged may keep: the parts of the store's manifest that are there
     reusable = {r["part"]: r for r in previous.get("ranks", []) if r["part"].rsplit("/", 1)[-1] in present} \
         if previous is not None and previous.get("schema_version") == SCHEMA_VERSION else {}
@@ -255,7 +255,8 @@ def index(urlpath: str | Iterable[str] | Mapping[int, str], request: MergeReques
                              futures)
             kept = [k for k, p in enumerate(parts) if p in reusable]
             if kept:
-                notes.notes.append(f"kept the parts of {len(kept):,} ranks whose inputs did not change")
+                notes.notes.append(f"kept the parts of {len(kept):,} rank{'' if len(kept) == 1 else 's'} whose inputs "
+                                   "did not change")
             rows = sorted([*ranks, *({**reusable[parts[k]], "file": plan.tasks[k].path} for k in kept)],
                           key=lambda r: r["rank"])
             if not rows:
@@ -286,6 +287,21 @@ def _listed(fs: Any, root: str, every: bool = False) -> set[str]:
     except FileNotFoundError:
         return set()
     return names if every else {n for n in names if PART.fullmatch(n)}
+
+
+def _whole_parts(fs: Any, root: str) -> set[str]:
+    """The names of the part folders under the store ``root`` that hold every table's file."""
+    fs.invalidate_cache()
+    try:
+        files = fs.find(f"{root}/parts")
+    except FileNotFoundError:
+        return set()
+    held: dict[str, set[str]] = {}
+    for f in files:
+        folder, _, name = f.rstrip("/").rpartition("/")
+        held.setdefault(folder.rsplit("/", 1)[-1], set()).add(name)
+    tables = {f"{t}.parquet" for t in PART_TABLES}
+    return {n for n, names in held.items() if PART.fullmatch(n) and tables <= names}
 
 
 def _commit(fs: Any, root: str, store: str, manifest: dict[str, Any], so: Mapping[str, Any]) -> None:

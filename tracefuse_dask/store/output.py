@@ -35,9 +35,10 @@ def _text(table: pa.Table) -> bytes:
 
 
 def _json(value: Any) -> Any:
-    """What orjson does not write itself: DuckDB's big sums (decimals) as exact numbers, anything else as text."""
-    if isinstance(value, decimal.Decimal):
-        return int(value) if value == value.to_integral_value() and abs(value) < 2**63 else float(value)
+    """What orjson does not write itself: DuckDB's big sums (decimals) as numbers where they stay exact (a whole
+    number within 64 bits), else as their exact text; anything else as text."""
+    if isinstance(value, decimal.Decimal) and value == value.to_integral_value() and abs(value) < 2**63:
+        return int(value)
     return str(value)
 
 

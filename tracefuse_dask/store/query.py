@@ -124,7 +124,7 @@ def result(store: str | Store, sql: str, storage_options: Mapping[str, Any] | No
         finally:
             con.close()
     except duckdb.Error as e:
-        if isinstance(e, duckdb.IOException) or ".parquet" in str(e):
+        if any(store.fs._strip_protocol(f) in str(e) for table in PART_TABLES for f in store.files(table)):
             raise StoreError(f"{store.url}: a part of the store could not be read ({_line(e)}); if another run "
                              "replaced it meanwhile, run the query again, else rebuild the store with `tracefuse "
                              f"index INPUT... -o {store.url} --force`") from None
