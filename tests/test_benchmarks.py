@@ -152,3 +152,24 @@ def test_the_rank_task_benchmark_pairs_this_checkout_with_the_commit_before(tmp_
     assert re.fullmatch(r"[\d,]+ \|", rows[1][-1]) and rows[1][-1] != "0 |", rows
     assert re.fullmatch(r"\d+\.\d\d× \(\d+\.\d\d-\d+\.\d\d\)", rows[1][5]), rows
     assert [p.name for p in tmp_path.iterdir()] == ["report.md"]
+
+
+@pytest.mark.integration
+@needs_real_shapes
+def test_the_index_benchmark_pairs_the_index_with_the_merge(tmp_path):
+    """Per shape a merge row and an index row, the ratio, the store's size and the query's time; the small ranks'
+    cost per rank; nothing left behind."""
+    out = tmp_path / "report.md"
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "index.py"), "--shapes", "a100", "--ranks", "2",
+                           "--rank-mb", "1", "--repeat", "2", "--small-ranks", "20", "--small-kb", "10",
+                           "--tmp-dir", str(tmp_path), "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = out.read_text()
+    rows = [line.split(" | ")[0] for line in text.splitlines() if line.startswith("| ") and "a100" in line]
+    assert rows == ["| merge → .json.gz", "| index → store", "| merge → .json.gz", "| index → store"], rows
+    assert re.search(r"- a100: the index takes \d+\.\d\d× the merge's time \(rounds [\d.]+-[\d.]+\); the store is "
+                     r"[\d.]+ MB, [\d.]+× the [\d.]+ MB of gzipped JSON; p99 kernel time per rank over it answers in "
+                     r"[\d.]+ s", text), text
+    assert re.search(r"- 20 ranks of 10 kB: the index takes [\d.]+ ms per rank", text), text
+    assert [p.name for p in tmp_path.iterdir()] == ["report.md"]

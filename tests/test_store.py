@@ -145,8 +145,12 @@ def test_sql_over_every_real_job_agrees_with_its_json(name, client, tmp_path):
 def test_the_command_line_indexes_and_answers_in_every_format(tmp_path):
     job = _job("gloo_4ranks")
     store = tmp_path / "store"
-    done = tracefuse("index", str(job), "-o", str(store), "--workers", "1")
+    done = tracefuse("index", str(job), "-o", str(store), "--workers", "1", "--summary-json")
     assert "indexed 4 ranks" in done.stderr and f"wrote {store}" in done.stderr
+    summary = json.loads(done.stdout)
+    manifest = orjson.loads((store / "tracefuse-store.json").read_bytes())
+    assert summary["status"] == "ok" and summary["ranks"] == 4 and summary["output"] == str(store)
+    assert summary["events_out"] == sum(sum(r["rows"].values()) for r in manifest["ranks"]) > 0
     sql = "SELECT rank, count(*) AS ops FROM events WHERE cat = 'cpu_op' GROUP BY rank ORDER BY rank"
     table = tracefuse("sql", str(store), sql).stdout.splitlines()
     assert table[0].split() == ["rank", "ops"] and table[-1] == "(4 rows)"

@@ -122,23 +122,35 @@ def _alive(fs: Any, info: Mapping[str, Any], run_id: str, now: float, limit: flo
     return mtime is None or now - mtime <= max(limit, written if isinstance(written, (int, float)) else 0)
 
 
-def _clean_dead(fs: Any, out_path: str, root: str, me: str, limit: float, *, ending: bool = False) -> None:
-    """Remove what dead runs left under ``root``; abort the output's own unfinished uploads (or its ``--split``
-    parts') if no other run lives. The run ``me`` counts as dead too when it is ``ending``; its lease still gives
-    the storage's clock."""
-    fs.invalidate_cache()  # other runs and the workers wrote here: a cached listing would miss them
+def _entries(fs: Any, root: str) -> dict[str, Any]:
+    """What is under ``root`` (the runs' folders and leases), by name, listed afresh: other runs and the workers
+    wrote here, and a cached listing would miss them."""
+    fs.invalidate_cache()
     try:
         entries = fs.ls(root, detail=True)
     except FileNotFoundError:
         entries = []
     # a listing may hold the folder itself, as a key "<root>/" that a tool wrote (s3fs lists it): never removed
-    names = {e["name"].rstrip("/").rsplit("/", 1)[-1]: e for e in entries
-             if fs._strip_protocol(e["name"]).rstrip("/") != root.rstrip("/")}
+    return {e["name"].rstrip("/").rsplit("/", 1)[-1]: e for e in entries
+            if fs._strip_protocol(e["name"]).rstrip("/") != root.rstrip("/")}
+
+
+def _live(fs: Any, names: dict[str, Any], me: str, limit: float) -> set[str]:
+    """The runs whose leases are among ``names`` and alive, ``me`` among them, judged by the storage's clock (the
+    time of ``me``'s own lease), not this machine's."""
     mine = names.get(me + LEASE_SUFFIX)
-    now = _mtime(mine) if mine is not None else None  # the storage's clock, not this machine's
+    now = _mtime(mine) if mine is not None else None
     now = time.time() if now is None else now
-    live = {run for name, e in names.items() if name.endswith(LEASE_SUFFIX)
+    return {run for name, e in names.items() if name.endswith(LEASE_SUFFIX)
             and ((run := name[: -len(LEASE_SUFFIX)]) == me or _alive(fs, e, run, now, limit))}
+
+
+def _clean_dead(fs: Any, out_path: str, root: str, me: str, limit: float, *, ending: bool = False) -> None:
+    """Remove what dead runs left under ``root``; abort the output's own unfinished uploads (or its ``--split``
+    parts') if no other run lives. The run ``me`` counts as dead too when it is ``ending``; its lease still gives
+    the storage's clock."""
+    names = _entries(fs, root)
+    live = _live(fs, names, me, limit)
     if ending:
         live.discard(me)
     for name, e in names.items():
@@ -164,17 +176,7 @@ def alone(tmp_dir: str, storage_options: Mapping[str, Any] | None) -> bool:
     output: what may remove what no run needs any more, such as a store's parts that its manifest no longer lists."""
     fs, path = fsspec.core.url_to_fs(tmp_dir, **options_for(tmp_dir, storage_options))
     root, _, me = path.rstrip("/").rpartition("/")
-    fs.invalidate_cache()
-    try:
-        entries = fs.ls(root, detail=True)
-    except FileNotFoundError:
-        return True
-    mine = next((e for e in entries if e["name"].rstrip("/").endswith(f"/{me}{LEASE_SUFFIX}")), None)
-    now = _mtime(mine) if mine is not None else None
-    now = time.time() if now is None else now
-    return not any(_alive(fs, e, run, now, _stale_after()) for e in entries
-                   if (name := e["name"].rstrip("/").rsplit("/", 1)[-1]).endswith(LEASE_SUFFIX)
-                   and (run := name[: -len(LEASE_SUFFIX)]) != me)
+    return _live(fs, _entries(fs, root), me, _stale_after()) <= {me}
 
 
 def _quietly(step: Any, *args: Any, **kwargs: Any) -> None:

@@ -186,9 +186,8 @@ def rank_tables(rank: int, f: Fields) -> dict[str, pa.Table]:
     cols["kind"] = [device_kind(c, nm, t) for c, nm, t in zip(ev["cat"], ev["name"], typed)]
     cols["args"] = _rest(ev["args"], cols)
     cols["step"], cols["launch_op"] = _steps_and_launches(cols)
-    flows = {k: [v for v, x in zip(getattr(f, a), flow) if x] for k, a in
-             (("id", "id"), ("ph", "ph"), ("cat", "cat"), ("name", "name"), ("ts_ns", "ts_ns"), ("pid", "pid"),
-              ("tid", "tid"), ("bp", "bp"))}
+    flows = {k: [v for v, x in zip(getattr(f, k), flow) if x] for k in
+             ("id", "ph", "cat", "name", "ts_ns", "pid", "tid", "bp")}
     flows["rank"] = [rank] * (n - len(typed))
     return {"events": pa.Table.from_pydict(cols, schema=EVENTS), "flows": pa.Table.from_pydict(flows, schema=FLOWS)}
 

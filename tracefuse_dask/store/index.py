@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import io
 import logging
 import os
@@ -83,6 +84,7 @@ class IndexedRank:
     warnings: list[str] = dataclasses.field(default_factory=list)
 
 
+@functools.cache
 def _code() -> str:
     """A hash of the code whose changes change a part's bytes (the rewrite rules and the columns): a part written
     by other code is never reused, whatever the tool's version says."""
@@ -95,7 +97,6 @@ def _code() -> str:
                                                               schema)))
 
 
-_CODE = _code()
 PART = re.compile(r"\d{6,}-[0-9a-f]{32}")  # a part's folder name: the rank, then a hash
 
 
@@ -109,7 +110,7 @@ def _options(options: Any) -> dict[str, Any]:
 
 def _part_name(task: RankTask, identity: Mapping[str, Any]) -> str:
     """The folder of a rank's part, relative to the store: the rank and a hash of all it was made from."""
-    made_from = (SCHEMA_VERSION, _CODE, dict(identity), task.rank, task.base, _options(task.options),
+    made_from = (SCHEMA_VERSION, _code(), dict(identity), task.rank, task.base, _options(task.options),
                  task.window_abs_ns, task.repair)
     return f"parts/{task.rank:06d}-{tokenize(*made_from)}"
 
@@ -229,7 +230,7 @@ def index(urlpath: str | Iterable[str] | Mapping[int, str], request: MergeReques
                                     subset=request.subset)
     made_from = {k: v for k, v in manifest_of(files, request).items() if k in ("inputs", "options")}
     made_from["options"] = {k: v for k, v in made_from["options"].items() if k not in ("gzip_members", "format")}
-    made_from["options"].update(_options(request.options), code=_CODE)
+    made_from["options"].update(_options(request.options), code=_code())
     with storage_errors(store, so):
         fs, root = fsspec.core.url_to_fs(store, **options_for(store, so))
         previous = _previous(fs, root, store, request)
@@ -276,7 +277,7 @@ def index(urlpath: str | Iterable[str] | Mapping[int, str], request: MergeReques
         finally:
             futures.clear()
         _tidy(fs, root, tmp_dir, manifest, so)
-    return _summary(store, manifest, "ok", started, notes.warnings, notes, sum(r["bytes_in"] for r in ranks))
+    return _summary(store, manifest, "ok", started, notes.warnings, notes, ranks)
 
 
 def _listed(fs: Any, root: str, every: bool = False) -> set[str]:
@@ -306,7 +307,7 @@ def _whole_parts(fs: Any, root: str) -> set[str]:
 
 def _commit(fs: Any, root: str, store: str, manifest: dict[str, Any], so: Mapping[str, Any]) -> None:
     """Write the manifest, once every part it lists is there."""
-    present = _listed(fs, root)
+    present = _whole_parts(fs, root)
     missing = [r["part"] for r in manifest["ranks"] if r["part"].rsplit("/", 1)[-1] not in present]
     if missing:
         raise OutputWriteError(f"{store}: {len(missing):,} parts went while this run wrote them (the first: "
@@ -344,11 +345,11 @@ def _run(c: Client, plan: MergePlan, parts: list[str], todo: list[int], store: s
     request, tasks, so = plan.request, plan.tasks, plan.request.storage_options
     by_path = {f.path: f.trace_bytes for f in plan.files}
     sizes = [by_path.get(tasks[k].path) for k in todo]
-    runs = [[todo[i] for i in b] for b in batches(sizes, BATCH_BYTES)]
+    groups = batches(sizes, BATCH_BYTES)
+    runs = [[todo[i] for i in b] for b in groups]
     keys = [f"tracefuse-index-{tokenize([tasks[k] for k in run], [parts[k] for k in run], store, so)}"
             for run in runs]
-    order = biggest_first([None if None in (s := [by_path.get(tasks[k].path) for k in run]) else sum(s)
-                           for run in runs])
+    order = biggest_first([None if None in (got := [sizes[i] for i in b]) else sum(got) for b in groups])
     got = c.map(_index_batch, [[tasks[k] for k in runs[j]] for j in order],
                 [[plan.ranks[k][1].meta for k in runs[j]] for j in order], [[parts[k] for k in runs[j]] for j in order],
                 store=store, storage_options=so, skip=request.on_error == "skip", key=[keys[j] for j in order])
@@ -367,15 +368,16 @@ def _run(c: Client, plan: MergePlan, parts: list[str], todo: list[int], store: s
 
 
 def _summary(store: str, manifest: dict[str, Any], status: str, started: float, warnings: list[str],
-             notes: MergeNotes | None = None, bytes_in: int = 0) -> MergeSummary:
-    """The run's summary, in the merge's terms (events in and rows out)."""
+             notes: MergeNotes | None = None, read: list[dict[str, Any]] | None = None) -> MergeSummary:
+    """The run's summary, in the merge's terms: the store's ranks, and the events, rows and bytes of the ranks this
+    run ``read`` (none when nothing changed)."""
     seconds = round(time.perf_counter() - started, 3)
-    ranks = manifest.get("ranks", [])
+    ranks, read = manifest.get("ranks", []), read or []
+    bytes_in = sum(r["bytes_in"] for r in read)
     return MergeSummary(
-        ranks=len(ranks), skipped=notes.skipped if notes else [],
-        events_in=sum(r["events_in"] for r in ranks) if notes else 0,
-        events_out=sum(sum(r["rows"].values()) for r in ranks) if notes else 0,
-        bytes_in=bytes_in, bytes_out=sum(r["bytes_out"] for r in ranks), seconds=seconds,
+        ranks=len(ranks), skipped=notes.skipped if notes else [], events_in=sum(r["events_in"] for r in read),
+        events_out=sum(sum(r["rows"].values()) for r in read), bytes_in=bytes_in,
+        bytes_out=sum(r["bytes_out"] for r in read), seconds=seconds,
         mb_per_s=round(bytes_in / 1e6 / seconds, 1) if seconds and bytes_in else 0.0, output=store, status=status,
         warnings=warnings, ignored=notes.ignored if notes else [], notes=notes.notes if notes else [],
         rank_list=[r["rank"] for r in ranks], outputs=[store])
