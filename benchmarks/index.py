@@ -7,14 +7,16 @@ For each shape a dataset of ``.json.gz`` ranks is built from one real trace by `
 (beside the repository): ``a100`` from real/hta_trace_filter, ``h100`` from real/tracelens_h100_qwen. In each
 round, on one pre-started cluster of ``--workers`` worker processes, the merge (to ``.json.gz``) and the index
 (``--force``) run in turn; the index's cost is the median of the rounds' own ratios (index / merge), with their
-range, and its memory the peak RSS of the process tree. Then the store's size against the gzipped inputs, and the
-seconds of one query over the store (p99 kernel time per rank, in this process, median of 3).
+range, and its memory the peak RSS of the process tree. Then the store's size against the gzipped inputs, the
+seconds of one query over the store (p99 kernel time per rank, in this process, median of 3), and ``analyze`` of
+the JSON and of the store side by side (the same tables: ``tests/test_output_hashes.py``).
 
 With ``--small-ranks N``: also N ranks of ``--small-kb`` kB (copies of one rank of the first shape cut to that
 size, ``scale.py``'s ``small_template``), merged and indexed side by side: the index's seconds per rank and the
 client's peak memory.
 
-The issue's goals: the index at most 1.2x the merge, the store at most half the gzipped JSON; ``--ranks 256
+The issue's goals: the index at most 1.2x the merge, the store at most half the gzipped JSON, analyze from the
+store no slower than from the JSON; ``--ranks 256
 --rank-mb 25 --shapes a100`` is its 6.4 GB query case (building it takes a while: make_dataset.py writes about
 8 MB/s here); ``--small-ranks 10000`` its 5 ms per rank. ``--ranks 2 --rank-mb 5 --repeat 2`` takes about a
 minute.
@@ -81,6 +83,19 @@ def _small(tf: Any, client: Any, table: Table, root: str, shape: str, args: Any)
             f"{mem.self_peak / 2**20:,.0f} MiB")
 
 
+def _analyses(tf: Any, client: Any, table: Table, shape: str, folder: str, store: str, raw: int,
+              repeat: int) -> str:
+    """``analyze`` of the JSON and of its store side by side: the store's cost against the JSON's."""
+    rows = [Row("analyze ← .json.gz", lambda: tf.analyze(folder, client=client)),
+            Row("analyze ← store", lambda: tf.analyze(store, client=client))]
+    got = table.rows(f"{shape} analyze", raw, {}, rows, repeat)
+    if any(isinstance(g, Exception) for g in got):
+        return f"- {shape}: analyze FAILED"
+    ratios = round_ratios(got[0][0], got[1][0])
+    return (f"- {shape}: analyze from the store takes {1 / statistics.median(ratios):.2f}× analyze from the JSON "
+            f"(rounds {1 / max(ratios):.2f}-{1 / min(ratios):.2f})")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = parser(__doc__)
     ap.add_argument("--shapes", default="a100,h100", help="comma-separated real shapes (default a100,h100)")
@@ -129,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{1 / max(ratios):.2f}-{1 / min(ratios):.2f}); the store is {_size(store) / MB:.1f} MB, "
                     f"{_size(store) / gz_bytes:.2f}× the {gz_bytes / MB:.1f} MB of gzipped JSON; p99 kernel time "
                     f"per rank over it answers in {statistics.median(seconds):.2f} s")
+                summary.append(_analyses(tf, client, table, shape, folder, store, int(raw), args.repeat))
             if args.small_ranks:
                 summary.append(_small(tf, client, table, root, shapes[0], args))
     finally:

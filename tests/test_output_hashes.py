@@ -1,5 +1,7 @@
 """The merged output and the analysis tables of every shared trace set and of the example jobs, pinned by sha256.
 
+The analysis of an event store of each job (``tracefuse index``) must give the same tables, never reading the JSON.
+
 A change that alters any output fails here, so that it is a decision, not an accident: a refactoring must
 leave every hash as it is; a change of behaviour regenerates them on purpose and says why in its commit:
 
@@ -20,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REAL_SETS, SHARED
-from tracefuse_dask import analyze, merge_traces
+from tracefuse_dask import analyze, index_traces, merge_traces
 from tracefuse_dask.synth import write_example
 
 EXPECTED_FILE = Path(__file__).parent / "data" / "output_hashes.json"
@@ -71,13 +73,26 @@ def computed_in_process(jobs, tmp_path_factory):
     return {name: hashes(path, tmp_path_factory.mktemp("out"), None) for name, path in jobs.items()}
 
 
+@pytest.fixture(scope="module")
+def computed_from_store(jobs, client, tmp_path_factory):
+    """The analysis tables of each job's event store (``test_store`` shows that its analysis reads no trace)."""
+    got = {}
+    for name, path in jobs.items():
+        store = tmp_path_factory.mktemp("store") / "store"
+        index_traces(path, str(store), client=client)
+        got[name] = {f"analysis.{table}": sha256(df.to_csv(index=False, float_format="%r").encode())
+                     for table, df in analyze(str(store), client=client).tables().items()}
+    return got
+
+
 @pytest.mark.integration
-@pytest.mark.parametrize("where", ["computed", "computed_in_process"])
+@pytest.mark.parametrize("where", ["computed", "computed_in_process", "computed_from_store"])
 @pytest.mark.parametrize("job", [*SETS, *EXAMPLES])
 def test_outputs_are_unchanged(request, where, job):
     computed = request.getfixturevalue(where)
     expected = json.loads(EXPECTED_FILE.read_text())
     assert job in expected, f"{job} has no pinned hashes: regenerate them (see this module's docstring)"
-    changed = sorted(k for k in computed[job].keys() | expected[job].keys()
-                     if computed[job].get(k) != expected[job].get(k))
+    keys = computed[job].keys() | {k for k in expected[job]
+                                   if where != "computed_from_store" or k.startswith("analysis.")}
+    changed = sorted(k for k in keys if computed[job].get(k) != expected[job].get(k))
     assert not changed, f"{job}: these outputs changed: {changed}"

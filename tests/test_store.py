@@ -22,7 +22,8 @@ import orjson
 import pandas as pd
 import pytest
 
-from conftest import REAL_SETS, read_trace, shared, shared_params
+from conftest import REAL_SETS, read_trace, shared, shared_params, write_trace
+from tracefuse_dask.store.schema import SCHEMA_VERSION
 
 pytestmark = pytest.mark.integration
 
@@ -190,8 +191,12 @@ def test_what_is_not_a_store_or_another_version_says_how_to_make_or_rebuild_it(t
     manifest = orjson.loads((store / "tracefuse-store.json").read_bytes())
     (store / "tracefuse-store.json").write_bytes(orjson.dumps({**manifest, "schema_version": 99}))
     done = tracefuse("sql", str(store), "SELECT 1", check=False)
-    assert done.returncode == 1 and "schema version 99" in done.stderr and "reads version 1" in done.stderr
+    assert done.returncode == 1 and "schema version 99" in done.stderr
+    assert f"reads version {SCHEMA_VERSION}" in done.stderr
     assert f"tracefuse index INPUT... -o {store} --force" in done.stderr and "Traceback" not in done.stderr
+    done = tracefuse("analyze", str(store), "-o", str(tmp_path / "report"), check=False)
+    assert done.returncode == 1 and "schema version 99" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "report").exists()
 
 
 def _files(store: Path) -> dict[str, bytes]:
@@ -317,6 +322,9 @@ def test_object_storage_stores_answer_as_local_ones(where, request, bucket_name,
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[1:] == [f"{r.rank},{r.n},{r.total_ns}"
                                             for r in tf.query(str(local), QUERIES["kernels"]).itertuples()]
+    got = tf.analyze(url, client=client, storage_options=server.options).tables()
+    for name, table in tf.analyze(str(local), client=client).tables().items():
+        pd.testing.assert_frame_equal(got[name], table, obj=f"{where}: {name}")
 
 
 def test_docs_dask_example_gives_sql_s_p99_kernel_time_per_rank(client, tmp_path):
@@ -515,3 +523,58 @@ def test_a_storage_server_that_dies_mid_index_fails_on_one_line_and_the_next_run
         assert n.n[0] == 40
     finally:
         server.stop()
+
+
+def _report(folder: Path) -> dict[str, bytes]:
+    """A report or diff folder's files as a user compares them: ``summary.json`` without the run's seconds; the
+    commit record, which hashes it, left out."""
+    files = {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name != "commit.json"}
+    if "summary.json" in files:
+        files["summary.json"] = orjson.dumps({k: v for k, v in orjson.loads(files["summary.json"]).items()
+                                              if k != "seconds"})
+    return files
+
+
+def test_analyze_and_diff_of_stores_give_what_the_json_gives_and_never_read_it(tmp_path):
+    """A job and the same job with its cutlass kernels 30% slower, each analysed and diffed from its JSON; then
+    indexed, its traces moved away, and analysed and diffed from the stores: every table, summary.json (but its
+    seconds), diff.json and the pages are the same bytes."""
+    base, new = tmp_path / "base", tmp_path / "new"
+    shutil.copytree(_job("hta_trace_filter"), base)
+    new.mkdir()
+    for src in sorted(base.glob("*.json.gz")):
+        doc = read_trace(src)
+        for e in doc["traceEvents"]:
+            if e.get("cat") == "kernel" and "cutlass" in e.get("name", ""):
+                e["dur"] = round(e["dur"] * 1.3, 3)
+        write_trace(new / src.name, doc)
+    tracefuse("analyze", str(base), "-o", str(tmp_path / "report-json"), "--format", "csv", "-q")
+    tracefuse("diff", str(base), str(new), "-o", str(tmp_path / "diff-json"), "--format", "csv", "-q")
+    for run in (base, new):
+        tracefuse("index", str(run), "-o", str(tmp_path / f"{run.name}-store"), "-q")
+        run.rename(tmp_path / f"{run.name}-gone")
+    tracefuse("analyze", str(tmp_path / "base-store"), "-o", str(tmp_path / "report-store"), "--format", "csv",
+              "-q")
+    tracefuse("diff", str(tmp_path / "base-store"), str(tmp_path / "new-store"), "-o", str(tmp_path / "diff-store"),
+              "--format", "csv", "-q")
+    assert _report(tmp_path / "report-store") == _report(tmp_path / "report-json")
+    assert _report(tmp_path / "diff-store") == _report(tmp_path / "diff-json")
+    got = json.loads((tmp_path / "diff-store" / "diff.json").read_text())
+    assert got["regressions"][0]["what"] == "kernel" and "cutlass" in got["regressions"][0]["name"]
+
+
+def test_a_store_s_ranks_analyse_as_the_json_s_and_it_merges_no_trace(client, tmp_path):
+    import tracefuse_dask as tf
+
+    job, store = _job("gloo_4ranks"), tmp_path / "store"
+    tf.index_traces(str(job), str(store), client=client)
+    got = tf.analyze(str(store), client=client, ranks="1-2")
+    want = tf.analyze(str(job), client=client, ranks="1-2")
+    assert got.summary["ranks"] == [1, 2]
+    for name, table in want.tables().items():
+        pd.testing.assert_frame_equal(got.tables()[name], table, obj=name)
+    done = tracefuse("analyze", str(store), "-o", str(tmp_path / "report"), "--critical-path-trace",
+                     str(tmp_path / "path.json"), check=False)
+    assert done.returncode == 1 and "an event store keeps none to merge" in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "path.json").exists()
+    assert not (tmp_path / "report").exists()

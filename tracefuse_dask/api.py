@@ -262,6 +262,16 @@ def _clock_estimate(client: Client, paths: dict[int, str], storage_options: dict
     return analyze(paths, client=client, storage_options=storage_options).summary
 
 
+def _stored(urlpath: Any, storage_options: Mapping[str, Any] | None) -> Any:
+    """An event store given as the input of an analysis (one folder with a store's manifest) as
+    ``analysis.StoredInput``, whose parts are read instead of its traces; other inputs as they are."""
+    from .store.source import is_store, stored_input
+
+    one = urlpath[0] if isinstance(urlpath, (list, tuple)) and len(urlpath) == 1 else urlpath
+    one = os.fspath(one) if isinstance(one, os.PathLike) else one
+    return stored_input(one, storage_options) if is_store(one, storage_options) else urlpath
+
+
 def _counter_series(counters: bool) -> Callable[..., tuple[Any, Any]] | None:
     """The analysis's ``per_rank.counters.counter_series`` when ``counters`` is asked, which the merge's rank tasks call
     (the merge does not import the analysis); imported only then, as a merge does not otherwise load pandas."""
@@ -323,6 +333,7 @@ def analyze(
     from .analysis import analyze as analyze_ranks
     from .analysis import check_new, write_report
     from .analysis.report.marks import WHAT_IF_TID, trace_marks
+    from .analysis.schema import StoredInput
     from .cluster import connect
 
     cluster = {"scheduler": scheduler, "scheduler_file": scheduler_file, "workers": workers, "timeout": timeout}
@@ -330,8 +341,12 @@ def analyze(
     if counters and critical_path_trace is None:
         raise MergeError("counters=True adds counter tracks to the critical-path trace; pass critical_path_trace "
                          "too, or merge with merge_traces(..., counters=True)")
+    urlpath = _stored(urlpath, storage_options)
     if critical_path_trace is None:
         return analyze_ranks(urlpath, out_dir, client=client, force=force, **cluster, **common, **options)
+    if isinstance(urlpath, StoredInput):
+        raise MergeError("critical_path_trace merges the traces, and an event store keeps none to merge: give the "
+                         "traces, or analyse the store without critical_path_trace")
     if options.get("skip_if_unchanged"):
         raise MergeError("skip_if_unchanged with critical_path_trace: the trace is not part of the report folder's "
                          "commit; run the two apart, or without skip_if_unchanged")
@@ -448,7 +463,7 @@ def diff(
                      timeout=timeout) as c:
             for label in traces:
                 try:
-                    sides[label] = analyze_ranks(sides[label], client=c, storage_options=so,
+                    sides[label] = analyze_ranks(_stored(sides[label], so), client=c, storage_options=so,
                                                  show_progress=show_progress, **options)
                 except TraceFuseError as e:
                     raise type(e)(f"the {label} run: {e}") from None

@@ -236,8 +236,8 @@ def _merge_command(sub: Any) -> None:
 def _analyze_command(sub: Any) -> None:
     """``tracefuse analyze``'s options."""
     a = sub.add_parser("analyze", help="per-rank breakdowns, kernel and op summaries, outlier ranks, HTML report",
-                       description="Analyse per-rank traces (one Dask task per rank) into small cross-rank "
-                                   "tables, summary.json and a self-contained report.html.")
+                       description="Analyse per-rank traces, or the event store tracefuse index wrote (its one "
+                                   "INPUT), into cross-rank tables, summary.json and a self-contained report.html.")
     _add_input_args(a)
     a.add_argument("-o", "--output", required=True, metavar="DIR",
                    help="report folder: one file per table, summary.json, report.html")
@@ -283,12 +283,12 @@ def _analyze_command(sub: Any) -> None:
 def _diff_command(sub: Any) -> None:
     """``tracefuse diff``'s options."""
     d = sub.add_parser("diff", help="compare two runs: step time, breakdown, kernels, ops, collectives, straggler",
-                       description="Compare two runs, each given as traces (analysed here) or as a folder that "
-                                   "tracefuse analyze wrote; writes diff.json, diff.html and the tables. Exit "
+                       description="Compare two runs, each given as traces or an event store (analysed here) or as "
+                                   "a folder that tracefuse analyze wrote; writes diff.json, diff.html and the tables. Exit "
                                    "codes: 0 no regression above --fail-above (or none asked), 3 a regression "
                                    "above it, 1 an error, 2 a usage error.")
-    d.add_argument("base", metavar="BASE", help="the run to compare against: traces or an analyze report folder")
-    d.add_argument("new", metavar="NEW", help="the run to check: traces or an analyze report folder")
+    d.add_argument("base", metavar="BASE", help="the run to compare against: traces, a store or a report folder")
+    d.add_argument("new", metavar="NEW", help="the run to check: traces, a store or an analyze report folder")
     d.add_argument("-o", "--output", required=True, metavar="DIR", help="folder for diff.json, diff.html, tables")
     d.add_argument("--fail-above", metavar="PCT",
                    help="exit 3 when the step time, or a figure worth 1%% or more of it, regressed significantly "

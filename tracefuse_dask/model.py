@@ -141,12 +141,15 @@ class InputFile:
     hint_source: Literal["key", "name", "order"] | None = None
     listed: bool = False  # found by expanding a folder or glob, not named explicitly
     stamp: str | None = None  # the storage's etag, or else its mtime: changes when the file does
+    part: str | None = None  # the event store's part that holds the file's rank, read instead (``store.source``)
 
     @property
     def identity(self) -> dict[str, Any]:
-        """What a ``--skip-if-unchanged`` record keeps of the file: path, size, stamp, and a rank given as a key."""
-        return {"path": self.path, "size": self.size, "stamp": self.stamp,
-                "rank": self.rank_hint if self.hint_source == "key" else None}
+        """What a ``--skip-if-unchanged`` record keeps of the file: path, size, stamp, a rank given as a key, and the
+        store part read instead (whose name hashes all it was made from)."""
+        identity = {"path": self.path, "size": self.size, "stamp": self.stamp,
+                    "rank": self.rank_hint if self.hint_source == "key" else None}
+        return identity if self.part is None else {**identity, "part": self.part}
 
     @property
     def trace_bytes(self) -> int | None:

@@ -112,10 +112,11 @@ class _Collectives:
 # The reduce runs with the cyclic collector paused, as the tasks do: it builds and frees many objects and no
 # cycles, and a full collection over the client's objects cost 50-70 ms of an 8-rank analysis.
 def reduce_ranks(results: list[dict[str, Any]], segments_of: Callable[[list[tuple[int, int]]], pd.DataFrame],
-                 skipped_names: list[str], request: AnalyzeRequest) -> Analysis:
+                 ignored: list[str], request: AnalyzeRequest) -> Analysis:
     """The cross-rank reduce of the tasks' joined results (``combine``, without the critical path's segments,
-    which ``segments_of`` gives for the walks asked for); it takes their tables out of them."""
-    got = _gather(results, skipped_names, request.subset)
+    which ``segments_of`` gives for the walks asked for); it takes their tables out of them. ``ignored``: the
+    inputs left out before the tasks, and why."""
+    got = _gather(results, ignored, request.subset)
     per_rank = got.per_rank
     # each table's parts are dropped once joined, so that the client holds each table about once
     tables = {name: as_text(in_rank_order([res["tables"].pop(name) for res in results])) for name in TABLES}
@@ -146,11 +147,11 @@ def reduce_ranks(results: list[dict[str, Any]], segments_of: Callable[[list[tupl
                     summary=summary)
 
 
-def _gather(results: list[dict[str, Any]], skipped_names: list[str], subset: Any) -> _Gathered:
+def _gather(results: list[dict[str, Any]], ignored: list[str], subset: Any) -> _Gathered:
     """The ranks of the tasks' results, each once and in rank order, and what the inputs say; raises when there is
     nothing to analyse, or a rank twice."""
     warnings: list[str] = []
-    ignored = [f"{p}: not a trace or collective_trace file by name, or written by tracefuse" for p in skipped_names]
+    ignored = list(ignored)
     per_rank: list[RankTables] = []
     world_sizes = set()
     where: dict[int, str] = {}

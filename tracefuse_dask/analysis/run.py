@@ -24,7 +24,7 @@ from ..storage.inputs import expand_inputs
 from .cross_rank.critical_path import walks_in
 from .folder import check_new, unchanged_report, write_report
 from .reduce import reduce_ranks
-from .schema import Analysis, AnalyzeRequest, Cutoffs
+from .schema import Analysis, AnalyzeRequest, Cutoffs, StoredInput
 from .tasks import analyze_files, combine, segments_in, without_segments
 from .transport import join_parts
 
@@ -37,7 +37,7 @@ _COMBINE = 64  # the results of this many tasks are joined by one reduce task on
 
 
 def analyze(
-    urlpath: str | Iterable[str] | Mapping[int, str],
+    urlpath: str | Iterable[str] | Mapping[int, str] | StoredInput,
     out_dir: str | None = None,
     *,
     client: Any = None,
@@ -66,7 +66,8 @@ def analyze(
     ----------
     urlpath
         A folder, a glob, a file, a list of those, or a ``{rank: path}`` dict; any fsspec URL.
-        A trace merged by tracefuse is analysed per rank.
+        A trace merged by tracefuse is analysed per rank. Or an event store (``StoredInput``), whose parts are
+        read instead of its traces.
     out_dir
         Write the report folder here: one file per table, ``summary.json`` and ``report.html``.
     client, workers, scheduler, scheduler_file, timeout
@@ -121,14 +122,20 @@ def analyze(
     """
     started = time.perf_counter()
     request = _request(format, on_error, ranks, steps, storage_options, rank_regex, keep_unlaunched_gpu, gpu_spec,
-                       cutoffs, kernel_sequences, repair)
+                       cutoffs, kernel_sequences, repair,
+                       urlpath.read_part if isinstance(urlpath, StoredInput) else None)
     so = request.storage_options
     if skip_if_unchanged and out_dir is None:
         raise MergeError("skip_if_unchanged compares with the report folder: give out_dir too")
     if out_dir is not None:
         check_new(out_dir, so, force or skip_if_unchanged)
-    files, skipped_names = expand_inputs(urlpath, storage_options=storage_options, rank_regex=rank_regex,
-                                         names=_NAMES, subset=request.subset)
+    if isinstance(urlpath, StoredInput):
+        files, ignored = [f for f in urlpath.files if request.subset is None or f.rank_hint in request.subset], \
+            urlpath.ignored
+    else:
+        files, names = expand_inputs(urlpath, storage_options=storage_options, rank_regex=rank_regex, names=_NAMES,
+                                     subset=request.subset)
+        ignored = [f"{p}: not a trace or collective_trace file by name, or written by tracefuse" for p in names]
     made_from = {"inputs": [f.identity for f in files],
                  "options": {"ranks": ranks if ranks is None or isinstance(ranks, str)
                              else sorted(int(r) for r in request.subset),
@@ -144,12 +151,12 @@ def analyze(
         results, segments_of = _map(c, files, request, show_progress)
         if segments_of is not None:  # the segments are on the cluster: the reduce asks it for the path's
             with paused_gc():
-                analysis = reduce_ranks(results, segments_of, skipped_names, request)
+                analysis = reduce_ranks(results, segments_of, ignored, request)
     if segments_of is None:  # the reduce needs no cluster
         with paused_gc():
             results = [combine(results)]
             segments = results[0]["tables"].pop("path_segments")
-            analysis = reduce_ranks(results, lambda wanted: walks_in(segments, wanted), skipped_names, request)
+            analysis = reduce_ranks(results, lambda wanted: walks_in(segments, wanted), ignored, request)
     analysis.summary["seconds"] = round(time.perf_counter() - started, 3)
     analysis.made_from = made_from
     if out_dir is not None:
@@ -159,8 +166,8 @@ def analyze(
 
 def _request(format: str, on_error: str, ranks: str | Iterable[int] | None, steps: str | tuple[int, int] | None,
              storage_options: Mapping[str, Any] | None, rank_regex: str, keep_unlaunched_gpu: bool,
-             gpu_spec: str | None, cutoffs: Cutoffs | None, kernel_sequences: str | None,
-             repair: bool) -> AnalyzeRequest:
+             gpu_spec: str | None, cutoffs: Cutoffs | None, kernel_sequences: str | None, repair: bool,
+             read_part: Callable[..., Any] | None) -> AnalyzeRequest:
     """``analyze``'s options checked, before any IO, as the request its tasks and its reduce read."""
     if format not in ("parquet", "csv"):
         raise MergeError(f"format={format!r}; use 'parquet' or 'csv'")
@@ -174,7 +181,8 @@ def _request(format: str, on_error: str, ranks: str | Iterable[int] | None, step
     return AnalyzeRequest(storage_options=dict(storage_options or {}), steps=step_range, subset=subset,
                           rank_regex=rank_regex, keep_unlaunched_gpu=keep_unlaunched_gpu,
                           devices=load_devices(gpu_spec), cutoffs=cutoffs or Cutoffs(),
-                          sequences_of=kernel_sequences or None, repair=repair, on_error=on_error)
+                          sequences_of=kernel_sequences or None, repair=repair, on_error=on_error,
+                          read_part=read_part)
 
 
 def _map(c: Any, files: list[InputFile], request: AnalyzeRequest,

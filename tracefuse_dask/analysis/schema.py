@@ -10,7 +10,7 @@ the diff and the report. Types and the names of tables, columns, kinds and label
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -18,7 +18,7 @@ import pandas as pd
 
 from ..errors import MergeError
 from ..kineto.vocabulary import KERNEL_CATEGORIES
-from ..model import DEFAULT_RANK_REGEX
+from ..model import DEFAULT_RANK_REGEX, InputFile
 
 if TYPE_CHECKING:
     from ..perf.devices import Device
@@ -414,6 +414,18 @@ class AnalyzeRequest:
     sequences_of: str | None = None  # the operator whose kernel sequences to find
     repair: bool = False
     on_error: str = "raise"
+    read_part: Callable[..., tuple[list[Any], dict[str, Any], int]] | None = None  # ``StoredInput.read_part``
+
+
+@dataclass(frozen=True)
+class StoredInput:
+    """An event store as ``analyze``'s input (``store.source.stored_input``; the analysis does not import the
+    store): its ranks as the files they were indexed from, each with its ``InputFile.part``; the function that
+    reads a part as the rank's events, header and base time; and the inputs the index left out, and why."""
+
+    files: list[InputFile]
+    read_part: Callable[..., tuple[list[Any], dict[str, Any], int]]
+    ignored: list[str]
 
 # The critical path: the kinds of its segments, and the columns of the walks' pieces and of the path.
 # "sync wait": a stream waiting for another stream's work; "sync overhead": the part of a blocking call (a sync, a

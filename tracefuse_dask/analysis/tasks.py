@@ -31,7 +31,8 @@ _MERGED_HEAD = b'"metadata":{"tracefuse":'
 
 
 def _analyze_file(f: InputFile, request: AnalyzeRequest) -> dict[str, Any]:
-    """Task: parse one file and analyse each rank it holds (one, or all of a merged trace).
+    """Task: parse one file and analyse each rank it holds (one, or all of a merged trace); a file of an event
+    store (``f.part``) is read from its part instead.
 
     A collective_trace log or CSV export (recognised by its content) gives its calls instead. With ``repair``, a
     truncated trace gives its complete events, and a note says what was recovered.
@@ -39,6 +40,13 @@ def _analyze_file(f: InputFile, request: AnalyzeRequest) -> dict[str, Any]:
     storage_options, subset, rank_regex = request.storage_options, request.subset, request.rank_regex
     options = {"keep_unlaunched_gpu": request.keep_unlaunched_gpu, "devices": request.devices,
                "cutoffs": request.cutoffs, "sequences_of": request.sequences_of}
+    if f.part is not None and request.read_part is not None:  # an event store's part, not the file
+        with paused_gc():
+            events, header, base = request.read_part(f, storage_options)
+            rank, world_size, _ = resolve_rank(f, header, rank_regex)
+            ranks = [analyze_events(events, rank, f.path, request.steps, base=base, header=header, **options)
+                     ] if subset is None or rank in subset else []
+        return {"ranks": ranks, "world_size": world_size, "notes": [], "repaired": []}
     if looks_like_collective_trace(read_start(f.path, storage_options)):
         return {"ct_calls": _collective_trace_calls(f, storage_options, rank_regex)}
     if f.listed and not TRACE_NAME.search(f.path):

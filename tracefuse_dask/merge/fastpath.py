@@ -96,14 +96,15 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
     got = rewritten_fast(data, rank, base, base_out, options, who)
     if got is None:
         return None
-    head, body, n_in, _ = got
+    head, body, n_in, _, _ = got
     text = bytearray()
     _encoder.encode_into(body, text)
     return orjson.dumps(head), text, n_in, len(head) + len(body)
 
 
 def rewritten_fast(data: bytes, rank: int, base: int, base_out: int, options: MergeOptions,
-                   who: str) -> tuple[list[dict[str, Any]], list[Any], int, set[Any]] | None:
+                   who: str) -> tuple[list[dict[str, Any]], list[Any], int, list[tuple[str, Any]],
+                                      set[tuple[Any, Any]]] | None:
     """Rewrite one rank's trace text as ``RankEvents.rewrite`` would, or None to use the general path.
 
     Parameters
@@ -120,10 +121,11 @@ def rewritten_fast(data: bytes, rank: int, base: int, base_out: int, options: Me
     Returns
     -------
     tuple or None
-        ``(head, body, events_in, devices)``: the process metadata events (dicts) and the other events (structs
-        whose ``args`` is raw JSON text and whose ``ts`` is a float, an int or the raw text of exact µs), in output
-        order, and the pids (as read) of the devices; None when the input needs the general path (a decoding or validation failure, an odd field, a time
-        that needs the general path's checks or formatting).
+        ``(head, body, events_in, slots, odd_tids)``: the process metadata events (dicts) and the other events
+        (structs whose ``args`` is raw JSON text and whose ``ts`` is a float, an int or the raw text of exact µs), in
+        output order; the rank's pid slots (``rewrite.order_slots``: slot ``j``'s pid became ``out_pid(rank, j)``)
+        and the ``(pid, tid)`` (as read) of the events whose tid became one of ``layout.map_tid``'s ints. None when the input needs the general path (a
+        decoding or validation failure, an odd field, a time that needs the general path's checks or formatting).
 
     Raises
     ------
@@ -169,7 +171,8 @@ def rewritten_fast(data: bytes, rank: int, base: int, base_out: int, options: Me
     _rewrite_events(events, pid_map, id_map, any(k[0] in _INSTANT_PH for k in found.keys))
     if options.annotate_rank and not _annotate_rank(events, rank, b"\\" not in data):
         return None
-    return head, _thread_names(metas, shown) + events, n_in, found.device
+    odd = {(pid, tid) for _, pid, tid, _ in found.keys if tid in odd_tids}
+    return head, _thread_names(metas, shown) + events, n_in, slots, odd
 
 
 @dataclass

@@ -159,8 +159,8 @@ def _rest(args: list[bytes | None], cols: dict[str, list[Any]]) -> list[str | No
             out.append(a.decode())
             continue
         for column, key in columns:
-            if cols[column][i] is not None:
-                rest.pop(key, None)
+            if cols[column][i] is not None and (column != "group_ranks" or type(rest.get(key)) is str):
+                rest.pop(key, None)  # ranks given as a list stay too: the column has them as text
         out.append(orjson.dumps(rest).decode())
     return out
 

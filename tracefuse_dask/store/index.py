@@ -17,6 +17,7 @@ import io
 import logging
 import os
 import re
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from ..errors import (
 )
 from ..kineto.document import check_document, decode_json, paused_gc
 from ..kineto.events import RankEvents
+from ..kineto.layout import map_tid, out_pid
 from ..kineto.times import to_ns
 from ..merge.fastpath import handles, rewritten_fast
 from ..merge.manifest import manifest_of
@@ -50,14 +52,14 @@ from ..merge.plan import (
     plan_merge,
     settle,
 )
-from ..merge.rewrite import rewrite
+from ..merge.rewrite import order_slots, rewrite
 from ..model import MergeSummary, RankTask
 from ..storage.files import options_for, read_bytes, retry_unreachable, storage_errors
 from ..storage.inputs import expand_inputs
 from ..storage.output import put_whole
 from ..storage.runs import alone, run_folder
 from .columns import fields_of_dicts, fields_of_structs, joined, rank_tables
-from .schema import MANIFEST, PART_TABLES, SCHEMA_VERSION
+from .schema import MANIFEST, ORIGINS, PART_TABLES, SCHEMA_VERSION
 
 __all__ = ["index"]
 
@@ -94,7 +96,7 @@ def _code() -> str:
     from . import columns, schema
 
     return tokenize(*(Path(m.__file__).read_bytes() for m in (events, times, vocabulary, fastpath, rules, columns,
-                                                              schema)))
+                                                              schema, sys.modules[__name__])))
 
 
 PART = re.compile(r"\d{6,}-[0-9a-f]{32}")  # a part's folder name: the rank, then a hash
@@ -116,15 +118,15 @@ def _part_name(task: RankTask, identity: Mapping[str, Any]) -> str:
 
 
 @retry_unreachable
-def _index_batch(tasks: list[RankTask], metas: list[tuple[str, int, int] | None], parts: list[str], store: str,
-                 storage_options: Mapping[str, Any] | None,
+def _index_batch(tasks: list[RankTask], heads: list[tuple[tuple[str, int, int] | None, Any]], parts: list[str],
+                 store: str, storage_options: Mapping[str, Any] | None,
                  skip: bool) -> list[tuple[IndexedRank | None, BaseException | None]]:
     """A rank task: each rank's part, or (with ``skip``) why a rank could not be read."""
     done: list[tuple[IndexedRank | None, BaseException | None]] = []
-    for task, meta, part in zip(tasks, metas, parts):
+    for task, head, part in zip(tasks, heads, parts):
         try:
             with paused_gc():
-                done.append((_index_rank(task, meta, part, store, storage_options), None))
+                done.append((_index_rank(task, head, part, store, storage_options), None))
         except SKIPPABLE as e:
             if not skip:
                 raise
@@ -132,36 +134,48 @@ def _index_batch(tasks: list[RankTask], metas: list[tuple[str, int, int] | None]
     return done
 
 
-def _index_rank(task: RankTask, meta: tuple[str, int, int] | None, part: str, store: str,
+def _index_rank(task: RankTask, head: tuple[tuple[str, int, int] | None, Any], part: str, store: str,
                 storage_options: Mapping[str, Any] | None) -> IndexedRank:
     """One rank read, filtered and rewritten as the merge does (its fast path where the merge would take it), and
-    written as its part's tables; ``meta`` is where the header pass put the rank's host and device properties."""
+    written as its part's tables; ``head``: where the header pass put the rank's header text (``(file, offset,
+    length)``), and the file's ``baseTimeNanoseconds``."""
     who = f"{task.path} (rank {task.rank})"
     data, cut_gzip = read_bytes(task.path, storage_options, repair=task.repair)
     nbytes, note = len(data), None
     fast = rewritten_fast(data, task.rank, task.base, task.base_out, task.options, who) \
         if handles(task.options, task.window_abs_ns) else None
     if fast is not None:
-        head, body, n_in, devices = fast
-        fields = joined(fields_of_dicts(head, [None] * len(head)), fields_of_structs(body, task.base_out))
+        first, body, n_in, slots, odd_tids = fast
+        fields = joined(fields_of_dicts(first, [None] * len(first)), fields_of_structs(body, task.base_out))
+        durs = {type(e.dur) for e in body}
     else:
         doc, nbytes, note = decode_json(data, task.path, rank=task.rank, cut_gzip=cut_gzip, repair=task.repair)
         check_document(doc, who)
         events = doc["traceEvents"]
         n_in = len(events)
         sel = RankEvents(events, task.base, task.options, who, task.window_abs_ns)
-        devices = sel.pids[1]
+        slots = order_slots(*sel.pids, who)
+        odd_tids = {(ev["pid"], t) for ev, kept in zip(events, sel.keep)
+                    if kept and ev.get("ph") != "M" and "tid" in ev and map_tid(t := ev["tid"]) != t}
         before = {id(ev): ev.get("ts") for i, ev in enumerate(events) if sel.keep[i]}  # the rewrite shifts them
-        head, body = rewrite(sel, task.rank, task.base_out)
-        merged = head + body
+        first, body = rewrite(sel, task.rank, task.base_out)
+        merged = first + body
         fields = fields_of_dicts(merged, [None if (t := before.get(id(ev))) is None else to_ns(t) + task.base
                                           for ev in merged])
+        durs = {type(ev["dur"]) for ev in merged if "dur" in ev}
         del doc, events, sel
     del data
+    header = _header(head[0], storage_options)
+    origins = {"rank": task.rank, "file": task.path, "base_ns": task.base, "base_time_ns": head[1], "header": header,
+               "pids": [[out_pid(task.rank, j), pid] for j, (_, pid) in enumerate(slots)],
+               "tids": sorted(([pid, map_tid(t), t] for pid, t in odd_tids), key=str),
+               "durations": "mixed" if {int, float} <= durs else "float" if float in durs else "int"}
     tables = rank_tables(task.rank, fields)
     fs, root = fsspec.core.url_to_fs(store, **options_for(store, storage_options))
     written = 0
     for name, table in tables.items():
+        if name == "events":
+            table = table.replace_schema_metadata({ORIGINS: orjson.dumps(origins)})
         buf = io.BytesIO()
         delta = [c for c in _DELTA if c in table.column_names]
         pq.write_table(table, buf, compression="zstd", compression_level=9,
@@ -169,25 +183,24 @@ def _index_rank(task: RankTask, meta: tuple[str, int, int] | None, part: str, st
                        column_encoding=dict.fromkeys(delta, "DELTA_BINARY_PACKED"))
         written += buf.tell()
         put_whole(fs, f"{root}/{part}/{name}.parquet", buf.getvalue(), storage_options)
-    host, device = _host_device(meta, devices, storage_options)
+    host, props = header.get("host_name"), header.get("deviceProperties")
+    devices = {pid for kind, pid in slots if kind == "d"}
+    names = sorted({str(d.get("name")) for d in props if isinstance(d, dict) and d.get("id") in devices}) \
+        if isinstance(props, list) else []
     return IndexedRank(task.rank, task.path, part, n_in, {k: t.num_rows for k, t in tables.items()}, nbytes,
-                       written, host, device, [note] if note else [])
+                       written, host if isinstance(host, str) else None, ", ".join(names) or None,
+                       [note] if note else [])
 
 
-def _host_device(meta: tuple[str, int, int] | None, devices: set[Any],
-                 storage_options: Mapping[str, Any] | None) -> tuple[str | None, str | None]:
-    """The rank's ``host_name``, and the ``deviceProperties`` names of the devices its events ran on, from the text
-    the header pass wrote at ``meta`` (``(file, offset, length)``)."""
+def _header(meta: tuple[str, int, int] | None, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The rank's header keys that a store keeps (``distributedInfo``, ``deviceProperties``, ``host_name``), from the
+    text the header pass wrote at ``meta`` (``(file, offset, length)``)."""
     if meta is None:
-        return None, None
+        return {}
     path, offset, length = meta
     with storage_errors(path, storage_options):
         fs, p = fsspec.core.url_to_fs(path, **options_for(path, storage_options))
-        text = orjson.loads(fs.cat_file(p, start=offset, end=offset + length))
-    host, props = text.get("host_name"), text.get("deviceProperties")
-    names = sorted({str(d.get("name")) for d in props if isinstance(d, dict) and d.get("id") in devices}) \
-        if isinstance(props, list) else []
-    return (host if isinstance(host, str) else None), ", ".join(names) or None
+        return orjson.loads(fs.cat_file(p, start=offset, end=offset + length))
 
 
 def _manifest(fs: Any, root: str) -> dict[str, Any] | None:
@@ -265,7 +278,7 @@ def index(urlpath: str | Iterable[str] | Mapping[int, str], request: MergeReques
             manifest = {"format": "tracefuse-store", "schema_version": SCHEMA_VERSION, "tool": "tracefuse_dask",
                         "version": __version__, "made_from": made_from, "alignment": plan.alignment,
                         "base_ns": plan.base_out, "world_size": plan.world_size, "ranks": rows,
-                        "skipped": notes.skipped, "warnings": notes.warnings}
+                        "skipped": notes.skipped, "warnings": notes.warnings, "ignored": notes.ignored}
             with storage_errors(store, so):
                 _commit(fs, root, store, manifest, so)
         except BaseException:
@@ -351,7 +364,8 @@ def _run(c: Client, plan: MergePlan, parts: list[str], todo: list[int], store: s
             for run in runs]
     order = biggest_first([None if None in (got := [sizes[i] for i in b]) else sum(got) for b in groups])
     got = c.map(_index_batch, [[tasks[k] for k in runs[j]] for j in order],
-                [[plan.ranks[k][1].meta for k in runs[j]] for j in order], [[parts[k] for k in runs[j]] for j in order],
+                [[(plan.ranks[k][1].meta, plan.ranks[k][1].base) for k in runs[j]] for j in order],
+                [[parts[k] for k in runs[j]] for j in order],
                 store=store, storage_options=so, skip=request.on_error == "skip", key=[keys[j] for j in order])
     futures[:] = [f for _, f in sorted(zip(order, got), key=lambda jf: jf[0])]
     done = settle(flat(outcomes(c, futures, request.show_progress)), [tasks[k].path for run in runs for k in run],

@@ -14,10 +14,16 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-__all__ = ["EVENTS", "FLOWS", "MANIFEST", "PART_TABLES", "SCHEMA_VERSION", "VIEWS"]
+__all__ = ["EVENTS", "FLOWS", "MANIFEST", "ORIGINS", "PART_TABLES", "SCHEMA_VERSION", "VIEWS"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MANIFEST = "tracefuse-store.json"
+# The key of the JSON in each ``events.parquet``'s metadata that says how to undo the merge's rewrite, so that the
+# analysis reads the rank's events as its trace wrote them: ``rank``, ``file``, ``base_ns`` (what ``ts_ns`` adds to
+# the trace's own ns), ``base_time_ns`` (the trace's ``baseTimeNanoseconds``), ``header`` (its ``distributedInfo``,
+# ``deviceProperties`` and ``host_name``), ``pids`` ([merged, as read] pairs), ``tids`` ([pid, merged, as read]
+# triples, for the tids the merge made ints; the pid as read) and ``durations`` ("int", "float" or "mixed": how the trace wrote ``dur``).
+ORIGINS = b"tracefuse"
 
 _TEXT = pa.dictionary(pa.int32(), pa.string())  # names, categories and phases repeat: dictionary-encoded
 
