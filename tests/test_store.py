@@ -578,3 +578,21 @@ def test_a_store_s_ranks_analyse_as_the_json_s_and_it_merges_no_trace(client, tm
     assert done.returncode == 1 and "an event store keeps none to merge" in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "path.json").exists()
     assert not (tmp_path / "report").exists()
+
+
+@pytest.mark.parametrize("name", JOBS)
+def test_info_of_a_store_is_info_of_its_traces(name, client, tmp_path):
+    """``info`` of a store, read from its manifest, gives what ``info`` gives of its traces, whichever of the
+    merge's paths indexed them (``rewrite_ids`` takes the general one), and the same lines on the command line."""
+    import tracefuse_dask as tf
+    from tracefuse_dask.info import describe_traces
+
+    job = _job(name)
+    want = describe_traces(str(job), client=client)
+    for options in ({}, {"rewrite_ids": True}):
+        store = tmp_path / f"store-{len(options)}"
+        tf.index_traces(str(job), str(store), client=client, **options)
+        got = describe_traces(str(store))
+        assert got == want
+    done = tracefuse("info", str(store))
+    assert done.stdout == tracefuse("info", str(job)).stdout

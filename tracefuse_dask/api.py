@@ -263,13 +263,12 @@ def _clock_estimate(client: Client, paths: dict[int, str], storage_options: dict
 
 
 def _stored(urlpath: Any, storage_options: Mapping[str, Any] | None) -> Any:
-    """An event store given as the input of an analysis (one folder with a store's manifest) as
-    ``analysis.StoredInput``, whose parts are read instead of its traces; other inputs as they are."""
-    from .store.source import is_store, stored_input
+    """An event store given as the input of an analysis as ``analysis.StoredInput``, whose parts are read instead
+    of its traces; other inputs as they are."""
+    from .store.source import store_url, stored_input
 
-    one = urlpath[0] if isinstance(urlpath, (list, tuple)) and len(urlpath) == 1 else urlpath
-    one = os.fspath(one) if isinstance(one, os.PathLike) else one
-    return stored_input(one, storage_options) if is_store(one, storage_options) else urlpath
+    url = store_url(urlpath, storage_options)
+    return urlpath if url is None else stored_input(url, storage_options)
 
 
 def _counter_series(counters: bool) -> Callable[..., tuple[Any, Any]] | None:

@@ -311,8 +311,8 @@ def _diff_command(sub: Any) -> None:
 def _info_command(sub: Any) -> None:
     """``tracefuse info``'s options."""
     i = sub.add_parser("info", help="describe traces without merging them",
-                       description="Describe per-rank traces: ranks, sizes, events per category, time span, "
-                                   "pids and flows. Nothing is written.")
+                       description="Describe per-rank traces (or, from its manifest, those of the store tracefuse "
+                                   "index wrote): ranks, sizes, events per category, span, pids, flows.")
     _add_input_args(i)
     i.add_argument("--json", action="store_true", help="print JSON for machines instead of a table")
     _add_bad_input_args(i)

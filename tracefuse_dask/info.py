@@ -2,38 +2,47 @@
 from __future__ import annotations
 
 from collections import Counter
+from operator import attrgetter
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+import msgspec
+import numpy as np
+import orjson
 
 from .errors import SKIPPABLE, MergeError, RankError, TraceFormatError, every_rank_failed, skipped_rank
 from .storage.files import parse_json, retry_unreachable
 from .cluster import batches, connect
 from .model import DEFAULT_RANK_REGEX, InputFile
 from .kineto.document import check_document, paused_gc
-from .kineto.events import is_device_event
+from .kineto.events import FLOW_PH, is_device_event
 from .kineto.layout import is_merged, split_merged
 from .kineto.array_form import COMPOSER_MERGED, MERGED_BY_COMPOSER
-from .kineto.times import to_ns
+from .kineto.times import to_ns, to_ns_array
+from .kineto.vocabulary import host_category, on_device
 from .storage.inputs import expand_inputs, resolve_rank
 
-__all__ = ["describe_traces", "format_table"]
+__all__ = ["describe_traces", "figures_of_dicts", "figures_of_structs", "format_table"]
 
 _U32 = 1 << 32
 
 
 def _describe(f: InputFile, storage_options: Mapping[str, Any] | None,
-              repair: bool) -> tuple[int, list[dict[str, Any]], str | None] | None:
+              repair: bool) -> tuple[int, list[dict[str, Any]], str | None] | str:
     """The file's uncompressed size, a row per rank it holds (its own, or each rank of a trace that tracefuse
-    merged) and what ``repair`` recovered; None for a listed file that is not a per-rank trace."""
+    merged) and what ``repair`` recovered; for a listed file that is not a per-rank trace, why it is ignored (in
+    the merge's words)."""
     doc, nbytes, repaired = parse_json(f.path, storage_options, rank=f.rank_hint, repair=repair)
     if isinstance(doc, dict) and COMPOSER_MERGED in doc:
         if f.listed:
-            return None
+            return f"{f.path}: {MERGED_BY_COMPOSER}"
         raise TraceFormatError(f"{f.path}: this is {MERGED_BY_COMPOSER}, not a per-rank trace; describe the per-rank "
                                "files instead")
     merged = isinstance(doc, dict) and is_merged(doc.get("metadata"))
-    if f.listed and isinstance(doc, dict) and ("traceEvents" not in doc or merged):
-        return None  # not a trace, or a merged trace in a folder of per-rank ones
+    if f.listed and isinstance(doc, dict) and "traceEvents" not in doc:
+        return f"{f.path}: a JSON file without traceEvents, not a trace"
+    if f.listed and merged:  # beside per-rank ones, as the merge ignores it
+        return f"{f.path}: a merged trace written by tracefuse"
     check_document(doc, f.path)
     base = doc.get("baseTimeNanoseconds") if type(doc.get("baseTimeNanoseconds")) is int else None
     if not merged:
@@ -43,7 +52,7 @@ def _describe(f: InputFile, storage_options: Mapping[str, Any] | None,
             rank, world_size = None, None
         return nbytes, [{"rank": rank, "path": f.path, "bytes": f.size, "bytes_uncompressed": nbytes,
                          "world_size": world_size, "host_name": doc.get("host_name"),
-                         **_stats(doc["traceEvents"], base)}], repaired
+                         **figures_of_dicts(doc["traceEvents"], base)}], repaired
     parts = split_merged(doc["traceEvents"])
     block = doc["metadata"]["tracefuse"]
     entries = block.get("ranks") if isinstance(block, dict) and isinstance(block.get("ranks"), dict) else {}
@@ -56,11 +65,11 @@ def _describe(f: InputFile, storage_options: Mapping[str, Any] | None,
         info = entry.get("distributedInfo") if isinstance(entry.get("distributedInfo"), dict) else {}
         rows.append({"rank": rank, "path": f.path, "source": entry.get("source"), "bytes": None,
                      "bytes_uncompressed": None, "world_size": info.get("world_size"),
-                     "host_name": entry.get("host_name"), **_stats(events, base)})
+                     "host_name": entry.get("host_name"), **figures_of_dicts(events, base)})
     return nbytes, rows, repaired
 
 
-def _stats(events: list[Any], base: int | None) -> dict[str, Any]:
+def figures_of_dicts(events: list[Any], base: int | None) -> dict[str, Any]:
     """Events per category, time span, pids and flows of one rank's events."""
     cats: Counter[str] = Counter()
     host: set[Any] = set()
@@ -91,11 +100,18 @@ def _stats(events: list[Any], base: int | None) -> dict[str, Any]:
             continue
         lo = start if lo is None or start < lo else lo
         hi = end if hi is None or end > hi else hi
+    return _figures(len(events), cats, host, device, strings, flow_ends, (lo, hi), base)
+
+
+def _figures(n: int, cats: Counter[str], host: set[Any], device: set[Any], strings: set[str],
+             flow_ends: dict[Any, set[str]], span: tuple[int | None, int | None], base: int | None) -> dict[str, Any]:
+    """A rank's figures as ``info`` reports them, from what ``figures_of_dicts`` or ``figures_of_structs`` gathered."""
     ids = [k[2] for k in flow_ends]
     offset = base or 0
+    lo, hi = span
     return {
         "base_time_ns": base,
-        "events": len(events),
+        "events": n,
         "categories": dict(sorted(cats.items())),
         "start_ns": None if lo is None else offset + lo,
         "end_ns": None if hi is None else offset + hi,
@@ -108,6 +124,53 @@ def _stats(events: list[Any], base: int | None) -> dict[str, Any]:
             "ids_over_32_bits": sum(1 for i in ids if isinstance(i, int) and i >= _U32),
         },
     }
+
+
+def figures_of_structs(events: list[Any], base: int | None) -> dict[str, Any]:
+    """``figures_of_dicts`` of the events as the merge's fast path decodes them (``merge.fastpath``: structs whose absent
+    fields are ``UNSET`` and whose ``args`` is raw JSON text), before any is dropped or rewritten: the same
+    figures, from C-level passes over the fields and one pass per distinct ``(ph, pid, cat)``."""
+    unset = msgspec.UNSET
+    timed = [e for e in events if e.ph != "M"]
+    cats = Counter(e.ph if e.cat is unset else e.cat for e in timed)
+    host: set[Any] = set()
+    device: set[Any] = set()
+    strings: set[str] = set()
+    unknown = set()  # the categories whose events are device work by their args.stream
+    for ph, pid, cat in set(map(attrgetter("ph", "pid", "cat"), timed)):
+        cat = None if cat is unset else cat
+        if type(pid) is str:
+            strings.add(pid)
+        elif host_category(cat) is None:
+            unknown.add(cat)
+        elif on_device(cat):
+            device.add(pid)
+        elif ph not in FLOW_PH:
+            host.add(pid)
+    for e in timed if unknown else ():
+        cat = None if e.cat is unset else e.cat
+        if cat in unknown and type(e.pid) is not str:
+            if on_device(cat, _args(e.args)):
+                device.add(e.pid)
+            elif e.ph not in FLOW_PH:
+                host.add(e.pid)
+    flow_ends: dict[Any, set[str]] = {}
+    for e in timed:
+        if e.ph in FLOW_PH:
+            flow_ends.setdefault(tuple(None if v is unset else v for v in (e.cat, e.name, e.id)), set()).add(e.ph)
+    start = to_ns_array(np.fromiter(map(attrgetter("ts"), timed), np.float64, len(timed)))
+    end = start + to_ns_array(np.fromiter((0 if d is unset else d for d in map(attrgetter("dur"), timed)),
+                                          np.float64, len(timed)))
+    return _figures(len(events), cats, host, device, strings, flow_ends,
+                    (int(start.min()), int(end.max())) if len(timed) else (None, None), base)
+
+
+def _args(raw: Any) -> Any:
+    """An ``args`` raw text as JSON (None when absent or not JSON)."""
+    try:
+        return None if raw is msgspec.UNSET else orjson.loads(bytes(raw))
+    except orjson.JSONDecodeError:
+        return None
 
 
 @retry_unreachable
@@ -142,7 +205,8 @@ def describe_traces(
 
     A merged trace that tracefuse wrote, named on its own, is described rank by rank
     (its ranks told apart by the pid layout, with their sources); in a folder it is
-    ignored, as ``merge`` ignores it.
+    ignored, as ``merge`` ignores it. An event store (``tracefuse index``), named on its own, is described as the
+    traces it was indexed from, from its manifest, without reading them.
 
     Parameters
     ----------
@@ -160,7 +224,12 @@ def describe_traces(
     """
     if on_error not in ("raise", "skip"):
         raise MergeError(f"on_error={on_error!r}; use 'raise' or 'skip'")
-    files, ignored = expand_inputs(urlpath, storage_options=storage_options, rank_regex=rank_regex)
+    from .store.source import store_url
+
+    if (url := store_url(urlpath, storage_options)) is not None:
+        return _describe_store(url, storage_options)
+    files, unlisted = expand_inputs(urlpath, storage_options=storage_options, rank_regex=rank_regex)
+    ignored = [f"{p}: not a JSON trace by name, or written by tracefuse" for p in unlisted]
     so = dict(storage_options or {})
     with connect(client, scheduler=scheduler, scheduler_file=scheduler_file, workers=workers,
                  timeout=timeout, inputs=files) as c:
@@ -168,12 +237,35 @@ def describe_traces(
         described = [d for group in c.gather(c.map(_describe_ranks, groups, storage_options=so, repair=repair,
                                                    on_error=on_error, pure=False))
                      for d in group]
-    ignored += [f"{f.path} (not a per-rank trace)" for f, d in zip(files, described) if d is None]
+    ignored += [d for d in described if isinstance(d, str)]
     skipped = [d for d in described if isinstance(d, dict)]
     kept = [(f, d) for f, d in zip(files, described) if isinstance(d, tuple)]
     if skipped and not kept:
         raise every_rank_failed(skipped)
-    per_rank = [row for _, (_, rows, _) in kept for row in rows]
+    return _report([row for _, (_, rows, _) in kept for row in rows], len(kept), sum(f.size or 0 for f, _ in kept),
+                   sum(nbytes for _, (nbytes, _, _) in kept), ignored, skipped,
+                   [note for _, (_, _, note) in kept if note])
+
+
+def _describe_store(url: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``describe_traces`` of the traces an event store was indexed from, from the figures its manifest keeps of
+    each (``store.index``), and what its index ignored and skipped."""
+    from .store.query import open_store
+
+    manifest = open_store(url, storage_options).manifest
+    sizes = {i.get("path"): i.get("size") for i in manifest.get("made_from", {}).get("inputs", [])
+             if isinstance(i, dict)}
+    rows = [{"rank": r["rank"], "path": r["file"], "bytes": sizes.get(r["file"]), "bytes_uncompressed": r["bytes_in"],
+             **{k: v for k, v in r["info"].items() if k != "repaired"}} for r in manifest["ranks"]]
+    return _report(rows, len(rows), sum(r["bytes"] or 0 for r in rows), sum(r["bytes_in"] for r in manifest["ranks"]),
+                   list(manifest.get("ignored", [])), list(manifest.get("skipped", [])),
+                   [n for r in manifest["ranks"] if (n := r["info"].get("repaired"))])
+
+
+def _report(per_rank: list[dict[str, Any]], files: int, size: int, nbytes: int, ignored: list[str],
+            skipped: list[dict[str, Any]], repaired: list[str]) -> dict[str, Any]:
+    """``describe_traces``'s report of the ranks' rows (``per_rank``, each a rank of one of ``files`` files of
+    ``size`` bytes, ``nbytes`` uncompressed), with totals over them."""
     per_rank.sort(key=lambda r: (r["rank"] is None, r["rank"] if r["rank"] is not None else 0, r["path"]))
     cats: Counter[str] = Counter()
     for r in per_rank:
@@ -182,11 +274,11 @@ def describe_traces(
     ends = [r["end_ns"] for r in per_rank if r["end_ns"] is not None]
     sizes = sorted({r["world_size"] for r in per_rank if r["world_size"] is not None})
     return {
-        "files": len(kept),
+        "files": files,
         "ranks": [r["rank"] for r in per_rank],
         "world_size": sizes[0] if len(sizes) == 1 else sizes or None,
-        "bytes": sum(f.size or 0 for f, _ in kept),
-        "bytes_uncompressed": sum(nbytes for _, (nbytes, _, _) in kept),
+        "bytes": size,
+        "bytes_uncompressed": nbytes,
         "events": sum(r["events"] for r in per_rank),
         "categories": dict(sorted(cats.items())),
         "start_ns": min(starts, default=None),
@@ -194,7 +286,7 @@ def describe_traces(
         "span_ms": (max(ends) - min(starts)) / 1e6 if starts and ends else None,
         "ignored": ignored,
         "skipped": skipped,
-        "repaired": [note for _, (_, _, note) in kept if note],
+        "repaired": repaired,
         "per_rank": per_rank,
     }
 

@@ -103,8 +103,8 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
 
 
 def rewritten_fast(data: bytes, rank: int, base: int, base_out: int, options: MergeOptions,
-                   who: str) -> tuple[list[dict[str, Any]], list[Any], int, list[tuple[str, Any]],
-                                      set[tuple[Any, Any]]] | None:
+                   who: str, before: Callable[[list[Any]], None] | None = None
+                   ) -> tuple[list[dict[str, Any]], list[Any], int, list[tuple[str, Any]], set[tuple[Any, Any]]] | None:
     """Rewrite one rank's trace text as ``RankEvents.rewrite`` would, or None to use the general path.
 
     Parameters
@@ -117,6 +117,9 @@ def rewritten_fast(data: bytes, rank: int, base: int, base_out: int, options: Me
         Merge options for which ``handles`` is true.
     who
         ``"<path> (rank N)"``, for error messages.
+    before
+        Called with the decoded events before any is dropped or rewritten (``tracefuse index`` takes ``info``'s
+        figures of them there).
 
     Returns
     -------
@@ -139,6 +142,8 @@ def rewritten_fast(data: bytes, rank: int, base: int, base_out: int, options: Me
         return None
     events = trace.traceEvents
     del trace
+    if before is not None:
+        before(events)
     n_in = len(events)
     metas = [e for e in events if e.ph == "M"]
     if not options.include_pyfunc:

@@ -8,7 +8,8 @@ that have columns of their own; the whole ``args`` stays as its JSON text.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from operator import attrgetter
+from itertools import compress, repeat
+from operator import attrgetter, is_not
 from typing import Any
 
 import msgspec
@@ -148,9 +149,14 @@ def _typed(args: list[bytes | None]) -> list[_Typed]:
 def _rest(args: list[bytes | None], cols: dict[str, list[Any]]) -> list[str | None]:
     """Each event's arguments but those its typed columns hold, as JSON text (None for an event without ``args``):
     the trace's keys in its order, without the repeated ids and shapes that would double the part."""
-    columns = [(c, key) for c, key in _KEYS if c in cols]
+    held: list[list[str]] = [[] for _ in args]  # per event, the keys its typed columns hold
+    for column, key in _KEYS:
+        values = cols.get(column)
+        if values is not None and values.count(None) < len(values):
+            for i in compress(range(len(values)), map(is_not, values, repeat(None))):
+                held[i].append(key)
     out: list[str | None] = []
-    for i, a in enumerate(args):
+    for a, keys in zip(args, held):
         if a is None:
             out.append(None)
             continue
@@ -158,9 +164,9 @@ def _rest(args: list[bytes | None], cols: dict[str, list[Any]]) -> list[str | No
         if type(rest) is not dict:
             out.append(a.decode())
             continue
-        for column, key in columns:
-            if cols[column][i] is not None and (column != "group_ranks" or type(rest.get(key)) is str):
-                rest.pop(key, None)  # ranks given as a list stay too: the column has them as text
+        for key in keys:
+            if key != "Process Group Ranks" or type(rest.get(key)) is str:
+                del rest[key]  # ranks given as a list stay too: the column has them as text
         out.append(orjson.dumps(rest).decode())
     return out
 

@@ -52,10 +52,11 @@ from ..merge.plan import (
     plan_merge,
     settle,
 )
+from ..info import figures_of_dicts, figures_of_structs
 from ..merge.rewrite import order_slots, rewrite
-from ..model import MergeSummary, RankTask
+from ..model import InputFile, MergeSummary, RankTask
 from ..storage.files import options_for, read_bytes, retry_unreachable, storage_errors
-from ..storage.inputs import expand_inputs
+from ..storage.inputs import expand_inputs, resolve_rank
 from ..storage.output import put_whole
 from ..storage.runs import alone, run_folder
 from .columns import fields_of_dicts, fields_of_structs, joined, rank_tables
@@ -83,20 +84,22 @@ class IndexedRank:
     bytes_out: int
     host: str | None
     device: str | None
+    info: dict[str, Any]  # ``tracefuse info``'s row of the rank's trace, but its path and sizes
     warnings: list[str] = dataclasses.field(default_factory=list)
 
 
 @functools.cache
 def _code() -> str:
-    """A hash of the code whose changes change a part's bytes (the rewrite rules and the columns): a part written
-    by other code is never reused, whatever the tool's version says."""
+    """A hash of the code whose changes change a part's bytes or its manifest entry (the rewrite rules, the columns,
+    info's figures): a part written by other code is never reused, whatever the tool's version says."""
+    from .. import info
     from ..kineto import events, times, vocabulary
     from ..merge import fastpath
     from ..merge import rewrite as rules
     from . import columns, schema
 
     return tokenize(*(Path(m.__file__).read_bytes() for m in (events, times, vocabulary, fastpath, rules, columns,
-                                                              schema, sys.modules[__name__])))
+                                                              schema, info, sys.modules[__name__])))
 
 
 PART = re.compile(r"\d{6,}-[0-9a-f]{32}")  # a part's folder name: the rank, then a hash
@@ -142,7 +145,10 @@ def _index_rank(task: RankTask, head: tuple[tuple[str, int, int] | None, Any], p
     who = f"{task.path} (rank {task.rank})"
     data, cut_gzip = read_bytes(task.path, storage_options, repair=task.repair)
     nbytes, note = len(data), None
-    fast = rewritten_fast(data, task.rank, task.base, task.base_out, task.options, who) \
+    own_base = head[1] if type(head[1]) is int else None
+    figures: dict[str, Any] = {}  # info's, of the events as read
+    fast = rewritten_fast(data, task.rank, task.base, task.base_out, task.options, who,
+                          lambda events: figures.update(figures_of_structs(events, own_base))) \
         if handles(task.options, task.window_abs_ns) else None
     if fast is not None:
         first, body, n_in, slots, odd_tids = fast
@@ -153,6 +159,7 @@ def _index_rank(task: RankTask, head: tuple[tuple[str, int, int] | None, Any], p
         check_document(doc, who)
         events = doc["traceEvents"]
         n_in = len(events)
+        figures = figures_of_dicts(events, own_base)
         sel = RankEvents(events, task.base, task.options, who, task.window_abs_ns)
         slots = order_slots(*sel.pids, who)
         odd_tids = {(ev["pid"], t) for ev, kept in zip(events, sel.keep)
@@ -183,12 +190,14 @@ def _index_rank(task: RankTask, head: tuple[tuple[str, int, int] | None, Any], p
                        column_encoding=dict.fromkeys(delta, "DELTA_BINARY_PACKED"))
         written += buf.tell()
         put_whole(fs, f"{root}/{part}/{name}.parquet", buf.getvalue(), storage_options)
+    world_size = resolve_rank(InputFile(task.path, rank_hint=task.rank, hint_source="key"), header)[1]
+    info = {"world_size": world_size, "host_name": header.get("host_name"), **figures, "repaired": note}
     host, props = header.get("host_name"), header.get("deviceProperties")
     devices = {pid for kind, pid in slots if kind == "d"}
     names = sorted({str(d.get("name")) for d in props if isinstance(d, dict) and d.get("id") in devices}) \
         if isinstance(props, list) else []
     return IndexedRank(task.rank, task.path, part, n_in, {k: t.num_rows for k, t in tables.items()}, nbytes,
-                       written, host if isinstance(host, str) else None, ", ".join(names) or None,
+                       written, host if isinstance(host, str) else None, ", ".join(names) or None, info,
                        [note] if note else [])
 
 
@@ -376,8 +385,8 @@ def _run(c: Client, plan: MergePlan, parts: list[str], todo: list[int], store: s
         notes.warnings.extend(w for w in r.warnings if w not in notes.warnings)
         out.append({"rank": r.rank, "file": r.path, "part": r.part, "host": r.host, "device": r.device,
                     "base_ns": by_rank[r.rank].base, "offset_ns": plan.clock_offsets.get(r.rank, 0),
-                    "events_in": r.events_in,
-                    "rows": r.rows, "bytes_in": r.bytes_in, "bytes_out": r.bytes_out})
+                    "events_in": r.events_in, "rows": r.rows, "bytes_in": r.bytes_in, "bytes_out": r.bytes_out,
+                    "info": r.info})
     return out
 
 

@@ -8,6 +8,7 @@ the analysis of a store is the analysis of its traces, table for table.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,23 +28,27 @@ from ..storage.files import options_for, storage_errors
 from .query import open_store
 from .schema import MANIFEST, ORIGINS
 
-__all__ = ["is_store", "rank_events", "read_part", "stored_input"]
+__all__ = ["rank_events", "read_part", "store_url", "stored_input"]
 
 _NO_ARGS = Args()
+_LISTS = ("input_dims", "input_types", "concrete_inputs")
 _READ = {"events": ["pid", "tid", "ph", "cat", "name", "ts_ns", "dur_ns", "stream", "correlation", "collective",
                     "process_group", "group_ranks", "group_size", "in_nelems", "out_nelems", "dtype", "input_dims",
                     "input_types", "concrete_inputs", "args"],
          "flows": ["ph", "cat", "name", "pid", "tid", "ts_ns", "id"]}
 
 
-def is_store(urlpath: Any, storage_options: Mapping[str, Any] | None) -> bool:
-    """Whether ``urlpath`` is one folder that holds a store's manifest."""
-    if not isinstance(urlpath, str) or any(c in urlpath for c in "*?["):
-        return False
-    url = urlpath.rstrip("/")
+def store_url(urlpath: Any, storage_options: Mapping[str, Any] | None) -> str | None:
+    """The store that ``urlpath`` names (a folder that holds a store's manifest, alone or as a one-item list), or
+    None: the inputs are traces."""
+    one = urlpath[0] if isinstance(urlpath, (list, tuple)) and len(urlpath) == 1 else urlpath
+    one = os.fspath(one) if isinstance(one, os.PathLike) else one
+    if not isinstance(one, str) or any(c in one for c in "*?["):
+        return None
+    url = one.rstrip("/")
     with storage_errors(url, storage_options):
         fs, root = fsspec.core.url_to_fs(url, **options_for(url, storage_options))
-        return bool(fs.isfile(f"{root}/{MANIFEST}"))
+        return url if fs.isfile(f"{root}/{MANIFEST}") else None
 
 
 def stored_input(url: str, storage_options: Mapping[str, Any] | None) -> StoredInput:
@@ -79,23 +84,21 @@ def read_part(f: InputFile, storage_options: Mapping[str, Any] | None) -> tuple[
             base if type(base) is int and base >= 0 else 0)
 
 
-def _times(ns: list[int | None], shift: int, durations: str = "mixed") -> list[Any]:
-    """µs as the trace wrote them, from integer ns less ``shift``: a float (``durations="float"``), an int
-    (``"int"``), or (``"mixed"``) an int for whole µs; the float of ``n / 1000`` is the one the decimal text
-    parses to."""
-    out: list[Any] = []
-    for v in ns:
-        if v is None:
-            out.append(None)
-            continue
-        v -= shift
-        if durations == "float":
-            out.append(v / 1000)
-        elif durations == "int" or v % 1000 == 0:
-            out.append(v // 1000)
-        else:
-            out.append(v / 1000)
-    return out
+def _times(ns: pa.ChunkedArray, shift: int, durations: str = "mixed") -> list[Any]:
+    """µs as the trace wrote them, from integer ns less ``shift``: floats (``durations="float"``), ints (``"int"``),
+    or (``"mixed"``) ints for whole µs; None where null. The float of ``n / 1000``, correctly rounded as numpy
+    divides below 2**53 ns and Python above, is the one the trace's decimal text parses to."""
+    v = pc.fill_null(ns, 0).to_numpy() - shift
+    whole = np.full(len(v), durations == "int") if durations != "mixed" else v % 1000 == 0
+    out = np.empty(len(v), dtype=object)
+    out[whole] = (v[whole] // 1000).astype(object)
+    part = ~whole
+    out[part] = (v[part] / 1000).astype(object)
+    for i in np.flatnonzero(part & (np.abs(v) >= 2**53)).tolist():
+        out[i] = int(v[i]) / 1000
+    if ns.null_count:
+        out[ns.is_null().to_numpy(zero_copy_only=False)] = None
+    return out.tolist()
 
 
 def _values(column: pa.ChunkedArray) -> list[Any]:
@@ -107,21 +110,36 @@ def _values(column: pa.ChunkedArray) -> list[Any]:
     return values[arr.indices.fill_null(len(arr.dictionary)).to_numpy()].tolist()
 
 
-def _raw(values: list[Any], fallback: list[msgspec.Raw]) -> list[msgspec.Raw]:
-    """A list column as the raw JSON text ``Args`` holds, or what ``args`` kept where the column has none."""
-    return [msgspec.Raw(orjson.dumps(v)) if v is not None else r for v, r in zip(values, fallback)]
+def _json_texts(events: pa.Table, columns: tuple[str, ...]) -> dict[str, list[str | None]]:
+    """The list columns ``columns`` as JSON text, written by DuckDB (ten times faster than a loop over them)."""
+    import duckdb
+
+    con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False,
+                                 "threads": 1})
+    lists = events.select(list(columns))  # noqa: F841 - the query's table
+    got = con.sql(f"SELECT {', '.join(f'to_json({c}) AS {c}' for c in columns)} FROM lists").to_arrow_table()
+    return {c: got.column(c).to_pylist() for c in columns}
 
 
-def _either(column: list[Any], kept: list[Any]) -> list[Any]:
+def _raw(texts: list[str | None], fallback: list[msgspec.Raw]) -> list[msgspec.Raw]:
+    """A list column's JSON text as the raw text ``Args`` holds, or what ``args`` kept where the column has none."""
+    raws = {v: msgspec.Raw(v.encode()) for v in set(texts) if v is not None}  # shapes repeat
+    return [raws[v] if v is not None else r for v, r in zip(texts, fallback)]
+
+
+def _either(column: list[Any], kept: tuple[Any, ...]) -> list[Any]:
     """An argument from what ``args`` kept (a value no column could hold as it is), else from its column."""
+    if kept.count(None) == len(kept):
+        return column
     return [k if k is not None else c for c, k in zip(column, kept)]
 
 
 def rank_events(events: pa.Table, flows: pa.Table, origins: Mapping[str, Any]) -> list[Event]:
     """A part's events (but metadata) and flows as the rank's trace holds them, as ``decode_trace`` decodes them;
     ``origins`` is the part's ``schema.ORIGINS`` JSON."""
-    events = events.filter(pc.not_equal(events["ph"], "M"))
-    col = {name: _values(events.column(name)) for name in events.column_names}
+    col = {name: _values(events.column(name)) for name in events.column_names
+           if name not in ("ts_ns", "dur_ns", *_LISTS)}
+    col |= _json_texts(events, _LISTS)
     n = events.num_rows
     pids = {merged: pid for merged, pid in origins["pids"]}
     tids = {(pid, merged): tid for pid, merged, tid in origins["tids"]}
@@ -150,14 +168,15 @@ def rank_events(events: pa.Table, flows: pa.Table, origins: Mapping[str, Any]) -
             args[i] = None
         elif not a.startswith("{"):
             args[i] = orjson.loads(a)
-    ts = _times(col["ts_ns"], shift)
-    dur = _times(col["dur_ns"], 0, origins["durations"])
+    ts = _times(events.column("ts_ns"), shift)
+    dur = _times(events.column("dur_ns"), 0, origins["durations"])
     out = [Event(ph=ph, cat=c or "", name=nm or "", pid=p, tid=t, ts=s, dur=0 if d is None else d, args=a)
-           for ph, c, nm, p, t, s, d, a in zip(col["ph"], col["cat"], col["name"], pid, tid, ts, dur, args)]
-    fl = {name: _values(flows.column(name)) for name in flows.column_names}
+           for ph, c, nm, p, t, s, d, a in zip(col["ph"], col["cat"], col["name"], pid, tid, ts, dur, args)
+           if ph != "M"]  # metadata: the merge's, not the trace's, and no analysis reads it
+    fl = {name: _values(flows.column(name)) for name in flows.column_names if name != "ts_ns"}
     fpid = [pids.get(p, p) for p in fl["pid"]]
     ftid = [tids.get((p, t), t) for p, t in zip(fpid, fl["tid"])] if tids else fl["tid"]
     out += [Event(ph=ph, cat=c or "", name=nm or "", pid=p, tid=t, ts=s, id=i)
             for ph, c, nm, p, t, s, i in zip(fl["ph"], fl["cat"], fl["name"], fpid, ftid,
-                                             _times(fl["ts_ns"], shift), fl["id"])]
+                                             _times(flows.column("ts_ns"), shift), fl["id"])]
     return out
