@@ -168,11 +168,11 @@ def test_the_index_benchmark_pairs_the_index_with_the_merge(tmp_path):
     text = out.read_text()
     rows = [line.split(" | ")[0] for line in text.splitlines() if line.startswith("| ") and "a100" in line]
     assert rows == ["| merge → .json.gz", "| index → store", "| analyze ← .json.gz", "| analyze ← store",
-                    "| merge → .json.gz", "| index → store"], rows
+                    "| analyze --store ← .json.gz", "| merge → .json.gz", "| index → store"], rows
     assert re.search(r"- a100: the index takes \d+\.\d\d× the merge's time \(rounds [\d.]+-[\d.]+\); the store is "
                      r"[\d.]+ MB, [\d.]+× the [\d.]+ MB of gzipped JSON; p99 kernel time per rank over it answers in "
                      r"[\d.]+ s", text), text
-    assert re.search(r"- a100: analyze from the store takes \d+\.\d\d× analyze from the JSON \(rounds [\d.]+-[\d.]+\)",
-                     text), text
+    assert re.search(r"- a100: analyze from the store takes \d+\.\d\d× analyze from the JSON \(rounds [\d.]+-[\d.]+\); "
+                     r"analyze --store takes \d+\.\d\d× analyze from the JSON", text), text
     assert re.search(r"- 20 ranks of 10 kB: the index takes [\d.]+ ms per rank", text), text
     assert [p.name for p in tmp_path.iterdir()] == ["report.md"]

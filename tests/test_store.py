@@ -575,7 +575,7 @@ def test_a_store_s_ranks_analyse_as_the_json_s_and_it_merges_no_trace(client, tm
         pd.testing.assert_frame_equal(got.tables()[name], table, obj=name)
     done = tracefuse("analyze", str(store), "-o", str(tmp_path / "report"), "--critical-path-trace",
                      str(tmp_path / "path.json"), check=False)
-    assert done.returncode == 1 and "an event store keeps none to merge" in done.stderr
+    assert done.returncode == 1 and "the input is an event store, which keeps none" in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "path.json").exists()
     assert not (tmp_path / "report").exists()
 
@@ -596,3 +596,51 @@ def test_info_of_a_store_is_info_of_its_traces(name, client, tmp_path):
         assert got == want
     done = tracefuse("info", str(store))
     assert done.stdout == tracefuse("info", str(job)).stdout
+
+
+@pytest.mark.parametrize("name", shared_params(["hta_trace_filter", "gloo_4ranks"]))
+def test_analyze_store_writes_in_its_tasks_the_store_index_writes(name, tmp_path):
+    """``analyze --store``: the report of a plain analyze, and the store of ``index --align base``, part for part
+    and byte for byte, which that index then finds up to date and whose analysis is the report's."""
+    job = _job(name)
+    tracefuse("analyze", str(job), "-o", str(tmp_path / "plain"), "--format", "csv", "-q")
+    done = tracefuse("analyze", str(job), "-o", str(tmp_path / "report"), "--format", "csv", "--store",
+                     str(tmp_path / "store"))
+    assert re.search(r"wrote .*store: the event store of \d+ ranks, [\d,]+ rows", done.stderr), done.stderr
+    report = _report(tmp_path / "report")
+    summary = orjson.loads(report.pop("summary.json"))
+    assert summary.pop("store")["output"] == str(tmp_path / "store")
+    plain = _report(tmp_path / "plain")
+    assert orjson.loads(plain.pop("summary.json")) == summary
+    assert {k: v for k, v in report.items() if k != "report.html"} == \
+        {k: v for k, v in plain.items() if k != "report.html"}
+    tracefuse("index", str(job), "-o", str(tmp_path / "indexed"), "--align", "base", "-q")
+    assert _files(tmp_path / "store") == _files(tmp_path / "indexed")
+    done = tracefuse("index", str(job), "-o", str(tmp_path / "store"), "--align", "base", "--skip-if-unchanged")
+    assert "unchanged:" in done.stderr
+    tracefuse("analyze", str(tmp_path / "store"), "-o", str(tmp_path / "from-store"), "--format", "csv", "-q")
+    assert _report(tmp_path / "from-store") == plain | {"summary.json": _report(tmp_path / "plain")["summary.json"]}
+
+
+def test_analyze_store_refuses_what_it_cannot_write_before_any_work_and_a_failure_leaves_no_store(tmp_path):
+    job, store = _job("gloo_2ranks_tb_nostraggler"), tmp_path / "store"
+    tracefuse("index", str(job), "-o", str(store), "-q")
+    before = _files(store)
+    for args, says in ((["--store", str(store)], "the store exists; pass --force"),
+                       (["--store", str(tmp_path / "other"), "--skip-if-unchanged"], "skip_if_unchanged with store"),
+                       ):
+        done = tracefuse("analyze", str(job), "-o", str(tmp_path / "report"), *args, check=False)
+        assert done.returncode == 1 and says in done.stderr and "Traceback" not in done.stderr, done.stderr
+        assert not (tmp_path / "report").exists() and not (tmp_path / "other").exists()
+    done = tracefuse("analyze", str(store), "-o", str(tmp_path / "report"), "--store", str(tmp_path / "other"),
+                     check=False)
+    assert done.returncode == 1 and "the input is an event store" in done.stderr
+    assert _files(store) == before
+    bad = tmp_path / "bad"
+    shutil.copytree(job, bad)
+    victim = sorted(bad.glob("*.json*"))[-1]
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    done = tracefuse("analyze", str(bad), "-o", str(tmp_path / "report"), "--store", str(tmp_path / "other"),
+                     check=False)
+    assert done.returncode == 1 and victim.name in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "other").exists() and not (tmp_path / "report").exists()

@@ -7,6 +7,7 @@ the other.
 """
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
@@ -290,6 +291,7 @@ def analyze(
     *,
     critical_path_trace: str | None = None,
     counters: bool = False,
+    store: str | None = None,
     client: Client | None = None,
     storage_options: Mapping[str, Any] | None = None,
     force: bool = False,
@@ -300,8 +302,9 @@ def analyze(
     show_progress: bool = False,
     **options: Any,
 ) -> Analysis:
-    """Analyse per-rank traces, one Dask task per file, and reduce the small per-rank tables; optionally also
-    write the merged trace with the critical path marked.
+    """Analyse per-rank traces (or an event store, ``index_traces``), one Dask task per file, and reduce the small
+    per-rank tables; optionally also write the merged trace with the critical path marked, and the job's event
+    store.
 
     Parameters
     ----------
@@ -311,7 +314,7 @@ def analyze(
     **options
         As ``tracefuse_dask.analysis.analyze``: ``ranks``, ``steps``, ``rank_regex``, ``format``,
         ``keep_unlaunched_gpu``, ``gpu_spec``, ``cutoffs``, ``kernel_sequences``, ``on_error``, ``repair``,
-        ``skip_if_unchanged`` (not with ``critical_path_trace``).
+        ``skip_if_unchanged`` (not with ``critical_path_trace`` or ``store``).
     critical_path_trace
         Also merge the analysed ranks into this trace (as ``merge_traces`` with ``align="base"``), with the
         critical path marked for Perfetto: an arrow (flow ``critical_path``) from each of the path's events to
@@ -319,6 +322,10 @@ def analyze(
         segments as slices. Every other event is as a plain merge writes it. Same cluster as the analysis.
     counters
         Also add ``merge_traces``'s counter tracks to ``critical_path_trace`` (which it needs).
+    store
+        Also write the job's event store here, from the traces the map tasks read (as ``index_traces`` with
+        ``align="base"`` writes it: the same parts, under the same names), committed when the analysis ends;
+        ``force`` replaces an existing one. ``summary["store"]`` says what was written.
 
     Returns
     -------
@@ -331,7 +338,6 @@ def analyze(
     """
     from .analysis import analyze as analyze_ranks
     from .analysis import check_new, write_report
-    from .analysis.report.marks import WHAT_IF_TID, trace_marks
     from .analysis.schema import StoredInput
     from .cluster import connect
 
@@ -341,37 +347,78 @@ def analyze(
         raise MergeError("counters=True adds counter tracks to the critical-path trace; pass critical_path_trace "
                          "too, or merge with merge_traces(..., counters=True)")
     urlpath = _stored(urlpath, storage_options)
-    if critical_path_trace is None:
+    if critical_path_trace is None and store is None:
         return analyze_ranks(urlpath, out_dir, client=client, force=force, **cluster, **common, **options)
-    if isinstance(urlpath, StoredInput):
-        raise MergeError("critical_path_trace merges the traces, and an event store keeps none to merge: give the "
-                         "traces, or analyse the store without critical_path_trace")
-    if options.get("skip_if_unchanged"):
-        raise MergeError("skip_if_unchanged with critical_path_trace: the trace is not part of the report folder's "
-                         "commit; run the two apart, or without skip_if_unchanged")
+    for what, out in (("critical_path_trace", critical_path_trace), ("store", store)):
+        if out is not None and isinstance(urlpath, StoredInput):
+            raise MergeError(f"{what} is written from the traces, and the input is an event store, which keeps "
+                             f"none: give the traces, or analyse the store without {what}")
+        if out is not None and options.get("skip_if_unchanged"):
+            raise MergeError(f"skip_if_unchanged with {what}: it is not part of the report folder's commit; run the "
+                             f"two apart, or without skip_if_unchanged")
+        if out is not None and out_dir is not None and out.startswith(out_dir.rstrip("/") + "/"):
+            raise MergeError(f"{out} is inside the report folder {out_dir}, which is written as a whole; write it "
+                             "beside it")
     so = dict(storage_options or {})
-    if out_dir is not None and critical_path_trace.startswith(out_dir.rstrip("/") + "/"):
-        raise MergeError(f"{critical_path_trace} is inside the report folder {out_dir}, which is written as a whole; "
-                         "write the critical-path trace beside it")
     for out in filter(None, (out_dir, critical_path_trace)):  # before any work: both are written at the end
         check_new(out, so, force)
     with connect(client, **cluster) as c:
-        result = analyze_ranks(urlpath, None, client=c, **common, **options)
-        s = result.summary
-        inputs = dict(zip(s["ranks"], s["inputs"]))
-        if len(set(inputs.values())) < len(inputs):
-            raise MergeError("--critical-path-trace merges the per-rank traces, and the input is a merged trace; "
-                             "analyse the per-rank traces it was merged from")
-        marks = trace_marks(result.critical_path, s["critical_path_origin_ns"],
-                            {int(r): b for r, b in s["base_time_ns"].items()},
-                            {int(r): us * 1e3 for r, us in s["clock_offset_us"].items()}, s["straggler"])
-        request = MergeRequest(out=critical_path_trace,
-                               options=build_options(steps=options.get("steps"), counters=counters),
-                               storage_options=so, ranks=None, rank_regex=DEFAULT_RANK_REGEX, gzip_members="rank",
-                               on_error="raise", repair=options.get("repair", False), align="base", split=None, format="json", force=force,
-                               skip_if_unchanged=False, show_progress=show_progress, marks=marks,
-                               counter_series=_counter_series(counters))
-        merged = merge(inputs, request, client=c)
+        if store is None:
+            result = analyze_ranks(urlpath, None, client=c, **common, **options)
+        else:
+            result = _analyze_storing(c, urlpath, store, so, force, show_progress, options)
+        if critical_path_trace is not None:
+            _mark_critical_path(c, result, critical_path_trace, counters, so, force, show_progress, options)
+    if out_dir is not None:
+        result.made_from = None  # the commit does not cover the by-products: --skip-if-unchanged never skips it
+        write_report(result, out_dir, so, format=options.get("format", "parquet"))
+    return result
+
+
+def _analyze_storing(c: Client, urlpath: Any, store: str, so: dict[str, Any], force: bool, show_progress: bool,
+                     options: dict[str, Any]) -> Analysis:
+    """``analyze`` on the cluster ``c`` whose map tasks also write each rank's part of the event store ``store``,
+    committed as ``tracefuse index --align base`` commits one when the analysis ends."""
+    from .analysis import analyze as analyze_ranks
+    from .analysis.schema import StoreOutput
+    from .store.index import analysis_store, part_of_analysis
+
+    request = MergeRequest(store, build_options(), so, options.get("ranks"),
+                           options.get("rank_regex", DEFAULT_RANK_REGEX), "rank", options.get("on_error", "raise"),
+                           options.get("repair", False), "base", None, "json", force, False, show_progress)
+    with analysis_store(request) as run:
+        write = functools.partial(part_of_analysis, store=store, storage_options=so, repair=request.repair)
+        result = analyze_ranks(urlpath, None, client=c, storage_options=so, show_progress=show_progress,
+                               store_output=StoreOutput(write, run.parts), **options)
+        run.inputs, run.ignored, run.skipped = (result.made_from["inputs"], result.summary["ignored"],
+                                                result.summary["skipped"])
+    rows = [p["row"] for p in run.parts]
+    result.summary["store"] = {"output": store, "ranks": len(rows),
+                               "rows": sum(sum(r["rows"].values()) for r in rows),
+                               "bytes": sum(r["bytes_out"] for r in rows)}
+    return result
+
+
+def _mark_critical_path(c: Client, result: Analysis, out: str, counters: bool, so: dict[str, Any], force: bool,
+                        show_progress: bool, options: dict[str, Any]) -> None:
+    """Merge the analysed ranks into ``out`` on the cluster ``c``, with the critical path of ``result`` marked, and
+    say so in its summary (``analyze``'s ``critical_path_trace``)."""
+    from .analysis.report.marks import WHAT_IF_TID, trace_marks
+
+    s = result.summary
+    inputs = dict(zip(s["ranks"], s["inputs"]))
+    if len(set(inputs.values())) < len(inputs):
+        raise MergeError("--critical-path-trace merges the per-rank traces, and the input is a merged trace; "
+                         "analyse the per-rank traces it was merged from")
+    marks = trace_marks(result.critical_path, s["critical_path_origin_ns"],
+                        {int(r): b for r, b in s["base_time_ns"].items()},
+                        {int(r): us * 1e3 for r, us in s["clock_offset_us"].items()}, s["straggler"])
+    request = MergeRequest(out=out, options=build_options(steps=options.get("steps"), counters=counters),
+                           storage_options=so, ranks=None, rank_regex=DEFAULT_RANK_REGEX, gzip_members="rank",
+                           on_error="raise", repair=options.get("repair", False), align="base", split=None,
+                           format="json", force=force, skip_if_unchanged=False, show_progress=show_progress,
+                           marks=marks, counter_series=_counter_series(counters))
+    merged = merge(inputs, request, client=c)
     s["critical_path_trace"] = {"output": merged.output, "ranks": merged.ranks, "bytes": merged.bytes_out,
                                 "arrows": sum(len(m.flows) for m in marks.values()) // 2,
                                 "slices": sum(ev["ph"] == "X" and ev["tid"] != WHAT_IF_TID for m in marks.values()
@@ -379,10 +426,6 @@ def analyze(
                                 "what_if_slices": sum(ev["ph"] == "X" and ev["tid"] == WHAT_IF_TID
                                                       for m in marks.values() for ev in m.track),
                                 "warnings": merged.warnings}
-    if out_dir is not None:
-        result.made_from = None  # the commit does not cover the trace: --skip-if-unchanged never skips this report
-        write_report(result, out_dir, so, format=options.get("format", "parquet"))
-    return result
 
 
 def diff(

@@ -2,24 +2,31 @@
 from __future__ import annotations
 
 from collections import Counter
-from operator import attrgetter
 from collections.abc import Iterable, Mapping
+from operator import attrgetter
 from typing import Any
 
 import msgspec
 import numpy as np
 import orjson
 
-from .errors import SKIPPABLE, MergeError, RankError, TraceFormatError, every_rank_failed, skipped_rank
-from .storage.files import parse_json, retry_unreachable
 from .cluster import batches, connect
-from .model import DEFAULT_RANK_REGEX, InputFile
+from .errors import (
+    SKIPPABLE,
+    MergeError,
+    RankError,
+    TraceFormatError,
+    every_rank_failed,
+    skipped_rank,
+)
+from .kineto.array_form import COMPOSER_MERGED, MERGED_BY_COMPOSER
 from .kineto.document import check_document, paused_gc
 from .kineto.events import FLOW_PH, is_device_event
 from .kineto.layout import is_merged, split_merged
-from .kineto.array_form import COMPOSER_MERGED, MERGED_BY_COMPOSER
 from .kineto.times import to_ns, to_ns_array
 from .kineto.vocabulary import host_category, on_device
+from .model import DEFAULT_RANK_REGEX, InputFile
+from .storage.files import parse_json, retry_unreachable
 from .storage.inputs import expand_inputs, resolve_rank
 
 __all__ = ["describe_traces", "figures_of_dicts", "figures_of_structs", "format_table"]

@@ -24,7 +24,7 @@ from ..storage.inputs import expand_inputs
 from .cross_rank.critical_path import walks_in
 from .folder import check_new, unchanged_report, write_report
 from .reduce import reduce_ranks
-from .schema import Analysis, AnalyzeRequest, Cutoffs, StoredInput
+from .schema import Analysis, AnalyzeRequest, Cutoffs, StoredInput, StoreOutput
 from .tasks import analyze_files, combine, segments_in, without_segments
 from .transport import join_parts
 
@@ -59,6 +59,7 @@ def analyze(
     on_error: str = "raise",
     repair: bool = False,
     skip_if_unchanged: bool = False,
+    store_output: StoreOutput | None = None,
 ) -> Analysis:
     """Analyse per-rank traces, one Dask task per file, and reduce the small per-rank tables.
 
@@ -110,6 +111,8 @@ def analyze(
         Analyse nothing when the commit of the report folder ``out_dir`` shows the same inputs (size and etag or
         mtime), options and tool version as now: return the report as read back, with ``summary["status"]``
         ``"unchanged"``. Otherwise analyse, replacing the folder (``force``).
+    store_output
+        Also write each rank's part of an event store, in the map tasks (``StoreOutput``).
 
     Returns
     -------
@@ -123,7 +126,8 @@ def analyze(
     started = time.perf_counter()
     request = _request(format, on_error, ranks, steps, storage_options, rank_regex, keep_unlaunched_gpu, gpu_spec,
                        cutoffs, kernel_sequences, repair,
-                       urlpath.read_part if isinstance(urlpath, StoredInput) else None)
+                       urlpath.read_part if isinstance(urlpath, StoredInput) else None,
+                       store_output.write_part if store_output is not None else None)
     so = request.storage_options
     if skip_if_unchanged and out_dir is None:
         raise MergeError("skip_if_unchanged compares with the report folder: give out_dir too")
@@ -149,6 +153,8 @@ def analyze(
     with connect(client, scheduler=scheduler, scheduler_file=scheduler_file, workers=workers,
                  timeout=timeout, inputs=files) as c:
         results, segments_of = _map(c, files, request, show_progress)
+        if store_output is not None:
+            store_output.parts.extend(p for r in results for p in r["parts"])
         if segments_of is not None:  # the segments are on the cluster: the reduce asks it for the path's
             with paused_gc():
                 analysis = reduce_ranks(results, segments_of, ignored, request)
@@ -167,7 +173,7 @@ def analyze(
 def _request(format: str, on_error: str, ranks: str | Iterable[int] | None, steps: str | tuple[int, int] | None,
              storage_options: Mapping[str, Any] | None, rank_regex: str, keep_unlaunched_gpu: bool,
              gpu_spec: str | None, cutoffs: Cutoffs | None, kernel_sequences: str | None, repair: bool,
-             read_part: Callable[..., Any] | None) -> AnalyzeRequest:
+             read_part: Callable[..., Any] | None, write_part: Callable[..., Any] | None) -> AnalyzeRequest:
     """``analyze``'s options checked, before any IO, as the request its tasks and its reduce read."""
     if format not in ("parquet", "csv"):
         raise MergeError(f"format={format!r}; use 'parquet' or 'csv'")
@@ -182,7 +188,7 @@ def _request(format: str, on_error: str, ranks: str | Iterable[int] | None, step
                           rank_regex=rank_regex, keep_unlaunched_gpu=keep_unlaunched_gpu,
                           devices=load_devices(gpu_spec), cutoffs=cutoffs or Cutoffs(),
                           sequences_of=kernel_sequences or None, repair=repair, on_error=on_error,
-                          read_part=read_part)
+                          read_part=read_part, write_part=write_part)
 
 
 def _map(c: Any, files: list[InputFile], request: AnalyzeRequest,

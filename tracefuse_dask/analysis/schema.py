@@ -415,6 +415,7 @@ class AnalyzeRequest:
     repair: bool = False
     on_error: str = "raise"
     read_part: Callable[..., tuple[list[Any], dict[str, Any], int]] | None = None  # ``StoredInput.read_part``
+    write_part: Callable[..., dict[str, Any]] | None = None  # ``StoreOutput.write_part``
 
 
 @dataclass(frozen=True)
@@ -426,6 +427,16 @@ class StoredInput:
     files: list[InputFile]
     read_part: Callable[..., tuple[list[Any], dict[str, Any], int]]
     ignored: list[str]
+
+
+@dataclass(frozen=True)
+class StoreOutput:
+    """``analyze --store``: the function each map task calls with the trace it read, to write its rank's part of
+    an event store (``store.index.part_of_analysis``, the store bound), and the list the parts' manifest entries
+    go to when the map is done (``store.index.analysis_store`` commits them)."""
+
+    write_part: Callable[..., dict[str, Any]]
+    parts: list[dict[str, Any]]
 
 # The critical path: the kinds of its segments, and the columns of the walks' pieces and of the path.
 # "sync wait": a stream waiting for another stream's work; "sync overhead": the part of a blocking call (a sync, a

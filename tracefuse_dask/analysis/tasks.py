@@ -46,7 +46,7 @@ def _analyze_file(f: InputFile, request: AnalyzeRequest) -> dict[str, Any]:
             rank, world_size, _ = resolve_rank(f, header, rank_regex)
             ranks = [analyze_events(events, rank, f.path, request.steps, base=base, header=header, **options)
                      ] if subset is None or rank in subset else []
-        return {"ranks": ranks, "world_size": world_size, "notes": [], "repaired": []}
+        return {"ranks": ranks, "world_size": world_size, "notes": [], "repaired": [], "parts": []}
     if looks_like_collective_trace(read_start(f.path, storage_options)):
         return {"ct_calls": _collective_trace_calls(f, storage_options, rank_regex)}
     if f.listed and not TRACE_NAME.search(f.path):
@@ -59,12 +59,17 @@ def _analyze_file(f: InputFile, request: AnalyzeRequest) -> dict[str, Any]:
             header = {"distributedInfo": trace.distributedInfo, "host_name": trace.host_name,
                       "global_rank": trace.global_rank, "deviceProperties": trace.deviceProperties}
             rank, world_size, note = resolve_rank(f, header, rank_regex)
+            wanted = subset is None or rank in subset
+            stored = [request.write_part(f, data, cut_gzip, rank, header, trace.baseTimeNanoseconds)
+                      ] if wanted and request.write_part is not None else []
             ranks = [analyze_events(trace.traceEvents, rank, f.path, request.steps,
                                     base=_base(trace.baseTimeNanoseconds), header=header, **options)
-                     ] if subset is None or rank in subset else []
-            return {"ranks": ranks, "world_size": world_size, "notes": [note] if note else [], "repaired": []}
+                     ] if wanted else []
+            return {"ranks": ranks, "world_size": world_size, "notes": [note] if note else [], "repaired": [],
+                    "parts": stored}
         del trace
         doc, _, repaired = decode_json(data, f.path, rank=f.rank_hint, cut_gzip=cut_gzip, repair=request.repair)
+        text = data if request.write_part is not None else None  # for the rank's part, once its rank is known
         del data
         if f.listed and isinstance(doc, dict) and "traceEvents" not in doc:
             return {"ignored": f"{f.path}: a JSON file without traceEvents, not a trace"}
@@ -91,10 +96,14 @@ def _analyze_file(f: InputFile, request: AnalyzeRequest) -> dict[str, Any]:
             parts = {rank: doc["traceEvents"]}
             notes += [note] if note else []
             headers = {rank: {k: v for k, v in doc.items() if k != "traceEvents"}}
-        del doc
+        stored = [request.write_part(f, text, cut_gzip, rank, headers[rank], doc.get("baseTimeNanoseconds"))
+                  for rank in parts if not is_merged(meta) and request.write_part is not None
+                  and (subset is None or rank in subset)]
+        del doc, text
         ranks = [analyze_rank(events, rank, f.path, request.steps, base=base, header=headers.get(rank), **options)
                  for rank, events in sorted(parts.items()) if subset is None or rank in subset]
-        return {"ranks": ranks, "world_size": world_size, "notes": notes, "repaired": [repaired] if repaired else []}
+        return {"ranks": ranks, "world_size": world_size, "notes": notes, "repaired": [repaired] if repaired else [],
+                "parts": stored}
 
 
 @retry_unreachable
@@ -115,7 +124,7 @@ def batch(results: list[dict[str, Any]]) -> dict[str, Any]:
     ~10 kB whatever its rows)."""
     ranks: list[RankTables] = []
     ct: list[pd.DataFrame] = []
-    out: dict[str, Any] = {"notes": [], "world_sizes": [], "ignored": [], "skipped": [], "repaired": []}
+    out: dict[str, Any] = {"notes": [], "world_sizes": [], "ignored": [], "skipped": [], "repaired": [], "parts": []}
     for res in results:
         if "ignored" in res:
             out["ignored"].append(res["ignored"])
@@ -125,6 +134,7 @@ def batch(results: list[dict[str, Any]]) -> dict[str, Any]:
             ct.append(res["ct_calls"])
         else:
             ranks += res["ranks"]
+            out["parts"] += res["parts"]
             out["notes"] += res["notes"]
             out["repaired"] += res["repaired"]
             out["world_sizes"].append(res["world_size"])
@@ -140,7 +150,7 @@ def combine(parts: list[dict[str, Any]], coded: bool = False) -> dict[str, Any]:
     client gets one DataFrame per table for many tasks; ``coded``: with their text columns as categoricals
     (``as_categories``), for the trip to the client."""
     out: dict[str, Any] = {key: [v for p in parts for v in p[key]] for key in ("notes", "world_sizes", "ignored",
-                                                                           "skipped", "repaired", "ranks")}
+                                                                           "skipped", "repaired", "ranks", "parts")}
     out["tables"] = {name: join_parts([p["tables"][name] for p in parts]) for name in (*TABLES, *PIECES)}
     if coded:
         out["tables"] = {name: as_categories(table) for name, table in out["tables"].items()}

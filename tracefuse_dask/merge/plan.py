@@ -42,7 +42,7 @@ from ..storage.files import parse_json, read_header, retry_unreachable, storage_
 from ..storage.inputs import resolve_rank
 from ..storage.output import open_write, writing
 
-__all__ = ["MergeNotes", "MergePlan", "MergeRequest", "build_options", "plan_merge",
+__all__ = ["RANK_META", "MergeNotes", "MergePlan", "MergeRequest", "build_options", "plan_merge",
            "settle"]
 
 log = logging.getLogger("tracefuse_dask")
@@ -149,7 +149,7 @@ class MergeNotes:
     skipped: list[dict[str, Any]] = field(default_factory=list)
 
 
-_RANK_META = ("distributedInfo", "deviceProperties", "host_name")  # per rank in the output's metadata
+RANK_META = ("distributedInfo", "deviceProperties", "host_name")  # per rank in the output's metadata
 
 
 def build_options(
@@ -383,7 +383,7 @@ def _read_headers(files: list[InputFile], meta_path: str, storage_options: Mappi
                   earliest: MergeOptions | None, repair: bool) -> list[tuple[RankHeader | None, BaseException | None]]:
     """Phase A task: the headers of several files, or why a file could not be read.
 
-    The metadata each rank carries into the output (``_RANK_META``) goes to the file
+    The metadata each rank carries into the output (``RANK_META``) goes to the file
     ``meta_path``, not to the client: a job of 10,000 ranks has 10,000 copies of its
     process groups, which can take gigabytes. A header holds where its text lies.
     """
@@ -408,7 +408,7 @@ def _read_headers(files: list[InputFile], meta_path: str, storage_options: Mappi
 def _slim(h: RankHeader) -> tuple[RankHeader, bytes]:
     """Keep of the header only what the client reads, and return what the output's metadata holds as JSON text."""
     try:
-        text = orjson.dumps({k: h.header.get(k) for k in _RANK_META})
+        text = orjson.dumps({k: h.header.get(k) for k in RANK_META})
     except TypeError as e:
         raise TraceFormatError(f"{h.path}: a header value cannot be written as JSON ({e}); fix the header or "
                                "drop this file") from None

@@ -19,7 +19,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,10 +34,12 @@ from .._version import __version__
 from ..cluster import BATCH_BYTES, batches, biggest_first, connect, flat, outcomes
 from ..errors import (
     SKIPPABLE,
+    MergeError,
     OutputExistsError,
     OutputWriteError,
     every_rank_failed,
 )
+from ..info import figures_of_dicts, figures_of_structs
 from ..kineto.document import check_document, decode_json, paused_gc
 from ..kineto.events import RankEvents
 from ..kineto.layout import map_tid, out_pid
@@ -45,14 +47,15 @@ from ..kineto.times import to_ns
 from ..merge.fastpath import handles, rewritten_fast
 from ..merge.manifest import manifest_of
 from ..merge.plan import (
+    RANK_META,
     ClockEstimate,
     MergeNotes,
     MergePlan,
     MergeRequest,
+    build_options,
     plan_merge,
     settle,
 )
-from ..info import figures_of_dicts, figures_of_structs
 from ..merge.rewrite import order_slots, rewrite
 from ..model import InputFile, MergeSummary, RankTask
 from ..storage.files import options_for, read_bytes, retry_unreachable, storage_errors
@@ -62,7 +65,7 @@ from ..storage.runs import alone, run_folder
 from .columns import fields_of_dicts, fields_of_structs, joined, rank_tables
 from .schema import MANIFEST, ORIGINS, PART_TABLES, SCHEMA_VERSION
 
-__all__ = ["index"]
+__all__ = ["AnalysisStore", "analysis_store", "index", "part_of_analysis"]
 
 log = logging.getLogger("tracefuse_dask")
 
@@ -139,13 +142,21 @@ def _index_batch(tasks: list[RankTask], heads: list[tuple[tuple[str, int, int] |
 
 def _index_rank(task: RankTask, head: tuple[tuple[str, int, int] | None, Any], part: str, store: str,
                 storage_options: Mapping[str, Any] | None) -> IndexedRank:
-    """One rank read, filtered and rewritten as the merge does (its fast path where the merge would take it), and
-    written as its part's tables; ``head``: where the header pass put the rank's header text (``(file, offset,
-    length)``), and the file's ``baseTimeNanoseconds``."""
-    who = f"{task.path} (rank {task.rank})"
+    """One rank read and written as its part (``_index_data``); ``head``: where the header pass put the rank's
+    header text (``(file, offset, length)``), and the file's ``baseTimeNanoseconds``."""
     data, cut_gzip = read_bytes(task.path, storage_options, repair=task.repair)
+    return _index_data(task, data, cut_gzip, _header(head[0], storage_options), head[1], part, store,
+                       storage_options)
+
+
+def _index_data(task: RankTask, data: bytes, cut_gzip: bool, header: dict[str, Any], base_time: Any, part: str,
+                store: str, storage_options: Mapping[str, Any] | None) -> IndexedRank:
+    """One rank's trace text (``data``), filtered and rewritten as the merge does (its fast path where the merge
+    would take it), written as its part's tables; ``header``: the trace's ``distributedInfo``,
+    ``deviceProperties`` and ``host_name``; ``base_time``: its ``baseTimeNanoseconds``."""
+    who = f"{task.path} (rank {task.rank})"
     nbytes, note = len(data), None
-    own_base = head[1] if type(head[1]) is int else None
+    own_base = base_time if type(base_time) is int else None
     figures: dict[str, Any] = {}  # info's, of the events as read
     fast = rewritten_fast(data, task.rank, task.base, task.base_out, task.options, who,
                           lambda events: figures.update(figures_of_structs(events, own_base))) \
@@ -172,8 +183,7 @@ def _index_rank(task: RankTask, head: tuple[tuple[str, int, int] | None, Any], p
         durs = {type(ev["dur"]) for ev in merged if "dur" in ev}
         del doc, events, sel
     del data
-    header = _header(head[0], storage_options)
-    origins = {"rank": task.rank, "file": task.path, "base_ns": task.base, "base_time_ns": head[1], "header": header,
+    origins = {"rank": task.rank, "file": task.path, "base_ns": task.base, "base_time_ns": base_time, "header": header,
                "pids": [[out_pid(task.rank, j), pid] for j, (_, pid) in enumerate(slots)],
                "tids": sorted(([pid, map_tid(t), t] for pid, t in odd_tids), key=str),
                "durations": "mixed" if {int, float} <= durs else "float" if float in durs else "int"}
@@ -250,9 +260,7 @@ def index(urlpath: str | Iterable[str] | Mapping[int, str], request: MergeReques
     so, store = request.storage_options, request.out.rstrip("/")
     files, unlisted = expand_inputs(urlpath, storage_options=so, rank_regex=request.rank_regex,
                                     subset=request.subset)
-    made_from = {k: v for k, v in manifest_of(files, request).items() if k in ("inputs", "options")}
-    made_from["options"] = {k: v for k, v in made_from["options"].items() if k not in ("gzip_members", "format")}
-    made_from["options"].update(_options(request.options), code=_code())
+    made_from = _made_from([f.identity for f in files], request)
     with storage_errors(store, so):
         fs, root = fsspec.core.url_to_fs(store, **options_for(store, so))
         previous = _previous(fs, root, store, request)
@@ -300,6 +308,12 @@ def index(urlpath: str | Iterable[str] | Mapping[int, str], request: MergeReques
             futures.clear()
         _tidy(fs, root, tmp_dir, manifest, so)
     return _summary(store, manifest, "ok", started, notes.warnings, notes, ranks)
+
+
+def _made_from(inputs: list[dict[str, Any]], request: MergeRequest) -> dict[str, Any]:
+    """What a store was made from, as its manifest records it: its inputs' identities, the options, the code."""
+    options = {k: v for k, v in manifest_of([], request)["options"].items() if k not in ("gzip_members", "format")}
+    return {"inputs": inputs, "options": {**options, **_options(request.options), "code": _code()}}
 
 
 def _listed(fs: Any, root: str, every: bool = False) -> set[str]:
@@ -383,11 +397,78 @@ def _run(c: Client, plan: MergePlan, parts: list[str], todo: list[int], store: s
     out = []
     for _, r in done:
         notes.warnings.extend(w for w in r.warnings if w not in notes.warnings)
-        out.append({"rank": r.rank, "file": r.path, "part": r.part, "host": r.host, "device": r.device,
-                    "base_ns": by_rank[r.rank].base, "offset_ns": plan.clock_offsets.get(r.rank, 0),
-                    "events_in": r.events_in, "rows": r.rows, "bytes_in": r.bytes_in, "bytes_out": r.bytes_out,
-                    "info": r.info})
+        out.append(_row(r, by_rank[r.rank].base, plan.clock_offsets.get(r.rank, 0)))
     return out
+
+
+def _row(r: IndexedRank, base: int, offset: int) -> dict[str, Any]:
+    """A rank's manifest entry: its part and what it was made of; ``base``: the rank's aligned base time, after
+    the clock ``offset``."""
+    return {"rank": r.rank, "file": r.path, "part": r.part, "host": r.host, "device": r.device, "base_ns": base,
+            "offset_ns": offset, "events_in": r.events_in, "rows": r.rows, "bytes_in": r.bytes_in,
+            "bytes_out": r.bytes_out, "info": r.info}
+
+
+def part_of_analysis(f: InputFile, data: bytes, cut_gzip: bool, rank: int, header: Mapping[str, Any],
+                     base_time: Any, *, store: str, storage_options: Mapping[str, Any] | None,
+                     repair: bool) -> dict[str, Any]:
+    """Task side of ``analyze --store``: the part of the rank an analysis task read (``data``, the file's whole
+    text; ``header``, its top-level keys), written as ``tracefuse index --align base`` writes it, under the same
+    name; its manifest entry (``row``) and the file's ``identity``."""
+    own = base_time if type(base_time) is int else 0
+    task = RankTask(rank, f.path, own, own, build_options(), repair=repair)
+    part = _part_name(task, f.identity)
+    done = _index_data(task, data, cut_gzip, {k: header.get(k) for k in RANK_META}, base_time, part, store,
+                       storage_options)
+    return {"row": _row(done, own, 0), "identity": f.identity, "warnings": done.warnings}
+
+
+@dataclass
+class AnalysisStore:
+    """What ``analyze --store`` hands its store's commit: the parts its tasks wrote (``part_of_analysis``'s
+    results), then the analysis's inputs (their identities), what it ignored and which ranks it skipped."""
+
+    parts: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    inputs: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    ignored: list[str] = dataclasses.field(default_factory=list)
+    skipped: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+
+@contextlib.contextmanager
+def analysis_store(request: MergeRequest) -> Iterator[AnalysisStore]:
+    """Client side of ``analyze --store``: the store ``request.out`` checked as ``index`` checks it; when the
+    analysis ends, the manifest of what it handed over written as ``index`` writes one (``alignment`` ``"base"``),
+    and the parts no manifest lists removed; when it fails, its parts."""
+    so, store = request.storage_options, request.out.rstrip("/")
+    with storage_errors(store, so):
+        fs, root = fsspec.core.url_to_fs(store, **options_for(store, so))
+        previous = _previous(fs, root, store, request)
+    run = AnalysisStore()
+    with run_folder(store, so) as tmp_dir:
+        manifest = previous
+        try:
+            yield run
+            rows = sorted((p["row"] for p in run.parts), key=lambda r: r["rank"])
+            if not rows:
+                raise MergeError(f"{store}: no per-rank Kineto trace among the inputs, so no store to write (a "
+                                 "store holds per-rank traces, not merged traces or collective_trace logs)")
+            manifest = {"format": "tracefuse-store", "schema_version": SCHEMA_VERSION, "tool": "tracefuse_dask",
+                        "version": __version__, "made_from": _made_from(run.inputs, request), "alignment": "base",
+                        "base_ns": min(r["base_ns"] for r in rows), "world_size": _world_size(rows), "ranks": rows,
+                        "skipped": run.skipped, "warnings": [w for p in run.parts for w in p["warnings"]],
+                        "ignored": run.ignored}
+            with storage_errors(store, so):
+                _commit(fs, root, store, manifest, so)
+        except BaseException:
+            _tidy(fs, root, tmp_dir, previous, so)
+            raise
+        _tidy(fs, root, tmp_dir, manifest, so)
+
+
+def _world_size(rows: list[dict[str, Any]]) -> int | None:
+    """The world size the ranks' traces agree on, None when they give none or disagree."""
+    sizes = {r["info"]["world_size"] for r in rows} - {None}
+    return sizes.pop() if len(sizes) == 1 else None
 
 
 def _summary(store: str, manifest: dict[str, Any], status: str, started: float, warnings: list[str],
