@@ -116,7 +116,7 @@ def test_a_group_known_only_from_pg_config_reports_its_missing_rank():
         return analyze_rank(events, r, f"r{r}.json", header=header)
 
     ranks = [rank(0, 2), rank(1, 2), rank(2, 1)]
-    files = [{"ranks": [rt], "world_size": 3, "notes": [], "repaired": []} for rt in ranks]
+    files = [{"ranks": [rt], "world_size": 3, "notes": [], "repaired": [], "parts": []} for rt in ranks]
     # as reduce tasks send them: text columns as categoricals, joined by the client over their categories
     results = [combine([batch(files[2:])], coded=True), combine([batch([{"ignored": "x.txt: ignored"}])],
                                                                    coded=True),
