@@ -644,3 +644,51 @@ def test_analyze_store_refuses_what_it_cannot_write_before_any_work_and_a_failur
                      check=False)
     assert done.returncode == 1 and victim.name in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "other").exists() and not (tmp_path / "report").exists()
+
+
+def test_a_tid_the_merge_makes_an_int_comes_back_as_read_where_that_int_names_it_alone(client, tmp_path):
+    """Kineto 2021's pattern (real/kineto_2021_resnet50): CPU events on tid ``"7"`` and an ac2g flow on tid ``7``
+    of one pid, a kernel without a correlation. The JSON's flow starts on no launch (``"7"`` is not ``7``), and the
+    store's analysis must not bind it either, though the merge writes both as 7. Where one phase has both (a launch
+    on ``"7"`` and one on ``7``), the store keeps them one, and its analysis says so."""
+    import tracefuse_dask as tf
+    from conftest import make_trace
+
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 10, "tid": "7", "ts": 100.0, "dur": 50.0},
+              {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 10, "tid": "7", "ts": 110.0,
+               "dur": 5.0, "args": {"correlation": 1}},
+              {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": "stream 3", "ts": 120.0, "dur": 30.0,
+               "args": {"stream": 3, "correlation": 1}},
+              {"ph": "s", "cat": "ac2g", "name": "ac2g", "pid": 10, "tid": 7, "ts": 110.0, "id": 9},
+              {"ph": "X", "cat": "kernel", "name": "copyish", "pid": 0, "tid": "stream 3", "ts": 210.0, "dur": 10.0,
+               "args": {"stream": 3}},
+              {"ph": "f", "cat": "ac2g", "name": "ac2g", "pid": 0, "tid": "stream 3", "ts": 210.0, "id": 9,
+               "bp": "e"}]
+    both = events + [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 10, "tid": 7, "ts": 300.0,
+                      "dur": 5.0}]
+    for name, doc in (("one", events), ("both", both)):
+        write_trace(tmp_path / name / "rank0.json", make_trace(0, doc))
+        tf.index_traces(str(tmp_path / name), str(tmp_path / f"{name}.store"), client=client)
+    want, got = (tf.analyze(str(tmp_path / p), client=client) for p in ("one", "one.store"))
+    for name, table in want.tables().items():
+        pd.testing.assert_frame_equal(got.tables()[name], table, obj=name)
+    assert got.summary["warnings"] == want.summary["warnings"]
+    said = [w for w in tf.analyze(str(tmp_path / "both.store"), client=client).summary["warnings"] if "tids" in w]
+    assert said == [f"{tmp_path / 'both' / 'rank0.json'} (rank 0): the tids '7', 7 of pid 10's 'X' events are one "
+                    "tid, 7, in the store, as in a merge; its analysis of them may differ from the trace's"]
+
+
+def test_a_store_and_its_report_may_not_hold_one_another_and_a_corrupt_part_is_named(tmp_path):
+    job, store = _job("gloo_2ranks_tb_nostraggler"), tmp_path / "store"
+    for out, where in ((tmp_path / "x", tmp_path / "x"), (tmp_path / "x", tmp_path / "x" / "store"),
+                       (tmp_path / "x" / "report", tmp_path / "x")):
+        done = tracefuse("analyze", str(job), "-o", str(out), "--store", str(where), check=False)
+        assert done.returncode == 1 and "would hold one another" in done.stderr, done.stderr
+        assert not (tmp_path / "x").exists()
+    tracefuse("index", str(job), "-o", str(store), "-q")
+    part = sorted(store.glob("parts/*/events.parquet"))[0]
+    part.write_bytes(part.read_bytes()[:100])
+    done = tracefuse("analyze", str(store), "-o", str(tmp_path / "report"), check=False)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"{part.parent.name}/events.parquet, rank 0: not a whole Parquet file" in done.stderr
+    assert "tracefuse index INPUT... -o STORE --force" in done.stderr and not (tmp_path / "report").exists()

@@ -356,9 +356,11 @@ def analyze(
         if out is not None and options.get("skip_if_unchanged"):
             raise MergeError(f"skip_if_unchanged with {what}: it is not part of the report folder's commit; run the "
                              f"two apart, or without skip_if_unchanged")
-        if out is not None and out_dir is not None and out.startswith(out_dir.rstrip("/") + "/"):
-            raise MergeError(f"{out} is inside the report folder {out_dir}, which is written as a whole; write it "
-                             "beside it")
+        if out is not None and out_dir is not None and any(
+                a.rstrip("/") == b.rstrip("/") or a.startswith(b.rstrip("/") + "/")
+                for a, b in ((out, out_dir), (out_dir, out))):
+            raise MergeError(f"{what} {out} and the report folder {out_dir} would hold one another, and each is "
+                             "written as a whole; write them beside each other")
     so = dict(storage_options or {})
     for out in filter(None, (out_dir, critical_path_trace)):  # before any work: both are written at the end
         check_new(out, so, force)
@@ -381,6 +383,7 @@ def _analyze_storing(c: Client, urlpath: Any, store: str, so: dict[str, Any], fo
     committed as ``tracefuse index --align base`` commits one when the analysis ends."""
     from .analysis import analyze as analyze_ranks
     from .analysis.schema import StoreOutput
+    from .storage.inputs import TRACE_NAME
     from .store.index import analysis_store, part_of_analysis
 
     request = MergeRequest(store, build_options(), so, options.get("ranks"),
@@ -390,8 +393,8 @@ def _analyze_storing(c: Client, urlpath: Any, store: str, so: dict[str, Any], fo
         write = functools.partial(part_of_analysis, store=store, storage_options=so, repair=request.repair)
         result = analyze_ranks(urlpath, None, client=c, storage_options=so, show_progress=show_progress,
                                store_output=StoreOutput(write, run.parts), **options)
-        run.inputs, run.ignored, run.skipped = (result.made_from["inputs"], result.summary["ignored"],
-                                                result.summary["skipped"])
+        run.inputs = [i for i in result.made_from["inputs"] if TRACE_NAME.search(i["path"])]  # as index lists them
+        run.ignored, run.skipped = result.summary["ignored"], result.summary["skipped"]
     rows = [p["row"] for p in run.parts]
     result.summary["store"] = {"output": store, "ranks": len(rows),
                                "rows": sum(sum(r["rows"].values()) for r in rows),

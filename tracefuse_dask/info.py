@@ -165,9 +165,12 @@ def figures_of_structs(events: list[Any], base: int | None) -> dict[str, Any]:
     for e in timed:
         if e.ph in FLOW_PH:
             flow_ends.setdefault(tuple(None if v is unset else v for v in (e.cat, e.name, e.id)), set()).add(e.ph)
-    start = to_ns_array(np.fromiter(map(attrgetter("ts"), timed), np.float64, len(timed)))
-    end = start + to_ns_array(np.fromiter((0 if d is unset else d for d in map(attrgetter("dur"), timed)),
-                                          np.float64, len(timed)))
+    ts = list(map(attrgetter("ts"), timed))
+    durs = [0 if d is unset else d for d in map(attrgetter("dur"), timed)]
+    start, dur = (to_ns_array(np.array(v, dtype=np.float64)) for v in (ts, durs))
+    for i in [i for i, t in enumerate(ts) if type(t) is int and not -2**53 < t < 2**53]:  # beyond a float's ints
+        start[i] = to_ns(ts[i])
+    end = start + dur
     return _figures(len(events), cats, host, device, strings, flow_ends,
                     (int(start.min()), int(end.max())) if len(timed) else (None, None), base)
 

@@ -414,7 +414,7 @@ class AnalyzeRequest:
     sequences_of: str | None = None  # the operator whose kernel sequences to find
     repair: bool = False
     on_error: str = "raise"
-    read_part: Callable[..., tuple[list[Any], dict[str, Any], int]] | None = None  # ``StoredInput.read_part``
+    read_part: Callable[..., tuple[list[Any], dict[str, Any], int, list[str]]] | None = None  # StoredInput's
     write_part: Callable[..., dict[str, Any]] | None = None  # ``StoreOutput.write_part``
 
 
@@ -422,10 +422,10 @@ class AnalyzeRequest:
 class StoredInput:
     """An event store as ``analyze``'s input (``store.source.stored_input``; the analysis does not import the
     store): its ranks as the files they were indexed from, each with its ``InputFile.part``; the function that
-    reads a part as the rank's events, header and base time; and the inputs the index left out, and why."""
+    reads a part as the rank's events, header, base time and notes; and the inputs the index left out, and why."""
 
     files: list[InputFile]
-    read_part: Callable[..., tuple[list[Any], dict[str, Any], int]]
+    read_part: Callable[..., tuple[list[Any], dict[str, Any], int, list[str]]]
     ignored: list[str]
 
 

@@ -42,11 +42,11 @@ def _analyze_file(f: InputFile, request: AnalyzeRequest) -> dict[str, Any]:
                "cutoffs": request.cutoffs, "sequences_of": request.sequences_of}
     if f.part is not None and request.read_part is not None:  # an event store's part, not the file
         with paused_gc():
-            events, header, base = request.read_part(f, storage_options)
+            events, header, base, notes = request.read_part(f, storage_options)
             rank, world_size, _ = resolve_rank(f, header, rank_regex)
             ranks = [analyze_events(events, rank, f.path, request.steps, base=base, header=header, **options)
                      ] if subset is None or rank in subset else []
-        return {"ranks": ranks, "world_size": world_size, "notes": [], "repaired": [], "parts": []}
+        return {"ranks": ranks, "world_size": world_size, "notes": notes, "repaired": [], "parts": []}
     if looks_like_collective_trace(read_start(f.path, storage_options)):
         return {"ct_calls": _collective_trace_calls(f, storage_options, rank_regex)}
     if f.listed and not TRACE_NAME.search(f.path):

@@ -104,7 +104,7 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
 
 def rewritten_fast(data: bytes, rank: int, base: int, base_out: int, options: MergeOptions,
                    who: str, before: Callable[[list[Any]], None] | None = None
-                   ) -> tuple[list[dict[str, Any]], list[Any], int, list[tuple[str, Any]], set[tuple[Any, Any]]] | None:
+                   ) -> tuple[list[dict[str, Any]], list[Any], int, list[tuple[str, Any]], set[tuple[Any, ...]]] | None:
     """Rewrite one rank's trace text as ``RankEvents.rewrite`` would, or None to use the general path.
 
     Parameters
@@ -127,7 +127,7 @@ def rewritten_fast(data: bytes, rank: int, base: int, base_out: int, options: Me
         ``(head, body, events_in, slots, odd_tids)``: the process metadata events (dicts) and the other events
         (structs whose ``args`` is raw JSON text and whose ``ts`` is a float, an int or the raw text of exact µs), in
         output order; the rank's pid slots (``rewrite.order_slots``: slot ``j``'s pid became ``out_pid(rank, j)``)
-        and the ``(pid, tid)`` (as read) of the events whose tid became one of ``layout.map_tid``'s ints. None when the input needs the general path (a
+        and every distinct ``(ph, pid, tid, cat)`` of the events as read (``UNSET`` where absent). None when the input needs the general path (a
         decoding or validation failure, an odd field, a time that needs the general path's checks or formatting).
 
     Raises
@@ -176,8 +176,7 @@ def rewritten_fast(data: bytes, rank: int, base: int, base_out: int, options: Me
     _rewrite_events(events, pid_map, id_map, any(k[0] in _INSTANT_PH for k in found.keys))
     if options.annotate_rank and not _annotate_rank(events, rank, b"\\" not in data):
         return None
-    odd = {(pid, tid) for _, pid, tid, _ in found.keys if tid in odd_tids}
-    return head, _thread_names(metas, shown) + events, n_in, slots, odd
+    return head, _thread_names(metas, shown) + events, n_in, slots, found.keys
 
 
 @dataclass

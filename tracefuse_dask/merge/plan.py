@@ -42,7 +42,7 @@ from ..storage.files import parse_json, read_header, retry_unreachable, storage_
 from ..storage.inputs import resolve_rank
 from ..storage.output import open_write, writing
 
-__all__ = ["RANK_META", "MergeNotes", "MergePlan", "MergeRequest", "build_options", "plan_merge",
+__all__ = ["RANK_META", "MergeNotes", "MergePlan", "MergeRequest", "base_of", "build_options", "plan_merge",
            "settle"]
 
 log = logging.getLogger("tracefuse_dask")
@@ -243,7 +243,7 @@ def plan_merge(c: Client, request: MergeRequest, files: list[InputFile], unliste
                         + ". Merge each job on its own")
     for _, h in chosen:
         if h.base is not None:
-            _base_of(h.base, h.path)
+            base_of(h.base, h.path)
         if h.repair_note:
             notes.warnings.append(h.repair_note)
     headers = [h for _, h in chosen]
@@ -311,13 +311,14 @@ def _read_whole_rank(f: InputFile, storage_options: Mapping[str, Any] | None,
         h.relative_times = any(type(ev) is dict and isinstance(ev.get("ts"), (int, float)) and ev["ts"] < 1e14
                                for ev in doc["traceEvents"][:1000])
     if earliest is not None and not merged:
-        sel = RankEvents(doc["traceEvents"], _base_of(base, f.path), earliest, f.path)
+        sel = RankEvents(doc["traceEvents"], base_of(base, f.path), earliest, f.path)
         h.earliest_ns = sel.earliest_ns(kept_only=False)
         h.earliest_kept_ns = sel.earliest_ns(kept_only=True)
     return h
 
 
-def _base_of(base: Any, path: str) -> int:
+def base_of(base: Any, path: str) -> int:
+    """A file's ``baseTimeNanoseconds`` (0 when it has none), checked."""
     if base is None:
         return 0
     if type(base) is not int or base < 0:

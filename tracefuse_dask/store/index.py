@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
+import msgspec
 import orjson
 import pyarrow.parquet as pq
 from dask.base import tokenize
@@ -52,6 +53,7 @@ from ..merge.plan import (
     MergeNotes,
     MergePlan,
     MergeRequest,
+    base_of,
     build_options,
     plan_merge,
     settle,
@@ -162,7 +164,7 @@ def _index_data(task: RankTask, data: bytes, cut_gzip: bool, header: dict[str, A
                           lambda events: figures.update(figures_of_structs(events, own_base))) \
         if handles(task.options, task.window_abs_ns) else None
     if fast is not None:
-        first, body, n_in, slots, odd_tids = fast
+        first, body, n_in, slots, keys = fast
         fields = joined(fields_of_dicts(first, [None] * len(first)), fields_of_structs(body, task.base_out))
         durs = {type(e.dur) for e in body}
     else:
@@ -173,8 +175,8 @@ def _index_data(task: RankTask, data: bytes, cut_gzip: bool, header: dict[str, A
         figures = figures_of_dicts(events, own_base)
         sel = RankEvents(events, task.base, task.options, who, task.window_abs_ns)
         slots = order_slots(*sel.pids, who)
-        odd_tids = {(ev["pid"], t) for ev, kept in zip(events, sel.keep)
-                    if kept and ev.get("ph") != "M" and "tid" in ev and map_tid(t := ev["tid"]) != t}
+        keys = {(ev.get("ph"), ev.get("pid"), ev.get("tid", msgspec.UNSET), ev.get("cat", msgspec.UNSET))
+                for ev, kept in zip(events, sel.keep) if kept and ev.get("ph") != "M"}
         before = {id(ev): ev.get("ts") for i, ev in enumerate(events) if sel.keep[i]}  # the rewrite shifts them
         first, body = rewrite(sel, task.rank, task.base_out)
         merged = first + body
@@ -185,7 +187,7 @@ def _index_data(task: RankTask, data: bytes, cut_gzip: bool, header: dict[str, A
     del data
     origins = {"rank": task.rank, "file": task.path, "base_ns": task.base, "base_time_ns": base_time, "header": header,
                "pids": [[out_pid(task.rank, j), pid] for j, (_, pid) in enumerate(slots)],
-               "tids": sorted(([pid, map_tid(t), t] for pid, t in odd_tids), key=str),
+               **dict(zip(("tids", "tids_merged"), _tid_origins(keys))),
                "durations": "mixed" if {int, float} <= durs else "float" if float in durs else "int"}
     tables = rank_tables(task.rank, fields)
     fs, root = fsspec.core.url_to_fs(store, **options_for(store, storage_options))
@@ -209,6 +211,19 @@ def _index_data(task: RankTask, data: bytes, cut_gzip: bool, header: dict[str, A
     return IndexedRank(task.rank, task.path, part, n_in, {k: t.num_rows for k, t in tables.items()}, nbytes,
                        written, host if isinstance(host, str) else None, ", ".join(names) or None, info,
                        [note] if note else [])
+
+
+def _tid_origins(keys: set[tuple[Any, ...]]) -> tuple[list[list[Any]], list[list[Any]]]:
+    """The tids the merge made ints (``"stream 7"``), from the events' distinct ``(ph, pid, tid, cat)`` as read:
+    ``[pid, ph, merged tid, tid as read]`` where that int names one tid of its pid's events of that phase, and
+    ``[pid, ph, merged tid, [tids as read]]`` where it names more (a tid ``"7"`` and a tid ``7``): those stay one."""
+    read: dict[tuple[Any, ...], set[Any]] = {}
+    for ph, pid, tid, _ in keys:
+        if tid is not msgspec.UNSET:
+            read.setdefault((pid, ph, map_tid(tid)), set()).add(tid)
+    ones = [[*k, t] for k, tids in read.items() if len(tids) == 1 and (t := next(iter(tids))) != k[2]]
+    more = [[*k, sorted(tids, key=str)] for k, tids in read.items() if len(tids) > 1]
+    return sorted(ones, key=str), sorted(more, key=str)
 
 
 def _header(meta: tuple[str, int, int] | None, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -415,7 +430,7 @@ def part_of_analysis(f: InputFile, data: bytes, cut_gzip: bool, rank: int, heade
     """Task side of ``analyze --store``: the part of the rank an analysis task read (``data``, the file's whole
     text; ``header``, its top-level keys), written as ``tracefuse index --align base`` writes it, under the same
     name; its manifest entry (``row``) and the file's ``identity``."""
-    own = base_time if type(base_time) is int else 0
+    own = base_of(base_time, f.path)  # as the header pass checks it
     task = RankTask(rank, f.path, own, own, build_options(), repair=repair)
     part = _part_name(task, f.identity)
     done = _index_data(task, data, cut_gzip, {k: header.get(k) for k in RANK_META}, base_time, part, store,

@@ -21,8 +21,10 @@ MANIFEST = "tracefuse-store.json"
 # The key of the JSON in each ``events.parquet``'s metadata that says how to undo the merge's rewrite, so that the
 # analysis reads the rank's events as its trace wrote them: ``rank``, ``file``, ``base_ns`` (what ``ts_ns`` adds to
 # the trace's own ns), ``base_time_ns`` (the trace's ``baseTimeNanoseconds``), ``header`` (its ``distributedInfo``,
-# ``deviceProperties`` and ``host_name``), ``pids`` ([merged, as read] pairs), ``tids`` ([pid, merged, as read]
-# triples, for the tids the merge made ints; the pid as read) and ``durations`` ("int", "float" or "mixed": how the trace wrote ``dur``).
+# ``deviceProperties`` and ``host_name``), ``pids`` ([merged, as read] pairs), ``tids`` ([pid, ph, merged, as
+# read], for the tids the merge made ints where the int names one tid of the pid's events of that phase; the pid
+# as read), ``tids_merged`` ([pid, ph, merged, [as read]] where it names more) and ``durations`` ("int", "float"
+# or "mixed": how the trace wrote ``dur``).
 ORIGINS = b"tracefuse"
 
 _TEXT = pa.dictionary(pa.int32(), pa.string())  # names, categories and phases repeat: dictionary-encoded

@@ -63,25 +63,35 @@ def stored_input(url: str, storage_options: Mapping[str, Any] | None) -> StoredI
     return StoredInput(files, read_part, list(store.manifest.get("ignored", [])))
 
 
-def read_part(f: InputFile, storage_options: Mapping[str, Any] | None) -> tuple[list[Event], dict[str, Any], int]:
+def read_part(f: InputFile,
+              storage_options: Mapping[str, Any] | None) -> tuple[list[Event], dict[str, Any], int, list[str]]:
     """The events of the rank whose part is ``f.part``, as ``decode_trace`` gives them from its trace, its header
-    (``distributedInfo``, ``deviceProperties``, ``host_name``) and its ``baseTimeNanoseconds`` (0 when none)."""
+    (``distributedInfo``, ``deviceProperties``, ``host_name``), its ``baseTimeNanoseconds`` (0 when none), and
+    what the store could not give back as the trace had it."""
     part = f.part or ""
+    rebuild = "rebuild the store with `tracefuse index INPUT... -o STORE --force`"
+    tables = {}
     with storage_errors(part, storage_options):
         fs, root = fsspec.core.url_to_fs(part, **options_for(part, storage_options))
-        try:
-            events, flows = (pq.read_table(pa.BufferReader(fs.cat_file(f"{root}/{name}.parquet")), columns=columns)
-                             for name, columns in _READ.items())
-        except FileNotFoundError as e:
-            raise StoreError(f"{part}: a part the store's manifest lists is missing ({e.filename or e}); rebuild the "
-                             "store with `tracefuse index INPUT... -o STORE --force`") from None
-    origins = orjson.loads((events.schema.metadata or {}).get(ORIGINS, b"null"))
-    if not isinstance(origins, dict):
-        raise StoreError(f"{part}/events.parquet: no {ORIGINS.decode()} metadata, so it was not written by "
-                         "`tracefuse index`; rebuild the store with `tracefuse index INPUT... -o STORE --force`")
-    base = origins.get("base_time_ns")
-    return (rank_events(events, flows, origins), origins.get("header") or {},
-            base if type(base) is int and base >= 0 else 0)
+        for name, columns in _READ.items():
+            try:
+                tables[name] = pq.read_table(pa.BufferReader(fs.cat_file(f"{root}/{name}.parquet")), columns=columns)
+            except FileNotFoundError:
+                raise StoreError(f"{part}/{name}.parquet, rank {f.rank_hint}: a part the store's manifest lists is "
+                                 f"missing; {rebuild}") from None
+            except (pa.ArrowException, OSError) as e:
+                raise StoreError(f"{part}/{name}.parquet, rank {f.rank_hint}: not a whole Parquet file of a store "
+                                 f"({type(e).__name__}: {e}); {rebuild}") from None
+    try:
+        origins = orjson.loads((tables["events"].schema.metadata or {}).get(ORIGINS, b"null"))
+        notes = [f"{f.path} (rank {f.rank_hint}): the tids {', '.join(map(repr, read))} of pid {pid}'s {ph!r} "
+                 f"events are one tid, {merged}, in the store, as in a merge; its analysis of them may differ from "
+                 "the trace's" for pid, ph, merged, read in origins.get("tids_merged", [])]
+        return (rank_events(tables["events"], tables["flows"], origins), origins.get("header") or {},
+                base if type(base := origins.get("base_time_ns")) is int and base >= 0 else 0, notes)
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as e:
+        raise StoreError(f"{part}/events.parquet, rank {f.rank_hint}: its {ORIGINS.decode()} metadata is missing or "
+                         f"not as `tracefuse index` writes it ({type(e).__name__}: {e}); {rebuild}") from None
 
 
 def _times(ns: pa.ChunkedArray, shift: int, durations: str = "mixed") -> list[Any]:
@@ -114,10 +124,10 @@ def _json_texts(events: pa.Table, columns: tuple[str, ...]) -> dict[str, list[st
     """The list columns ``columns`` as JSON text, written by DuckDB (ten times faster than a loop over them)."""
     import duckdb
 
-    con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False,
-                                 "threads": 1})
     lists = events.select(list(columns))  # noqa: F841 - the query's table
-    got = con.sql(f"SELECT {', '.join(f'to_json({c}) AS {c}' for c in columns)} FROM lists").to_arrow_table()
+    with duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False,
+                                "threads": 1}) as con:
+        got = con.sql(f"SELECT {', '.join(f'to_json({c}) AS {c}' for c in columns)} FROM lists").to_arrow_table()
     return {c: got.column(c).to_pylist() for c in columns}
 
 
@@ -142,10 +152,10 @@ def rank_events(events: pa.Table, flows: pa.Table, origins: Mapping[str, Any]) -
     col |= _json_texts(events, _LISTS)
     n = events.num_rows
     pids = {merged: pid for merged, pid in origins["pids"]}
-    tids = {(pid, merged): tid for pid, merged, tid in origins["tids"]}
+    tids = {(pid, ph, merged): tid for pid, ph, merged, tid in origins["tids"]}
     shift = origins["base_ns"]
     pid = [pids.get(p, p) for p in col["pid"]]
-    tid = [tids.get((p, t), t) for p, t in zip(pid, col["tid"])] if tids else col["tid"]
+    tid = [tids.get((p, ph, t), t) for p, ph, t in zip(pid, col["ph"], col["tid"])] if tids else col["tid"]
     rest = col["args"]
     at = [i for i, a in enumerate(rest) if a is not None and a.startswith("{")]
     kept = [_NO_ARGS] * n
@@ -175,7 +185,7 @@ def rank_events(events: pa.Table, flows: pa.Table, origins: Mapping[str, Any]) -
            if ph != "M"]  # metadata: the merge's, not the trace's, and no analysis reads it
     fl = {name: _values(flows.column(name)) for name in flows.column_names if name != "ts_ns"}
     fpid = [pids.get(p, p) for p in fl["pid"]]
-    ftid = [tids.get((p, t), t) for p, t in zip(fpid, fl["tid"])] if tids else fl["tid"]
+    ftid = [tids.get((p, ph, t), t) for p, ph, t in zip(fpid, fl["ph"], fl["tid"])] if tids else fl["tid"]
     out += [Event(ph=ph, cat=c or "", name=nm or "", pid=p, tid=t, ts=s, id=i)
             for ph, c, nm, p, t, s, i in zip(fl["ph"], fl["cat"], fl["name"], fpid, ftid,
                                              _times(flows.column("ts_ns"), shift), fl["id"])]
