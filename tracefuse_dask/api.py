@@ -356,11 +356,12 @@ def analyze(
         if out is not None and options.get("skip_if_unchanged"):
             raise MergeError(f"skip_if_unchanged with {what}: it is not part of the report folder's commit; run the "
                              f"two apart, or without skip_if_unchanged")
-        if out is not None and out_dir is not None and any(
-                a.rstrip("/") == b.rstrip("/") or a.startswith(b.rstrip("/") + "/")
-                for a, b in ((out, out_dir), (out_dir, out))):
-            raise MergeError(f"{what} {out} and the report folder {out_dir} would hold one another, and each is "
-                             "written as a whole; write them beside each other")
+        if out is not None and out_dir is not None and (out + "/").startswith(out_dir.rstrip("/") + "/"):
+            raise MergeError(f"{out} is inside the report folder {out_dir}, which is written as a whole; write it "
+                             "beside it")
+        if out is not None and out_dir is not None and out_dir.startswith(out.rstrip("/") + "/"):
+            raise MergeError(f"the report folder {out_dir} is inside {out}, which is written as a whole; write it "
+                             "beside it")
     so = dict(storage_options or {})
     for out in filter(None, (out_dir, critical_path_trace)):  # before any work: both are written at the end
         check_new(out, so, force)
