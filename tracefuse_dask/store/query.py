@@ -15,7 +15,7 @@ from ..errors import StoreError
 from ..storage.files import options_for, storage_errors
 from .schema import MANIFEST, PART_TABLES, SCHEMA_VERSION, VIEWS
 
-__all__ = ["TABLES", "Store", "connect", "open_store", "query", "result", "to_pandas"]
+__all__ = ["TABLES", "Store", "connect", "offline_duckdb", "open_store", "query", "result", "to_pandas"]
 
 TABLES = (*PART_TABLES, *VIEWS, "ranks")
 
@@ -87,12 +87,18 @@ def _ranks(store: Store) -> pa.Table:
     })
 
 
+def offline_duckdb(**config: Any) -> Any:
+    """An in-memory DuckDB connection that never loads or installs an extension (nothing is downloaded)."""
+    import duckdb
+
+    return duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False,
+                                  **config})
+
+
 def connect(store: Store) -> Any:
     """A DuckDB connection (in memory, in this process) whose tables are the store's: ``events`` and ``flows``
     over the parts, the views ``kernels`` and ``steps``, and ``ranks``."""
-    import duckdb
-
-    con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+    con = offline_duckdb()
     if not isinstance(store.fs, fsspec.implementations.local.LocalFileSystem):
         con.register_filesystem(store.fs)
     for table in PART_TABLES:
