@@ -10,9 +10,10 @@ For each rank count and each shape, a dataset of plain ``.json`` ranks: ``synthe
 (``tracefuse_dask.synth``); ``a100``, ``h100`` and ``b200`` are built from one real trace each by
 ``../shared/tools/make_dataset.py`` (beside the repository): A100/NCCL without baseTimeNanoseconds
 (real/hta_trace_filter), H100 with the base after the events (real/tracelens_h100_qwen), B200 in the modern format
-(real/tracelens_b200). On each dataset four rows run side by side, in turn, once per round: its own floor (a pool
+(real/tracelens_b200). On each dataset five rows run side by side, in turn, once per round: its own floor (a pool
 of ``--workers`` processes doing ``orjson.loads`` + ``orjson.dumps`` of every file and writing it) with Python's GC
-on and off, and tracefuse's merge to ``.json`` and to ``.json.gz`` on a pre-started cluster of as many workers. A
+on and off, and tracefuse's merge to ``.json`` and to ``.json.gz`` on a pre-started cluster of as many workers, and
+the merge to ``.json`` with ``keep_overlaps=True`` (no lanes; the line "Lanes" gives the default's time over it). A
 row's speed against a floor is the median (and range) of the rounds' own ratios; a merge row's note gives the
 header pass's share of the merge and the bytes it reads per file. The last line names the worst shape against its
 GC-off floor. On the first shape's smallest dataset, once each: the naive merge (``json.load``,
@@ -162,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     logger.addHandler(header_pass)
     logger.setLevel(logging.INFO)
     worst: list[tuple[float, str]] = []  # (median speed against the GC-off floor, the row and dataset)
+    lanes_cost: list[str] = []  # the .json merge's time over --keep-overlaps', per dataset
     root = make_root("tracefuse-bench-", args.tmp_dir)
     try:
         datasets = []
@@ -201,9 +203,16 @@ def main(argv: list[str] | None = None) -> int:
                         folder, out, client=client, force=True, include_pyfunc=args.include_pyfunc),
                         header_pass, header_kb, whole)
                     rows.append(Row(f"tracefuse merge → .{ext}", merge, lambda r: r.bytes_out, merge.note))
+                out = os.path.join(out_dir, "kept.json")
+                rows.append(Row("tracefuse merge --keep-overlaps → .json", lambda out=out, folder=folder: merge_traces(
+                    folder, out, client=client, force=True, include_pyfunc=args.include_pyfunc, keep_overlaps=True),
+                    lambda r: r.bytes_out, lambda r: "no lanes: the lanes' cost is the .json row's time over this one"))
                 measured = table.rows(name, size, floors, rows, args.repeat,
                                       before=lambda out_dir=out_dir: empty(out_dir))
-                for row, got in list(zip(rows, measured))[2:]:
+                if not any(isinstance(m, Exception) for m in measured[2:]):
+                    lanes_cost.append(f"{name}: {paired(measured[2][0], measured[4][0])} "
+                                      f"({measured[2][2].on_lanes:,} slices on lanes)")
+                for row, got in list(zip(rows, measured))[2:4]:
                     where = f"{name}, {row.label}"
                     if isinstance(got, Exception):
                         worst.append((-1.0, f"{where}: FAILED"))
@@ -226,6 +235,10 @@ def main(argv: list[str] | None = None) -> int:
         logger.removeHandler(header_pass)
         cleanup(root, args.keep)
     lines = [header, *(table.lines if datasets else [])]
+    if lanes_cost:
+        lines += ["", "Lanes (merge → .json time over merge --keep-overlaps → .json, median of paired rounds): "
+                  + "; ".join(lanes_cost)]
+        print(*lines[-2:], sep="\n", flush=True)
     if worst:
         lines += ["", f"Worst shape against its GC-off floor (tracefuse merge, median of {args.repeat} paired "
                       f"rounds): {min(worst)[1]}"]

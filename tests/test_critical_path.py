@@ -29,7 +29,7 @@ from conftest import (
     shared_params,
     write_trace,
 )
-from perfetto_rules import assert_perfetto_rules, load_exact, ns
+from perfetto_rules import assert_perfetto_rules, lane_owners, load_exact, ns
 
 from tracefuse_dask import MergeError, analyze, merge_traces
 from tracefuse_dask.analysis.cross_rank.critical_path import _runs
@@ -286,7 +286,10 @@ def test_a_blocking_copy_waits_for_the_copy_it_launched(client, tmp_path):
 def trace_parts(path):
     """A critical-path trace's events: the marks (flows and the "critical path" process) and the rest."""
     events = load_exact(path)["traceEvents"]
-    track = [e for e in events if e["pid"] == CRITICAL_PATH_PID]
+    owners = lane_owners(events)  # a slice that crosses another of its thread is on a lane: back to its thread
+    track = [e if (e["pid"], e.get("tid")) not in owners else {**e, "tid": owners[(e["pid"], e["tid"])]}
+             for e in events if e["pid"] == CRITICAL_PATH_PID
+             and not (e["ph"] == "M" and (e["pid"], e.get("tid")) in owners)]
     flows = [e for e in events if e.get("cat") == "critical_path" and e["ph"] in ("s", "f")]
     rest = [e for e in events if e["pid"] != CRITICAL_PATH_PID and e.get("cat") != "critical_path"]
     return track, flows, rest

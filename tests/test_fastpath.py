@@ -18,7 +18,8 @@ from tracefuse_dask.errors import TraceFuseError
 from tracefuse_dask.merge.fastpath import _KinetoEvent, _decoders, handles, rewrite_fast
 from tracefuse_dask.kineto.events import RankEvents, decode_or_none
 from tracefuse_dask.model import MergeOptions
-from tracefuse_dask.merge.rewrite import rewrite
+from tracefuse_dask.merge.lanes import to_lanes
+from tracefuse_dask.merge.rewrite import device_pids, order_slots, rewrite
 from tracefuse_dask.synth import make_rank_trace
 
 TRACE_FILES = shared_params(sorted(str(p.relative_to(SHARED)) for p in SHARED.glob("**/*.json*")
@@ -39,7 +40,11 @@ def exact(text: bytes) -> Any:
 
 
 def general(data: bytes, rank: int, base: int, base_out: int, opts: MergeOptions) -> tuple[Any, Any]:
-    head, body = rewrite(RankEvents(orjson.loads(data)["traceEvents"], base, opts, "f (rank 0)"), rank, base_out)
+    """The general path as the merge's task runs it: the rewrite, then the lanes (unless ``keep_overlaps``)."""
+    sel = RankEvents(orjson.loads(data)["traceEvents"], base, opts, "f (rank 0)")
+    head, body = rewrite(sel, rank, base_out)
+    if not opts.keep_overlaps:
+        body += to_lanes(body, device_pids(rank, order_slots(*sel.pids, sel.who)), structs=False)[1]
     return exact(orjson.dumps(head)), exact(orjson.dumps(body))
 
 
@@ -47,7 +52,7 @@ def fast(data: bytes, rank: int, base: int, base_out: int, opts: MergeOptions) -
     got = rewrite_fast(data, rank, base, base_out, opts, "f (rank 0)")
     if got is None:
         return None
-    head, body, n_in, n_out = got
+    head, body, n_in, n_out, _ = got
     head, body = exact(head), exact(body)
     assert n_in == len(json.loads(data)["traceEvents"]) and n_out == len(head) + len(body)
     return head, body

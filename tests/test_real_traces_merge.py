@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from conftest import REAL_SETS, only_trace, read_trace, shared, write_trace
-from perfetto_rules import assert_inputs_kept, assert_perfetto_rules, load_exact
+from perfetto_rules import assert_inputs_kept, assert_lanes, assert_perfetto_rules, is_lane_metadata, load_exact
 from tracefuse_dask import MergeSummary, merge_traces
 
 pytestmark = pytest.mark.integration
@@ -49,6 +49,7 @@ def assert_accounted_for(merged: dict, folder: Path, summary: MergeSummary) -> N
         return ev.get("cat") != "python_function"
 
     assert_inputs_kept(merged, inputs, keep=not_pyfunc)  # every other non-M event, once, at the same ns
+    laned = {pid_rank[pid] for pid in assert_lanes(merged)}  # their thread sort indices are the merge's own
     want: Counter = Counter()
     for r, doc in inputs.items():
         events = [e for e in doc["traceEvents"] if not_pyfunc(e)]
@@ -57,6 +58,8 @@ def assert_accounted_for(merged: dict, folder: Path, summary: MergeSummary) -> N
         for e in events:
             if e["ph"] != "M" or e["name"] in _PROCESS_M or e["pid"] not in live:
                 continue
+            if e["name"] == "thread_sort_index" and r in laned:
+                continue
             if e["name"] == "thread_name":
                 if (e["pid"], e.get("tid")) in named:
                     continue
@@ -64,7 +67,7 @@ def assert_accounted_for(merged: dict, folder: Path, summary: MergeSummary) -> N
             want[(r, e["name"], orjson.dumps(e.get("args"), option=orjson.OPT_SORT_KEYS))] += 1
     out_m = [e for e in merged["traceEvents"] if e["ph"] == "M"]
     got = Counter((pid_rank[e["pid"]], e["name"], orjson.dumps(e.get("args"), option=orjson.OPT_SORT_KEYS))
-                  for e in out_m if e["name"] not in _PROCESS_M)
+                  for e in out_m if e["name"] not in _PROCESS_M and not is_lane_metadata(e, pid_rank, laned))
     assert got == want, (got - want, want - got)
     assert sorted(e["name"] for e in out_m if e["name"] in _PROCESS_M) == sorted(
         ["process_name", "process_sort_index"] * len(pid_rank))

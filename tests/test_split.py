@@ -105,3 +105,36 @@ def test_split_to_s3_matches_the_local_split(client, s3, bucket_name, seven, tmp
     fs.invalidate_cache()
     assert sorted(fs.find(bucket_name)) == [f"{bucket_name}/m.ranks-0-2.json.gz", f"{bucket_name}/m.ranks-3-6.json.gz"]
     assert not fs.call_s3("list_multipart_uploads", Bucket=bucket_name).get("Uploads")
+
+
+def test_a_merge_too_big_for_the_browser_names_the_pieces_that_open(seven, tmp_path, monkeypatch, capsys):
+    """Perfetto's web UI opens about 1.5 GB of JSON. Past that the merge says, from the partitions' sizes before
+    the output is joined, how big it will be and which --split and --ranks give files the UI opens, with their
+    sizes; each suggestion, run, gives files within the limit and no warning. The limit is lowered here so that a
+    7-rank job stands for a job of gigabytes."""
+    from tracefuse_dask.merge import assemble
+
+    plain = tmp_path / "plain.json"
+    merge_traces(str(seven), str(plain))
+    size = plain.stat().st_size
+    monkeypatch.setattr(assemble, "UI_LIMIT", int(size * 0.45))
+    assert main(["merge", str(seven), "-o", str(tmp_path / "m.json.gz"), "--workers", "1", "--summary-json"]) == 0
+    captured = capsys.readouterr()
+    (warning,) = orjson.loads(captured.out)["warnings"]
+    assert warning.startswith(f"the merged trace will be {size / 1e6:.2f} MB of JSON, more than Perfetto's web UI "
+                              f"opens (about {int(size * 0.45) / 1e6:.2f} MB")
+    assert "--keep gpu,comm or --steps A-B narrow every rank" in warning
+    assert f"trace_processor --httpd {tmp_path / 'm.json.gz'} and ui.perfetto.dev" in warning
+    assert f"warning: {warning}" in captured.err
+    split = int(warning.split("--split ")[1].split()[0])
+    ranks = warning.split("--ranks ")[1].split()[0]
+    assert split == 3 and ranks == "0-2"  # 7 even ranks: 2 files hold 4 ranks, 45% holds 3
+    capsys.readouterr()
+    parts = merge_traces(str(seven), str(tmp_path / "s.json"), split=split)
+    assert not parts.warnings and all((tmp_path / p).stat().st_size <= size * 0.45 for p in parts.outputs)
+    most = max((tmp_path / p).stat().st_size for p in parts.outputs)
+    assert f"--split 3 (3 files of at most {most / 1e6:.2f} MB)" in warning
+    few = merge_traces(str(seven), str(tmp_path / "r.json"), ranks=ranks)
+    assert not few.warnings and (tmp_path / "r.json").stat().st_size <= size * 0.45
+    monkeypatch.setattr(assemble, "UI_LIMIT", size)
+    assert not merge_traces(str(seven), str(tmp_path / "fits.json")).warnings

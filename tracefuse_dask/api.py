@@ -48,6 +48,7 @@ def merge_traces(
     keep_empty_processes: bool = False,
     annotate_rank: bool = False,
     counters: bool = False,
+    keep_overlaps: bool = False,
     gzip_members: str = "rank",
     on_error: str = "raise",
     repair: bool = False,
@@ -102,6 +103,11 @@ def merge_traces(
         stream's queue length (``Queue length stream 7`` in Perfetto) and each copy kind's memory bandwidth
         (``Memcpy BW (GB/s) Memcpy HtoD``), from the kept events, as ``analyze``'s ``queue_length`` and
         ``memory_bw`` tables count them with ``keep_unlaunched_gpu=True`` (a merge keeps the device work HTA leaves out).
+    keep_overlaps
+        Leave every slice on its thread. By default a slice that cannot nest on its thread (it starts inside
+        another and ends after it, as kernels under programmatic dependent launch do), which Perfetto would cut
+        short or drop, goes to a lane: a thread of its own in the same process, named after its thread
+        (``stream 7 · overlap``) and sorted right after it, at its own time and with its flows.
     gzip_members
         ``"rank"`` (one gzip member per rank, Perfetto >= v48) or ``"single"``.
     on_error
@@ -153,7 +159,7 @@ def merge_traces(
     options = build_options(include_pyfunc=include_pyfunc, keep=keep, steps=steps, window=window,
                             filter_fn=filter_fn, rewrite_ids=rewrite_ids,
                             keep_empty_processes=keep_empty_processes, annotate_rank=annotate_rank,
-                            counters=counters)
+                            counters=counters, keep_overlaps=keep_overlaps)
     request = MergeRequest(out, options, dict(storage_options or {}), ranks, rank_regex, gzip_members, on_error,
                            repair, align, split, format, force, skip_if_unchanged, show_progress,
                            counter_series=_counter_series(counters))

@@ -172,7 +172,8 @@ def _merge(args: argparse.Namespace, so: dict[str, Any] | None) -> int:
     from .api import merge_traces
 
     summary = merge_traces(args.inputs, args.output, keep_empty_processes=args.keep_empty_processes,
-                           annotate_rank=args.annotate_rank, counters=args.counters, gzip_members=args.gzip_members,
+                           annotate_rank=args.annotate_rank, counters=args.counters,
+                           keep_overlaps=args.keep_overlaps, gzip_members=args.gzip_members,
                            split=args.split, format=args.format, performance_report=args.performance_report,
                            **_run_args(args, so))
     return _tell_run(summary, args, "merged", "out")
@@ -199,7 +200,7 @@ def _tell_run(summary: MergeSummary, args: argparse.Namespace, verb: str, rows: 
             print(f"wrote {path}", file=sys.stderr)
     if args.summary_json:
         keys = ("ranks", "skipped", "events_in", "events_out", "bytes_out", "seconds", "mb_per_s", "output",
-                "outputs", "status", "warnings", "notes")
+                "outputs", "status", "warnings", "notes", "on_lanes")
         data = summary.to_json()
         print(json.dumps({k: data[k] for k in keys}))
     return 0

@@ -163,6 +163,10 @@ def _merge_command(sub: Any) -> None:
     o.add_argument("--counters", action="store_true",
                    help="add counter tracks of each stream's queue length and each copy kind's memory bandwidth "
                         "(HTA's generate_trace_with_counters)")
+    o.add_argument("--keep-overlaps", action="store_true",
+                   help="leave each slice on its own thread even where it cannot nest there (by default such a "
+                        "slice, which Perfetto would cut or drop, goes to a lane of its own: a thread named "
+                        "'stream 7 · overlap', sorted after its thread)")
     o.add_argument("--gzip-members", choices=("rank", "single"), default="rank",
                    help="one gzip member per rank (default; Perfetto >= v48) or a single member for old viewers")
     o.add_argument("-f", "--force", action="store_true", help="replace an existing output")

@@ -217,12 +217,13 @@ class MergeOptions:
     keep_empty_processes: bool = False
     annotate_rank: bool = False  # "rank" in every event's args (TraceLens's TraceFuse wrote it)
     counters: bool = False  # counter tracks of queue lengths and copy bandwidths (HTA's generate_trace_with_counters)
+    keep_overlaps: bool = False  # slices that Perfetto cannot nest stay on their thread (no lanes: merge.lanes)
 
     def describe(self) -> dict[str, Any]:
         """The options that shape the output, for the output's metadata and the ``--skip-if-unchanged`` manifest.
 
-        ``counters`` is listed only when asked, so that the outputs and manifests of merges without it stay
-        byte for byte what they were before the option existed.
+        ``counters`` and ``keep_overlaps`` are listed only when asked, so that the outputs and manifests of merges
+        without them stay byte for byte what they were before the options existed.
         """
         return {
             "include_pyfunc": self.include_pyfunc,
@@ -234,6 +235,7 @@ class MergeOptions:
             "keep_empty_processes": self.keep_empty_processes,
             "annotate_rank": self.annotate_rank,
             **({"counters": True} if self.counters else {}),
+            **({"keep_overlaps": True} if self.keep_overlaps else {}),
         }
 
 
@@ -303,6 +305,8 @@ class RankResult:
     part_path: str  # the file of its task's partitions, which it shares with the other ranks of the task
     head: bytes = b""  # the rank's process metadata events, which go into the output's header
     warnings: list[str] = field(default_factory=list)
+    on_lanes: int = 0  # slices moved to lanes (merge.lanes)
+    json_bytes: int = 0  # the partition's JSON before any gzip
 
 
 @dataclass
@@ -324,6 +328,7 @@ class MergeSummary:
     notes: list[str] = field(default_factory=list)
     rank_list: list[int] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)  # every file written: one, or the parts of --split
+    on_lanes: int = 0  # slices moved to lanes, where Perfetto shows the slices that cannot nest on their thread
 
     def to_json(self) -> dict[str, Any]:
         """The summary as a JSON-ready dict."""

@@ -1,4 +1,5 @@
-"""The merged trace's layout (spec §6): which pid holds which rank's process, and what Perfetto accepts as a tid.
+"""The merged trace's layout (spec §6): which pid holds which rank's process, what Perfetto accepts as a tid, and
+which threads are lanes (``merge.lanes``).
 
 A rank's processes get the pids ``2**22 + rank*64 + slot``: unique across ranks, below 2**31, and the
 rank can be read back from the pid. ``tracefuse analyze --critical-path-trace`` adds one process below
@@ -11,8 +12,8 @@ import re
 import zlib
 from typing import Any
 
-__all__ = ["CRITICAL_PATH_PID", "MAX_RANK", "PID_BASE", "SLOTS_PER_RANK", "U32", "is_merged", "map_tid", "out_pid",
-           "split_merged"]
+__all__ = ["CRITICAL_PATH_PID", "LANE_OF", "LANE_TID", "MAX_RANK", "PID_BASE", "SLOTS_PER_RANK", "U32", "is_merged",
+           "map_tid", "out_pid", "split_merged"]
 
 
 PID_BASE = 1 << 22
@@ -20,6 +21,8 @@ SLOTS_PER_RANK = 64
 MAX_RANK = ((1 << 31) - PID_BASE) // SLOTS_PER_RANK - 1
 U32 = (1 << 32) - 1
 CRITICAL_PATH_PID = PID_BASE - 1
+LANE_TID = 1 << 31  # lanes' tids count up from here, above the tids that string tids become (map_tid)
+LANE_OF = "lane_of"  # in a lane's thread_name args: the tid of its thread
 _STREAM = re.compile(r"(\d+)\s*$")
 
 
@@ -34,11 +37,22 @@ def is_merged(metadata: Any) -> bool:
 
 
 def split_merged(events: list[Any]) -> dict[int, list[Any]]:
-    """A tracefuse-merged trace's events per rank: ``args.rank``, else the rank its pid encodes."""
+    """A tracefuse-merged trace's events per rank: ``args.rank``, else the rank its pid encodes.
+
+    Events that the merge moved to a lane (``merge.lanes``: a thread whose ``thread_name`` has ``LANE_OF``) go
+    back to their thread, and the lanes' own metadata is left out, so that a rank reads as its input did.
+    """
+    lanes = {(ev.get("pid"), ev.get("tid")): ev["args"][LANE_OF] for ev in events
+             if type(ev) is dict and ev.get("ph") == "M" and ev.get("name") == "thread_name"
+             and type(ev.get("args")) is dict and LANE_OF in ev["args"]}
     parts: dict[int, list[Any]] = {}
     for ev in events:
         if type(ev) is not dict:
             continue
+        if lanes and (ev.get("pid"), ev.get("tid")) in lanes:
+            if ev.get("ph") == "M":
+                continue
+            ev["tid"] = lanes[(ev["pid"], ev["tid"])]
         args = ev.get("args")
         rank = args.get("rank") if type(args) is dict else None
         if type(rank) is not int:

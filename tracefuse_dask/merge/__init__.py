@@ -20,19 +20,16 @@ from distributed import Client
 
 from ..cluster import connect
 from ..errors import MergeError, OutputExistsError
-from ..model import MergeSummary
+from ..model import MergeSummary, RankResult
 from ..storage.files import options_for, storage_errors
 from ..storage.inputs import expand_inputs
 from ..storage.runs import run_folder
-from .assemble import assemble_outputs
+from .assemble import assemble_outputs, too_big
 from .manifest import manifest_of, unchanged, write_manifest
 from .plan import ClockEstimate, MergeNotes, MergeRequest, build_options, plan_merge
 from .tasks import rewrite_ranks
 
 __all__ = ["MergeRequest", "build_options", "merge"]
-
-_BIG_OUTPUT = 1_500_000_000
-
 
 def merge(urlpath: str | Iterable[str] | Mapping[int, str], request: MergeRequest, *, client: Client | None = None,
           workers: int | None = None, scheduler: str | None = None, scheduler_file: str | None = None,
@@ -79,6 +76,7 @@ def merge(urlpath: str | Iterable[str] | Mapping[int, str], request: MergeReques
                                      "cluster (LocalCluster(processes=False))")
                 plan = plan_merge(c, request, files, unlisted, tmp_dir, estimate, notes, futures)
                 results = rewrite_ranks(c, plan, notes, futures)
+                notes.warnings.extend(too_big(plan, results))
                 outputs, bytes_out = assemble_outputs(c, plan, notes, results, futures)
         except BaseException:
             # Only unfinished work is cancelled: a finished key that is cancelled would also
@@ -93,12 +91,7 @@ def merge(urlpath: str | Iterable[str] | Mapping[int, str], request: MergeReques
         write_manifest(out, manifest, bytes_out, so)
     seconds = round(time.perf_counter() - started, 3)
     bytes_in = sum(r.bytes_in for r in results)
-    if bytes_out > _BIG_OUTPUT:
-        notes.warnings.append(
-            f"the merged file is {bytes_out / 1e9:.1f} GB: Perfetto's web UI may not load it "
-            "(about 2 GB of memory); narrow it with --keep, --steps, --window or --ranks, or open it "
-            "with trace_processor --httpd"
-        )
+    notes.notes.extend(_lanes_note(results))
     return MergeSummary(
         ranks=len(results),
         skipped=notes.skipped,
@@ -115,4 +108,16 @@ def merge(urlpath: str | Iterable[str] | Mapping[int, str], request: MergeReques
         notes=notes.notes,
         rank_list=[r.rank for r in results],
         outputs=outputs,
+        on_lanes=sum(r.on_lanes for r in results),
     )
+
+
+def _lanes_note(results: list[RankResult]) -> list[str]:
+    """What the lanes did (``lanes.to_lanes``), for the summary's notes: nothing, or one line."""
+    slices, ranks = sum(r.on_lanes for r in results), sum(1 for r in results if r.on_lanes)
+    if not slices:
+        return []
+    note = (f"{slices:,} slice{'s' if slices > 1 else ''} that Perfetto cannot nest on {'their' if slices > 1 else 'its'}"
+            f" thread (in {ranks:,} rank{'s' if ranks > 1 else ''}) went to lanes of their own, threads named "
+            "'… · overlap' right after theirs; --keep-overlaps leaves them where they were")
+    return [note]

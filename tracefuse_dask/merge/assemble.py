@@ -21,15 +21,15 @@ from distributed import Client
 from .._version import __version__
 from ..cluster import BATCH_RANKS
 from ..errors import OutputExistsError
-from ..model import RankResult
+from ..model import RankResult, ranges
 from ..storage.files import options_for, retry_unreachable, storage_errors
 from ..storage.inputs import relative_sources
 from ..storage.joins import MIN_PART, Piece, join, plan_groups, protocol_of, write_group
 from ..storage.output import gzip_member, gzip_writer, open_write, split_name, writing
-from .plan import MergeNotes, MergePlan
+from .plan import MergeNotes, MergePlan, split_ranges
 from .tasks import SEP
 
-__all__ = ["PERFETTO_MANIFEST", "archive_member", "assemble_outputs"]
+__all__ = ["PERFETTO_MANIFEST", "UI_LIMIT", "archive_member", "assemble_outputs", "too_big"]
 
 log = logging.getLogger("tracefuse_dask")
 
@@ -40,6 +40,7 @@ _FOOT = b"\n]}\n"
 
 
 PERFETTO_MANIFEST = "perfetto_manifest.json"
+UI_LIMIT = 1_500_000_000  # bytes of JSON that Perfetto's web UI opens (it has about 2 GB of memory)
 
 
 @retry_unreachable
@@ -336,3 +337,46 @@ def assemble_outputs(c: Client, plan: MergePlan, notes: MergeNotes, results: lis
                                     gzip_out and request.gzip_members == "single", so, request.force, futures)
     log.info("wrote %s (%d bytes) in %.2f s", ", ".join(o for o, _ in parts), bytes_out, time.perf_counter() - t0)
     return [o for o, _ in parts], bytes_out
+
+
+def too_big(plan: MergePlan, results: list[RankResult]) -> list[str]:
+    """A warning, from the partitions' sizes before the outputs are joined, when an output file will hold more
+    JSON than Perfetto's web UI opens (``UI_LIMIT``): how big, which ``--split`` and which ``--ranks`` give files
+    it opens (and their sizes), and what opens the whole merge. Nothing for a perfetto archive, which the UI
+    opens rank by rank."""
+    if plan.request.format == "perfetto-archive" or not results:
+        return []
+    by_rank = dict(plan.ranks)
+    sizes = [r.json_bytes + (by_rank[r.rank].meta or (0, 0, 0))[2] for r in results]
+    part_of = {plan.tasks[t].rank: k for k, g in enumerate(plan.split_groups) for t in g}
+    parts = [0] * len(plan.split_groups)
+    for r, size in zip(results, sizes):
+        parts[part_of[r.rank]] += size
+    if max(parts) <= UI_LIMIT:
+        return []
+    whole = "the merged trace" if len(parts) == 1 else "the largest part"
+
+    def largest(n: int) -> int:  # the largest file of --split n
+        return max(sum(sizes[g.start:g.stop]) for g in split_ranges(len(sizes), n))
+
+    pieces = []
+    split = next((n for n in range(len(parts) + 1, len(sizes) + 1) if largest(n) <= UI_LIMIT), None)
+    if split is not None:
+        pieces.append(f"--split {split} ({split} files of at most {_size(largest(split))})")
+    total, last = 0, None
+    for k, size in enumerate(sizes):
+        if total + size > UI_LIMIT:
+            break
+        total, last = total + size, k
+    if last is not None:
+        pieces.append(f"--ranks {ranges([r.rank for r in results[:last + 1]])} ({_size(total)})")
+    shown = "; ".join(pieces) + "; " if pieces else ""
+    warning = (f"{whole} will be {_size(max(parts))} of JSON, more than Perfetto's web UI opens (about "
+               f"{_size(UI_LIMIT)}: it has about 2 GB of memory); pieces it opens: {shown}--keep gpu,comm "
+               f"or --steps A-B narrow every rank; the whole merge opens with trace_processor --httpd "
+               f"{plan.request.out} and ui.perfetto.dev")
+    return [warning]
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 1e9:.2f} GB" if nbytes >= 100_000_000 else f"{nbytes / 1e6:.2f} MB"

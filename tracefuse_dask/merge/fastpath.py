@@ -15,10 +15,11 @@ options, so the output stays deterministic.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import attrgetter
-from typing import Any, Callable
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -28,10 +29,26 @@ from msgspec import UNSET, Raw, Struct, UnsetType
 from ..errors import MergeError
 from ..kineto.events import FLOW_PH, decode_or_none, is_gpu_label
 from ..kineto.layout import MAX_RANK, U32, map_tid
-from ..kineto.times import EXACT_FLOAT, EXACT_NS, Duration, Micros, to_ns, to_ns_array, us_text
+from ..kineto.times import (
+    EXACT_FLOAT,
+    EXACT_NS,
+    Duration,
+    Micros,
+    to_ns,
+    to_ns_array,
+    us_text,
+)
 from ..kineto.vocabulary import KnownCategory, KnownPhase, host_category, on_device
 from ..model import MergeOptions
-from .rewrite import PROCESS_M, IdMap, order_slots, pid_maps, process_metadata
+from .lanes import to_lanes
+from .rewrite import (
+    PROCESS_M,
+    IdMap,
+    device_pids,
+    order_slots,
+    pid_maps,
+    process_metadata,
+)
 
 __all__ = ["handles", "rewrite_fast", "rewritten_fast"]
 
@@ -82,24 +99,31 @@ def handles(options: MergeOptions, window_abs_ns: tuple[int, int] | None) -> boo
 
 
 def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: MergeOptions,
-                 who: str) -> tuple[bytes, bytearray, int, int] | None:
-    """Rewrite one rank's trace text as ``RankEvents.rewrite`` would (``rewritten_fast``), as JSON text; or None to
-    use the general path.
+                 who: str) -> tuple[bytes, bytearray, int, int, int] | None:
+    """Rewrite one rank's trace text as ``RankEvents.rewrite`` would (``rewritten_fast``), with the slices that
+    cannot nest on lanes (``lanes.to_lanes``, unless ``options.keep_overlaps``), as JSON text; or None to use the
+    general path.
 
     Returns
     -------
     tuple or None
-        ``(head, body, events_in, events_out)``: the process metadata events and
+        ``(head, body, events_in, events_out, on_lanes)``: the process metadata events and
         the other events, each as JSON array text (``body`` in a bytearray, which the
-        caller may change in place); None when the input needs the general path.
+        caller may change in place), and the number of events moved to lanes; None when the input needs the
+        general path.
     """
     got = rewritten_fast(data, rank, base, base_out, options, who)
     if got is None:
         return None
-    head, body, n_in, _, _ = got
+    head, body, n_in, slots, keys = got
+    moved = 0
+    if not options.keep_overlaps:
+        moved, threads = to_lanes(body, device_pids(rank, slots), structs=True,
+                                  begins=any(k[0] == "B" for k in keys), shifted=base != base_out)
+        body += threads
     text = bytearray()
     _encoder.encode_into(body, text)
-    return orjson.dumps(head), text, n_in, len(head) + len(body)
+    return orjson.dumps(head), text, n_in, len(head) + len(body), moved
 
 
 def rewritten_fast(data: bytes, rank: int, base: int, base_out: int, options: MergeOptions,

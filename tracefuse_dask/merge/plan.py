@@ -42,8 +42,8 @@ from ..storage.files import parse_json, read_header, retry_unreachable, storage_
 from ..storage.inputs import resolve_rank
 from ..storage.output import open_write, writing
 
-__all__ = ["RANK_META", "MergeNotes", "MergePlan", "MergeRequest", "base_of", "build_options", "plan_merge",
-           "settle"]
+__all__ = ["RANK_META", "MergeNotes", "MergePlan", "MergeRequest", "base_of", "build_options", "plan_merge", "settle",
+           "split_ranges"]
 
 log = logging.getLogger("tracefuse_dask")
 
@@ -163,6 +163,7 @@ def build_options(
     keep_empty_processes: bool = False,
     annotate_rank: bool = False,
     counters: bool = False,
+    keep_overlaps: bool = False,
 ) -> MergeOptions:
     """Check the filter options and turn them into ``MergeOptions``.
 
@@ -198,7 +199,7 @@ def build_options(
                 "use a module-level function or a lambda that captures only picklable values"
             ) from None
     return MergeOptions(include_pyfunc, presets, step_range, window_ns, portable, rewrite_ids, keep_empty_processes,
-                        annotate_rank, counters)
+                        annotate_rank, counters, keep_overlaps)
 
 
 def plan_merge(c: Client, request: MergeRequest, files: list[InputFile], unlisted: list[str], tmp_dir: str,
@@ -276,7 +277,7 @@ def plan_merge(c: Client, request: MergeRequest, files: list[InputFile], unliste
     series = request.counter_series if options.counters else None
     tasks = [RankTask(r, h.path, (h.base or 0) - offsets.get(r, 0), base_out, options, window_abs, compress, repair,
                       marks.get(r), series) for r, h in chosen]
-    split_groups = _split_ranges(len(tasks), 1 if request.format == "perfetto-archive" else request.split)
+    split_groups = split_ranges(len(tasks), 1 if request.format == "perfetto-archive" else request.split)
     return MergePlan(request, files, tmp_dir, chosen, next(iter(sizes), None), base_out, alignment, offsets, tasks,
                      split_groups)
 
@@ -420,7 +421,7 @@ def _slim(h: RankHeader) -> tuple[RankHeader, bytes]:
     return h, text
 
 
-def _split_ranges(n: int, split: int) -> list[range]:
+def split_ranges(n: int, split: int) -> list[range]:
     """``split`` contiguous ranges of ``n`` ranks, of as even sizes as can be (at most ``n`` of them)."""
     k = min(split, n)
     bounds = [n * j // k for j in range(k + 1)]

@@ -19,7 +19,8 @@ from ..kineto.times import EXACT_NS, fmt_us, to_ns
 from ..kineto.vocabulary import QUEUE_CALLS, device_kind, kernel_type
 from ..model import Marks
 
-__all__ = ["PROCESS_M", "IdMap", "counter_events", "order_slots", "pid_maps", "process_metadata", "rewrite"]
+__all__ = ["PROCESS_M", "IdMap", "counter_events", "device_pids", "order_slots", "pid_maps", "process_metadata",
+           "rewrite"]
 
 PROCESS_M = frozenset({"process_name", "process_labels", "process_sort_index"})
 _ID_FIELDS = ("External id", "correlation")
@@ -265,6 +266,11 @@ def pid_maps(rank: int, slots: list[tuple[str, Any]]) -> tuple[dict[Any, int], d
     for pid, new in dev_map.items():
         host_map.setdefault(pid, new)
     return host_map, dev_map
+
+
+def device_pids(rank: int, slots: list[tuple[str, Any]]) -> set[int]:
+    """The merged pids of the rank's devices."""
+    return {out_pid(rank, j) for j, (kind, _) in enumerate(slots) if kind == "d"}
 
 
 def process_metadata(rank: int, slots: list[tuple[str, Any]], used: set[int],

@@ -22,8 +22,9 @@ from ..model import RankResult, RankTask, ranges
 from ..storage.files import read_bytes, retry_unreachable, storage_errors
 from ..storage.output import gzip_member, open_write, writing
 from .fastpath import handles, rewrite_fast
+from .lanes import to_lanes
 from .plan import MergeNotes, MergePlan, settle
-from .rewrite import rewrite
+from .rewrite import device_pids, order_slots, rewrite
 
 __all__ = ["SEP", "rewrite_ranks"]
 
@@ -76,7 +77,7 @@ def _rewrite_rank(task: RankTask, part_path: str,
         fast = rewrite_fast(data, task.rank, task.base, task.base_out, task.options, who)
     if fast is not None:
         del data
-        head_json, body_json, n_in, n_out = fast
+        head_json, body_json, n_in, n_out, moved = fast
         note = None
     else:
         doc, nbytes, note = decode_json(data, task.path, rank=task.rank, cut_gzip=cut_gzip, repair=task.repair)
@@ -86,16 +87,22 @@ def _rewrite_rank(task: RankTask, part_path: str,
         n_in = len(events)
         sel = RankEvents(events, task.base, task.options, who, task.window_abs_ns)
         head, body = rewrite(sel, task.rank, task.base_out, task.marks, task.counter_series)
+        moved = 0
+        if not task.options.keep_overlaps:
+            moved, threads = to_lanes(body, device_pids(task.rank, order_slots(*sel.pids, who)), structs=False,
+                                      shifted=task.base != task.base_out)
+            body += threads
         del doc, events, sel
         head_json, body_json = orjson.dumps(head), orjson.dumps(body)
         n_out = len(head) + len(body)
         del head, body
     data = _partition(body_json)
     del body_json
+    json_bytes = len(data) + len(head_json)
     if task.compress and data:
         data = gzip_member(data)
     return RankResult(task.rank, task.path, n_in, n_out, nbytes, len(data), part_path, head_json[1:-1],
-                      [note] if note else []), data
+                      [note] if note else [], moved, json_bytes), data
 
 
 def _partition(events: bytes | bytearray) -> bytes | bytearray:
