@@ -67,18 +67,21 @@ def assert_perfetto_rules(merged: dict[str, Any]) -> dict[int, int]:
 def misnested(events: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     """The slices that Perfetto's JSON importer cannot nest on their thread, as ``(pid, tid, name, ts, dur)``.
 
-    Perfetto's rule (``SliceTracker``; the Chrome JSON spec): on one (pid, tid), slices sorted by start, ties
-    broken complete slices first, the longer first, then the other phases in file order; each slice closes the
-    open ones that ended by its start, and must end by the end of the slice it starts in. A ``B``/``E`` pair is one
-    slice: an ``E`` closes the latest open ``B`` of its thread whose name and category match its own where it has
-    them; a ``B`` that no ``E`` closes stays open to the end. A slice that cannot nest is counted and left off the
-    stack (so one crossing counts once).
+    Perfetto's rule (``SliceTracker``; the Chrome JSON spec): on one thread (a tid 0, or none, is the pid's),
+    slices sorted by start, ties broken complete slices first, the longer first, then the other phases in file
+    order; each slice closes the open ones that ended by its start, and must end by the end of the slice it starts
+    in. A ``B``/``E`` pair is one slice: an ``E`` closes the latest open ``B`` of its thread whose name and category
+    match its own where it has them; a ``B`` that no ``E`` closes stays open to the end. A slice that cannot nest
+    is counted and left off the stack (so one crossing counts once).
     """
     never = Decimal("Infinity")
     tracks: dict[tuple[Any, Any], list[tuple[Any, ...]]] = {}
     open_b: dict[tuple[Any, Any], list[list[Any]]] = {}
+    def thread(ev: dict[str, Any]) -> tuple[Any, Any]:
+        return ev["pid"], ev.get("tid") or ev["pid"]
+
     for i, ev in enumerate(events):
-        ph, key = ev["ph"], (ev["pid"], ev.get("tid"))
+        ph, key = ev["ph"], thread(ev)
         if ph == "X":
             ts, dur = ns(ev["ts"]), ns(ev.get("dur", 0))
             tracks.setdefault(key, []).append((ts, 0, -dur, i, ts + dur, ev.get("name")))
@@ -87,7 +90,7 @@ def misnested(events: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     pairs: dict[tuple[Any, Any], list[list[Any]]] = {}
     for i, ev in sorted(((i, ev) for i, ev in enumerate(events) if ev["ph"] in ("B", "E")),
                         key=lambda p: (ns(p[1]["ts"]), p[0])):
-        key = (ev["pid"], ev.get("tid"))
+        key = thread(ev)
         stack = open_b[key]
         if ev["ph"] == "B":
             pair = [ns(ev["ts"]), never, i, ev.get("name"), ev.get("cat")]
@@ -101,7 +104,7 @@ def misnested(events: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
                 break
     for key, got in pairs.items():
         for start, end, i, name, _ in got:
-            tracks.setdefault(key, []).append((start, 1, start - end, i, end, name))
+            tracks.setdefault(key, []).append((start, 1, 0, i, end, name))  # B events at one time: file order
     bad = []
     for key, slices in tracks.items():
         stack: list[Any] = []
@@ -187,9 +190,9 @@ def assert_lanes(merged: dict[str, Any]) -> set[int]:
     pids = {pid for pid, _ in owners}
     for pid in pids:
         sorts = [e for e in events if e["ph"] == "M" and e["name"] == "thread_sort_index" and e["pid"] == pid]
-        sort = {e["tid"]: e["args"]["sort_index"] for e in sorts}
+        sort = {e["tid"] or pid: e["args"]["sort_index"] for e in sorts}  # Perfetto: tid 0 is the pid's thread
         assert len(sorts) == len(sort), f"pid {pid}: a thread with two sort indices"
-        used = {e["tid"] for e in events if e["pid"] == pid and e["ph"] != "M" and "tid" in e}  # not counters
+        used = {e.get("tid") or pid for e in events if e["pid"] == pid and e["ph"] not in ("M", "C")}
         assert used <= set(sort), f"pid {pid}: threads {used - set(sort)} have no sort index beside lanes"
         assert len(set(sort.values())) == len(sort), f"pid {pid}: two threads share a sort index"
     for pid, tid in owners:

@@ -40,11 +40,15 @@ def test_the_merge_benchmark_prints_its_table(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [line for line in out.read_text().splitlines() if line.startswith("| ") and "2×0.2 MB" in line]
     assert [r.split(" | ")[0] for r in rows] == ["| orjson floor (GC on)", "| orjson floor (GC off)",
-                                                  "| tracefuse merge → .json", "| tracefuse merge → .json.gz"]
+                                                  "| tracefuse merge → .json", "| tracefuse merge → .json.gz",
+                                                  "| tracefuse merge --keep-overlaps → .json"]
     for row in rows[2:]:
         cells = row.split(" | ")
         assert re.fullmatch(r"\d+\.\d\d× \(\d+\.\d\d-\d+\.\d\d\)", cells[5]), row  # paired against the GC-off floor
-        assert "→" in cells[-1] and "FAILED" not in row
+        assert ("→" in cells[-1] or "no lanes" in cells[-1]) and "FAILED" not in row
+    lanes = [line for line in out.read_text().splitlines() if line.startswith("Lanes (")]
+    assert len(lanes) == 1 and re.search(r"synthetic 2×0\.2 MB: \d+\.\d\d× \(\d+\.\d\d-\d+\.\d\d\) \(0 slices on lanes\)",
+                                         lanes[0]), lanes
     assert [p.name for p in tmp_path.iterdir()] == ["report.md"]  # the datasets and outputs are removed
 
 
@@ -68,11 +72,13 @@ def test_the_merge_benchmark_measures_each_real_shape_against_its_own_floor(tmp_
     assert [(r[0], r[1].split(" ")[0]) for r in rows] == [
         (row, shape) for shape in ("a100", "h100", "b200")
         for row in ("| orjson floor (GC on)", "| orjson floor (GC off)", "| tracefuse merge → .json",
-                    "| tracefuse merge → .json.gz")]
+                    "| tracefuse merge → .json.gz", "| tracefuse merge --keep-overlaps → .json")]
     gc_off = {}
     for cells in rows:
         assert "FAILED" not in " | ".join(cells), cells
-        if cells[0].startswith("| tracefuse"):
+        if cells[0] == "| tracefuse merge --keep-overlaps → .json":
+            assert cells[-1].startswith("no lanes"), cells  # the lanes' cost, not the merge: not in the worst
+        elif cells[0].startswith("| tracefuse"):
             assert re.fullmatch(r"\d+\.\d\d× \(\d+\.\d\d-\d+\.\d\d\)", cells[5]), cells  # its own GC-off floor
             assert re.search(r"header pass \d+% of the merge, reads [\d,]+ kB per file", cells[-1]), cells
             gc_off[f"{cells[1]}, {cells[0][2:]}"] = cells[5]

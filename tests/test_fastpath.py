@@ -4,22 +4,22 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+from collections import Counter
 from decimal import Decimal
 from typing import Any
 
 import orjson
 import pytest
+from conftest import BASE, SHARED, make_trace, shared, shared_params
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from conftest import BASE, SHARED, make_trace, shared, shared_params
 from test_properties import QUARTER, SEEDS, mutate, rank_events, seed
+
 from tracefuse_dask.errors import TraceFuseError
-from tracefuse_dask.merge.fastpath import _KinetoEvent, _decoders, handles, rewrite_fast
-from tracefuse_dask.kineto.events import RankEvents, decode_or_none
-from tracefuse_dask.model import MergeOptions
-from tracefuse_dask.merge.lanes import to_lanes
-from tracefuse_dask.merge.rewrite import device_pids, order_slots, rewrite
+from tracefuse_dask.kineto.events import decode_or_none
+from tracefuse_dask.merge.fastpath import _decoders, _KinetoEvent, handles, rewrite_fast
+from tracefuse_dask.merge.tasks import _rewrite_general
+from tracefuse_dask.model import MergeOptions, RankTask
 from tracefuse_dask.synth import make_rank_trace
 
 TRACE_FILES = shared_params(sorted(str(p.relative_to(SHARED)) for p in SHARED.glob("**/*.json*")
@@ -39,23 +39,26 @@ def exact(text: bytes) -> Any:
     return events
 
 
-def general(data: bytes, rank: int, base: int, base_out: int, opts: MergeOptions) -> tuple[Any, Any]:
-    """The general path as the merge's task runs it: the rewrite, then the lanes (unless ``keep_overlaps``)."""
-    sel = RankEvents(orjson.loads(data)["traceEvents"], base, opts, "f (rank 0)")
-    head, body = rewrite(sel, rank, base_out)
-    if not opts.keep_overlaps:
-        body += to_lanes(body, device_pids(rank, order_slots(*sel.pids, sel.who)), structs=False)[1]
-    return exact(orjson.dumps(head)), exact(orjson.dumps(body))
+def general(data: bytes, rank: int, base: int, base_out: int, opts: MergeOptions) -> tuple[Any, Any, Any]:
+    """The general path as the merge's task runs it (the rewrite, then the lanes): head, body and the account of
+    what it left out."""
+    left_out: Counter = Counter()
+    head, body, n_in, n_out, _ = _rewrite_general(RankTask(rank, "f", base, base_out, opts), orjson.loads(data),
+                                                  "f (rank 0)", left_out)
+    head, body = exact(head), exact(body)
+    assert n_out == len(head) + len(body) and n_in - sum(left_out.values()) <= n_out
+    return head, body, dict(+left_out)
 
 
-def fast(data: bytes, rank: int, base: int, base_out: int, opts: MergeOptions) -> tuple[Any, Any] | None:
-    got = rewrite_fast(data, rank, base, base_out, opts, "f (rank 0)")
+def fast(data: bytes, rank: int, base: int, base_out: int, opts: MergeOptions) -> tuple[Any, Any, Any] | None:
+    left_out: Counter = Counter()
+    got = rewrite_fast(data, rank, base, base_out, opts, "f (rank 0)", left_out)
     if got is None:
         return None
     head, body, n_in, n_out, _ = got
     head, body = exact(head), exact(body)
     assert n_in == len(json.loads(data)["traceEvents"]) and n_out == len(head) + len(body)
-    return head, body
+    return head, body, dict(+left_out)
 
 
 def text(path: str) -> bytes:
@@ -161,7 +164,7 @@ def test_fast_path_equals_general_path_on_odd_events(data, shift, annotate):
     pytest.param(b'{"traceEvents": {}}', BASE, BASE, id="events-not-a-list"),
 ])
 def test_fast_path_steps_aside_for_what_the_general_path_handles(data, base, base_out):
-    assert rewrite_fast(data, 0, base, base_out, MergeOptions(), "f (rank 0)") is None
+    assert rewrite_fast(data, 0, base, base_out, MergeOptions(), "f (rank 0)", Counter()) is None
 
 
 @pytest.mark.parametrize("opts, window, ok", [

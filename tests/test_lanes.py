@@ -21,6 +21,7 @@ from perfetto_rules import (
     assert_inputs_kept,
     assert_lanes,
     assert_perfetto_rules,
+    lane_owners,
     load_exact,
     misnested,
     ns,
@@ -152,6 +153,37 @@ def test_a_begin_end_pair_that_crosses_a_slice_moves_whole_with_its_flow(tmp_pat
     assert [t for _, t in sorted(sort, key=sort.get)] == [THREAD + 1, THREAD, LANE_TID]
 
 
+def test_b_events_that_open_together_nest_in_file_order(tmp_path):
+    """Perfetto opens B events of one time in file order (it cannot know their ends when it sorts): b opens
+    inside a, which ends first, so b crosses it and moves, though it is the longer."""
+    events = [{"ph": "B", "cat": "user", "name": "a", "pid": CPU, "tid": THREAD, "ts": 10},
+              {"ph": "B", "cat": "user", "name": "b", "pid": CPU, "tid": THREAD, "ts": 10},
+              {"ph": "E", "cat": "user", "name": "a", "pid": CPU, "tid": THREAD, "ts": 15},
+              {"ph": "E", "cat": "user", "name": "b", "pid": CPU, "tid": THREAD, "ts": 20}]
+    kept, _ = merged_of(tmp_path, events, keep_overlaps=True)
+    assert [b[2] for b in misnested(kept["traceEvents"])] == ["b"]
+    merged, summary = merged_of(tmp_path, events)
+    assert_perfetto_rules(merged)
+    assert summary.on_lanes == 1 and where(merged, "b", "B") == where(merged, "b", "E") == [LANE_TID]
+
+
+def test_a_tid_0_and_no_tid_are_the_pids_thread(tmp_path):
+    """Perfetto puts an event of tid 0, or of none, on the thread whose tid is the pid: A (tid 0), B (no tid) and
+    C (tid 0) share it, so B and C cross A, while D on tid 3 crosses nothing."""
+    events = [{"ph": "X", "cat": "cpu_op", "name": "A", "pid": CPU, "tid": 0, "ts": 0, "dur": 10},
+              {"ph": "X", "cat": "cpu_op", "name": "B", "pid": CPU, "ts": 5, "dur": 10},
+              {"ph": "X", "cat": "cpu_op", "name": "C", "pid": CPU, "tid": 0, "ts": 5, "dur": 10},
+              {"ph": "X", "cat": "cpu_op", "name": "D", "pid": CPU, "tid": 3, "ts": 5, "dur": 10}]
+    kept, _ = merged_of(tmp_path, events, keep_overlaps=True)
+    assert sorted(b[2] for b in misnested(kept["traceEvents"])) == ["B", "C"]
+    merged, summary = merged_of(tmp_path, events)
+    assert_perfetto_rules(merged)
+    assert summary.on_lanes == 2 and where(merged, "B") == where(merged, "C") == [LANE_TID]
+    assert where(merged, "A") == [0] and where(merged, "D") == [3]
+    owners = lane_owners(merged["traceEvents"])
+    assert list(owners.values()) == [merged["traceEvents"][0]["pid"]]  # the lane's thread: the pid's
+
+
 def test_the_fast_path_and_the_general_path_place_alike(tmp_path):
     """A filter that keeps everything sends the rank through the general path (dicts): the same lanes."""
     events = [*kernel("A", 100, 100, 1), *kernel("B", 150, 100, 2), *kernel("C", 160, 140, 3)]
@@ -166,6 +198,8 @@ def test_the_fast_path_and_the_general_path_place_alike(tmp_path):
 
 
 SETS = shared_params([f"real/{s}" for s in REAL_SETS] + ["gloo_4ranks"])
+
+
 # Slices that Perfetto cannot nest in each set's merge, default / with python_function, each crossing counted
 # once (``misnested``). Issue 48 counted the same for B200, MTIA, AlexNet and the copy, and more for the vLLM and
 # Qwen sets (126, 9 and 11 with python_function), where a count that keeps the crossing slice on the stack finds
@@ -194,8 +228,9 @@ def test_every_slice_of_every_shared_set_is_one_perfetto_can_show(name, include_
     assert_perfetto_rules(merged)
     assert_lanes(merged)
     assert summary.on_lanes == len(overlaps)
+    owners = lane_owners(merged["traceEvents"])
     moved = sorted((e["pid"], e["name"], ns(e["ts"]), ns(e["dur"])) for e in merged["traceEvents"]
-                   if e["ph"] == "X" and e["tid"] >= LANE_TID)
+                   if e["ph"] == "X" and (e["pid"], e["tid"]) in owners)
     assert moved == sorted((b[0], b[2], b[3], b[4]) for b in overlaps if b[2] is not None)
     strip = {"tid", "args"}  # a lane changes the tid alone (and the lane processes' thread sort indices)
     assert sorted(orjson.dumps({k: v for k, v in e.items() if k not in strip}, default=str)

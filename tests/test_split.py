@@ -138,3 +138,21 @@ def test_a_merge_too_big_for_the_browser_names_the_pieces_that_open(seven, tmp_p
     assert not few.warnings and (tmp_path / "r.json").stat().st_size <= size * 0.45
     monkeypatch.setattr(assemble, "UI_LIMIT", size)
     assert not merge_traces(str(seven), str(tmp_path / "fits.json")).warnings
+
+
+def test_the_suggested_split_counts_a_skipped_rank_as_the_split_does():
+    """--split cuts the planned ranks, a rank skipped by --on-error skip among them: the suggestion must fit
+    when cut that way (5 ranks planned, rank 0 skipped; 0.2, 0.2, 0.7 and 0.7 GB)."""
+    from types import SimpleNamespace as NS
+
+    from tracefuse_dask.merge.assemble import UI_LIMIT, too_big
+    from tracefuse_dask.merge.plan import split_ranges
+
+    sizes = {1: 200_000_000, 2: 200_000_000, 3: 700_000_000, 4: 700_000_000}
+    tasks = [NS(rank=r) for r in range(5)]
+    plan = NS(request=NS(format="json", out="m.json"), ranks=[(r, NS(meta=None)) for r in range(5)], tasks=tasks,
+              split_groups=split_ranges(5, 1))
+    (warning,) = too_big(plan, [NS(rank=r, json_bytes=s) for r, s in sizes.items()])
+    split = int(warning.split("--split ")[1].split()[0])
+    assert max(sum(sizes.get(tasks[t].rank, 0) for t in g) for g in split_ranges(5, split)) <= UI_LIMIT
+    assert split == 3 and "--ranks 1-3 (1.10 GB)" in warning

@@ -192,6 +192,8 @@ def _tell_run(summary: MergeSummary, args: argparse.Namespace, verb: str, rows: 
             print(f"ignored {path}", file=sys.stderr)
         for sk in summary.skipped:
             print(f"skipped rank {sk['rank']}: {sk['reason']}", file=sys.stderr)
+        if summary.account:
+            print(_account_lines(summary.account, args.verbose), file=sys.stderr)
         for n in summary.notes:
             print(f"note: {n}", file=sys.stderr)
         for w in summary.warnings:
@@ -200,10 +202,33 @@ def _tell_run(summary: MergeSummary, args: argparse.Namespace, verb: str, rows: 
             print(f"wrote {path}", file=sys.stderr)
     if args.summary_json:
         keys = ("ranks", "skipped", "events_in", "events_out", "bytes_out", "seconds", "mb_per_s", "output",
-                "outputs", "status", "warnings", "notes", "on_lanes")
+                "outputs", "status", "warnings", "notes", "on_lanes", "account")
         data = summary.to_json()
         print(json.dumps({k: data[k] for k in keys}))
     return 0
+
+
+_SHORT = {"python_function": "python_function", "keep": "--keep", "steps": "--steps", "window": "--window",
+          "filter_fn": "filter_fn", "flow_end_left_out": "flows with an end left out",
+          "process_metadata": "process metadata", "thread_metadata": "thread metadata"}
+
+
+def _account_lines(account: dict[str, Any], verbose: bool) -> str:
+    """Where every event read went: one line, or with ``verbose`` a table of the reasons."""
+    from .model import LEFT_OUT
+
+    left = account["left_out"]
+    line = (f"account: {account['read']:,} events read = {account['kept']:,} kept"
+            + "".join(f" + {n:,} {_SHORT[k]}" for k, n in left.items())
+            + (f"; {account['on_lanes']:,} kept slices on lanes" if account["on_lanes"] else ""))
+    if not verbose:
+        return line
+    width = len(f"{account['read']:,}")
+    rows = [("read", account["read"]), ("kept", account["kept"]), *((LEFT_OUT[k], n) for k, n in left.items()),
+            ("of the kept: slices moved to lanes", account["on_lanes"]),
+            ("added by the merge: its process names and sort indices, lanes' names, counters, marks",
+             account["added"]), ("written", account["written"])]
+    return "\n".join([line, *(f"  {n:>{width},}  {what}" for what, n in rows)])
 
 
 def _index(args: argparse.Namespace, so: dict[str, Any] | None) -> int:

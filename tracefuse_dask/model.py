@@ -10,6 +10,7 @@ from typing import Any, Callable, Literal
 __all__ = [
     "DEFAULT_RANK_REGEX",
     "KEEP_PRESETS",
+    "LEFT_OUT",
     "InputFile",
     "Marks",
     "MergeOptions",
@@ -20,6 +21,7 @@ __all__ = [
     "RankSet",
     "rank_subset",
     "RankTask",
+    "merge_account",
     "parse_steps",
     "parse_window",
 ]
@@ -292,6 +294,19 @@ class RankTask:
     counter_series: Callable[..., tuple[Any, Any]] | None = None
 
 
+LEFT_OUT = {  # why an event that a merge read is not in its output: the account's reasons, in its order
+    "python_function": "python_function events (--include-pyfunc keeps them)",
+    "keep": "left out by --keep",
+    "steps": "outside --steps",
+    "window": "outside --window",
+    "filter_fn": "left out by filter_fn",
+    "flow_end_left_out": "flow events whose other end was left out",
+    "process_metadata": "Kineto's process metadata, which the merge's own names and sort indices replace",
+    "thread_metadata": "thread metadata given twice, of a process left with no events, or a sort index that "
+                       "lanes renumber",
+}
+
+
 @dataclass
 class RankResult:
     """What a rewrite task returns: small counts, never events."""
@@ -307,6 +322,7 @@ class RankResult:
     warnings: list[str] = field(default_factory=list)
     on_lanes: int = 0  # slices moved to lanes (merge.lanes)
     json_bytes: int = 0  # the partition's JSON before any gzip
+    left_out: dict[str, int] = field(default_factory=dict)  # events read and not written, by reason (LEFT_OUT)
 
 
 @dataclass
@@ -329,10 +345,29 @@ class MergeSummary:
     rank_list: list[int] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)  # every file written: one, or the parts of --split
     on_lanes: int = 0  # slices moved to lanes, where Perfetto shows the slices that cannot nest on their thread
+    account: dict[str, Any] = field(default_factory=dict)  # where every event read went (merge_account)
 
     def to_json(self) -> dict[str, Any]:
         """The summary as a JSON-ready dict."""
         return asdict(self)
+
+
+def merge_account(results: list[RankResult]) -> dict[str, Any]:
+    """Where every event a merge read went, in total and per rank: ``read = kept + sum(left_out)`` (reasons in
+    ``LEFT_OUT``'s order, those with events only) and ``written = kept + added`` (the merge's own metadata,
+    lanes' names, counters and critical-path marks); ``on_lanes`` counts the slices kept on lanes."""
+    def account(read: int, written: int, left_out: dict[str, int], on_lanes: int) -> dict[str, Any]:
+        kept = read - sum(left_out.values())
+        return {"read": read, "kept": kept, "left_out": {k: left_out[k] for k in LEFT_OUT if left_out.get(k)},
+                "on_lanes": on_lanes, "added": written - kept, "written": written}
+
+    total: dict[str, int] = {}
+    for r in results:
+        for k, n in r.left_out.items():
+            total[k] = total.get(k, 0) + n
+    return {**account(sum(r.events_in for r in results), sum(r.events_out for r in results), total,
+                      sum(r.on_lanes for r in results)),
+            "ranks": {str(r.rank): account(r.events_in, r.events_out, r.left_out, r.on_lanes) for r in results}}
 
 
 def ranges(values: list[int]) -> str:

@@ -7,6 +7,7 @@ into msgspec structs of the same rules and hand anything else to the general pat
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +16,13 @@ import msgspec
 from ..errors import MergeError, TraceFormatError
 from ..model import MergeOptions
 from .times import MAX_US, to_ns
-from .vocabulary import STEP, host_category, is_collective_call, is_comm_kernel, on_device
+from .vocabulary import (
+    STEP,
+    host_category,
+    is_collective_call,
+    is_comm_kernel,
+    on_device,
+)
 
 __all__ = ["FLOW_PH", "RankEvents", "begin_end_pairs", "decode_or_none", "is_device_event", "is_gpu_label"]
 
@@ -97,6 +104,7 @@ class RankEvents:
     After the scan, ``dev[i]`` says whether event ``i`` is device work, ``keep[i]``
     whether it passes the filters, ``pids`` holds the host, device and other
     (string or negative) pids, and ``dev_tids`` the ``(pid, tid)`` of device work.
+    ``left_out`` counts the events left out by each filter (``model.LEFT_OUT``'s names).
     """
 
     events: list[Any]
@@ -109,6 +117,7 @@ class RankEvents:
     keep: list[bool] = field(init=False)
     pids: tuple[set[int], set[int], set[Any]] = field(init=False)
     dev_tids: set[tuple[Any, Any]] = field(init=False)
+    left_out: Counter[str] = field(init=False, default_factory=Counter)
 
     def __post_init__(self) -> None:
         self._scan()
@@ -153,6 +162,7 @@ class RankEvents:
                 raise self._bad(i, f"is a JSON {type(ev).__name__}, not an object")
             if drop_pyfunc and ev.get("cat") == "python_function":
                 keep[i] = False  # dropped unread: nothing of it is used or rewritten
+                self.left_out["python_function"] += 1
                 continue
             ph = ev.get("ph")
             pid = ev.get("pid")
@@ -232,19 +242,20 @@ class RankEvents:
                     launches.setdefault(corr, to_ns(ev["ts"]))
         return launches
 
-    def _passes(self, i: int, ev: dict[str, Any], spans: list[tuple[int, int]] | None,
-                launches: dict[Any, int] | None, flow: bool) -> bool:
+    def _left_out_by(self, i: int, ev: dict[str, Any], spans: list[tuple[int, int]] | None,
+                     launches: dict[Any, int] | None, flow: bool) -> str | None:
+        """The first filter that leaves event ``i`` out (``LEFT_OUT``'s name), or None when it is kept."""
         opts = self.options
         dev = self.dev[i]
         if not flow:
             if not opts.include_pyfunc and ev.get("cat") == "python_function":
-                return False
+                return "python_function"
             if opts.keep and not (
                 ("gpu" in opts.keep and dev)
                 or ("cpu" in opts.keep and not dev)
                 or ("comm" in opts.keep and _is_comm(ev, dev))
             ):
-                return False
+                return "keep"
         t = to_ns(ev["ts"])
         if spans is not None:
             if dev and launches:
@@ -253,36 +264,44 @@ class RankEvents:
                 if type(corr) is int or type(corr) is str:
                     t = launches.get(corr, t)
             if not any(s <= t < e for s, e in spans):
-                return False
+                return "steps"
         if self.window_abs_ns is not None:
             w0, w1 = self.window_abs_ns
             if not w0 <= self.base + to_ns(ev["ts"]) < w1:
-                return False
+                return "window"
         if opts.filter_fn is not None:
             try:
-                return bool(opts.filter_fn(ev))
+                return None if opts.filter_fn(ev) else "filter_fn"
             except MergeError:
                 raise
             except Exception as e:
                 raise MergeError(f"{self.who}: filter_fn raised {type(e).__name__}: {e} on event #{i}; "
                                  "fix the filter function") from e
-        return True
+        return None
 
     def _select(self) -> None:
         events, keep, dev = self.events, self.keep, self.dev
         opts = self.options
         anchors, twins, flows = self._anchors
+        why: dict[int, str] = {}
         if opts.keep or opts.steps or self.window_abs_ns is not None or opts.filter_fn:
             spans = self._step_spans() if opts.steps else None
             launches = self._launch_times() if spans is not None else None
             for i, ev in enumerate(events):
                 if keep[i] and ev["ph"] != "M" and ev["ph"] not in FLOW_PH:
-                    keep[i] = self._passes(i, ev, spans, launches, False)
+                    reason = self._left_out_by(i, ev, spans, launches, False)
+                    if reason is not None:
+                        keep[i] = False
+                        why[i] = reason
             marks = [(i, ev["ph"], ev["pid"], ev.get("tid"), ev["ts"], ev.get("name"), ev.get("cat"))
                      for i, ev in enumerate(events)
                      if ev.get("ph") in ("B", "E") and ev.get("cat") != "python_function"]  # others unread
             for b, e in begin_end_pairs(marks)[0]:  # a pair stays whole: its B decides
                 keep[e] = keep[b]
+                if keep[b]:
+                    why.pop(e, None)
+                else:
+                    why[e] = why[b]
         else:
             spans = launches = None
         if not self.link_flows:
@@ -297,12 +316,15 @@ class RankEvents:
                 ok = keep[a] or any(keep[j] for j in twins.get(key, ()))
                 dev[i] = dev[a]
             else:
-                ok = self._passes(i, ev, spans, launches, True)
+                ok = self._left_out_by(i, ev, spans, launches, True) is None
             fkey = (ev.get("cat"), ev.get("name"), ev.get("id"))
             alive[fkey] = alive.get(fkey, True) and ok
         for i in flows:
             ev = events[i]
             keep[i] = alive[(ev.get("cat"), ev.get("name"), ev.get("id"))]
+            if not keep[i]:
+                why[i] = "flow_end_left_out"
+        self.left_out.update(why.values())
 
     def earliest_ns(self, kept_only: bool) -> int | None:
         """The earliest absolute time (ns) over kept, or all read, non-metadata events."""

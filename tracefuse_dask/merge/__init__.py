@@ -20,7 +20,7 @@ from distributed import Client
 
 from ..cluster import connect
 from ..errors import MergeError, OutputExistsError
-from ..model import MergeSummary, RankResult
+from ..model import MergeSummary, RankResult, merge_account
 from ..storage.files import options_for, storage_errors
 from ..storage.inputs import expand_inputs
 from ..storage.runs import run_folder
@@ -91,7 +91,7 @@ def merge(urlpath: str | Iterable[str] | Mapping[int, str], request: MergeReques
         write_manifest(out, manifest, bytes_out, so)
     seconds = round(time.perf_counter() - started, 3)
     bytes_in = sum(r.bytes_in for r in results)
-    notes.notes.extend(_lanes_note(results))
+    _what_happened(results, notes)
     return MergeSummary(
         ranks=len(results),
         skipped=notes.skipped,
@@ -109,15 +109,20 @@ def merge(urlpath: str | Iterable[str] | Mapping[int, str], request: MergeReques
         rank_list=[r.rank for r in results],
         outputs=outputs,
         on_lanes=sum(r.on_lanes for r in results),
+        account=merge_account(results),
     )
 
 
-def _lanes_note(results: list[RankResult]) -> list[str]:
-    """What the lanes did (``lanes.to_lanes``), for the summary's notes: nothing, or one line."""
+def _what_happened(results: list[RankResult], notes: MergeNotes) -> None:
+    """The notes and warnings of the ranks' rewrite: the slices moved to lanes (``lanes.to_lanes``), and a merge
+    whose filters left out every event."""
     slices, ranks = sum(r.on_lanes for r in results), sum(1 for r in results if r.on_lanes)
-    if not slices:
-        return []
-    note = (f"{slices:,} slice{'s' if slices > 1 else ''} that Perfetto cannot nest on {'their' if slices > 1 else 'its'}"
+    if slices:
+        notes.notes.append(
+            f"{slices:,} slice{'s' if slices > 1 else ''} that Perfetto cannot nest on {'their' if slices > 1 else 'its'}"
             f" thread (in {ranks:,} rank{'s' if ranks > 1 else ''}) went to lanes of their own, threads named "
             "'… · overlap' right after theirs; --keep-overlaps leaves them where they were")
-    return [note]
+    read = sum(r.events_in for r in results)
+    if read and all(r.events_in == sum(r.left_out.values()) for r in results):
+        notes.warnings.append(f"every one of the {read:,} events read was left out (the account says by what): "
+                              "check --keep, --steps, --window or filter_fn against the traces")

@@ -347,11 +347,9 @@ def too_big(plan: MergePlan, results: list[RankResult]) -> list[str]:
     if plan.request.format == "perfetto-archive" or not results:
         return []
     by_rank = dict(plan.ranks)
-    sizes = [r.json_bytes + (by_rank[r.rank].meta or (0, 0, 0))[2] for r in results]
-    part_of = {plan.tasks[t].rank: k for k, g in enumerate(plan.split_groups) for t in g}
-    parts = [0] * len(plan.split_groups)
-    for r, size in zip(results, sizes):
-        parts[part_of[r.rank]] += size
+    size_of = {r.rank: r.json_bytes + (by_rank[r.rank].meta or (0, 0, 0))[2] for r in results}
+    sizes = [size_of.get(t.rank, 0) for t in plan.tasks]  # as --split cuts them: a skipped rank counts, empty
+    parts = [sum(sizes[g.start:g.stop]) for g in plan.split_groups]
     if max(parts) <= UI_LIMIT:
         return []
     whole = "the merged trace" if len(parts) == 1 else "the largest part"
@@ -364,10 +362,10 @@ def too_big(plan: MergePlan, results: list[RankResult]) -> list[str]:
     if split is not None:
         pieces.append(f"--split {split} ({split} files of at most {_size(largest(split))})")
     total, last = 0, None
-    for k, size in enumerate(sizes):
-        if total + size > UI_LIMIT:
+    for k, r in enumerate(results):
+        if total + size_of[r.rank] > UI_LIMIT:
             break
-        total, last = total + size, k
+        total, last = total + size_of[r.rank], k
     if last is not None:
         pieces.append(f"--ranks {ranges([r.rank for r in results[:last + 1]])} ({_size(total)})")
     shown = "; ".join(pieces) + "; " if pieces else ""

@@ -15,6 +15,7 @@ options, so the output stays deterministic.
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import compress
@@ -98,28 +99,30 @@ def handles(options: MergeOptions, window_abs_ns: tuple[int, int] | None) -> boo
                 or window_abs_ns is not None)
 
 
-def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: MergeOptions,
-                 who: str) -> tuple[bytes, bytearray, int, int, int] | None:
+def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: MergeOptions, who: str,
+                 left_out: Counter[str]) -> tuple[bytes, bytearray, int, int, int] | None:
     """Rewrite one rank's trace text as ``RankEvents.rewrite`` would (``rewritten_fast``), with the slices that
     cannot nest on lanes (``lanes.to_lanes``, unless ``options.keep_overlaps``), as JSON text; or None to use the
-    general path.
+    general path. ``left_out`` counts the events left out by each reason (``model.LEFT_OUT``'s names).
 
     Returns
     -------
     tuple or None
         ``(head, body, events_in, events_out, on_lanes)``: the process metadata events and
         the other events, each as JSON array text (``body`` in a bytearray, which the
-        caller may change in place), and the number of events moved to lanes; None when the input needs the
+        caller may change in place), and the number of slices moved to lanes; None when the input needs the
         general path.
     """
-    got = rewritten_fast(data, rank, base, base_out, options, who)
+    got = rewritten_fast(data, rank, base, base_out, options, who, left_out=left_out)
     if got is None:
         return None
     head, body, n_in, slots, keys = got
     moved = 0
     if not options.keep_overlaps:
+        n = len(body)
         moved, threads = to_lanes(body, device_pids(rank, slots), structs=True,
                                   begins=any(k[0] == "B" for k in keys), shifted=base != base_out)
+        left_out["thread_metadata"] += n - len(body)
         body += threads
     text = bytearray()
     _encoder.encode_into(body, text)
@@ -127,7 +130,7 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
 
 
 def rewritten_fast(data: bytes, rank: int, base: int, base_out: int, options: MergeOptions,
-                   who: str, before: Callable[[list[Any]], None] | None = None
+                   who: str, before: Callable[[list[Any]], None] | None = None, left_out: Counter[str] | None = None
                    ) -> tuple[list[dict[str, Any]], list[Any], int, list[tuple[str, Any]], set[tuple[Any, ...]]] | None:
     """Rewrite one rank's trace text as ``RankEvents.rewrite`` would, or None to use the general path.
 
@@ -144,6 +147,8 @@ def rewritten_fast(data: bytes, rank: int, base: int, base_out: int, options: Me
     before
         Called with the decoded events before any is dropped or rewritten (``tracefuse index`` takes ``info``'s
         figures of them there).
+    left_out
+        Where given, counts the events left out by each reason (``model.LEFT_OUT``'s names).
 
     Returns
     -------
@@ -200,7 +205,13 @@ def rewritten_fast(data: bytes, rank: int, base: int, base_out: int, options: Me
     _rewrite_events(events, pid_map, id_map, any(k[0] in _INSTANT_PH for k in found.keys))
     if options.annotate_rank and not _annotate_rank(events, rank, b"\\" not in data):
         return None
-    return head, _thread_names(metas, shown) + events, n_in, slots, found.keys
+    threads = _thread_names(metas, shown)
+    if left_out is not None:
+        left_out["python_function"] += n_in - len(events) - len(metas)
+        process = sum(e.name in PROCESS_M for e in metas)
+        left_out["process_metadata"] += process
+        left_out["thread_metadata"] += len(metas) - process - len(threads)
+    return head, threads + events, n_in, slots, found.keys
 
 
 @dataclass

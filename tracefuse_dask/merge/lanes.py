@@ -31,7 +31,6 @@ from ..kineto.times import EXACT_FLOAT, to_ns, to_ns_array
 
 __all__ = ["to_lanes"]
 
-_NEVER = 1 << 62  # the end of a B that no E closes
 
 
 def to_lanes(body: list[Any], device_pids: set[int], structs: bool, begins: bool | None = None,
@@ -51,19 +50,21 @@ def to_lanes(body: list[Any], device_pids: set[int], structs: bool, begins: bool
     pid, tid, dur = (_column(x, key, structs) for key in ("pid", "tid", "dur"))
     start = _column(x, "ts", structs, shifted)
     end = start + dur
-    kind = np.zeros(len(x), dtype=np.int8)
+    tie = start - end  # at one start: complete slices, the longer first, then B events (1) in file order
     pairs = _pairs([e for e in body if _get(e, "ph") in ("B", "E")]) if begins else []
-    if pairs:  # a B/E pair is a slice from its B to its E, sorted after complete slices that start with it
-        pid = np.concatenate([pid, np.array([_get(b, "pid") for b, _, _, _ in pairs], dtype=np.int64)])
-        tid = np.concatenate([tid, np.array([_get(b, "tid") for b, _, _, _ in pairs], dtype=np.int64)])
+    if pairs:  # a B/E pair is a slice from its B to its E (a B that no E closes: to after every other slice)
+        never = max([int(end.max(initial=0)), *(t if t is not None else s for _, _, s, t in pairs)]) + 1
+        pid = np.concatenate([pid, np.array([_get(b, "pid") for b, *_ in pairs], dtype=np.int64)])
+        tid = np.concatenate([tid, np.array([_get(b, "tid") or 0 for b, *_ in pairs], dtype=np.int64)])
         start = np.concatenate([start, np.array([s for _, _, s, _ in pairs], dtype=np.int64)])
-        end = np.concatenate([end, np.array([t for _, _, _, t in pairs], dtype=np.int64)])
-        kind = np.concatenate([kind, np.ones(len(pairs), dtype=np.int8)])
+        end = np.concatenate([end, np.array([never if t is None else t for *_, t in pairs], dtype=np.int64)])
+        tie = np.concatenate([tie, np.ones(len(pairs), dtype=np.int64)])
+    tid = np.where(tid == 0, pid, tid)  # Perfetto's thread of a tid 0 (or none) is the pid's
     track = (pid << 32) | tid
-    bad = _crossed(track, start, end, kind)
+    bad = _crossed(track, start, end, tie)
     if not len(bad):
         return 0, []
-    lanes = _place(np.flatnonzero(np.isin(track, bad)), track, start, end, kind)
+    lanes = _place(np.flatnonzero(np.isin(track, bad)), track, start, end, tie)
     moved: dict[tuple[int, int, int], list[Any]] = defaultdict(list)  # (pid, tid, lane): the events it holds
     for i, k in sorted(lanes.items()):
         t = int(track[i])
@@ -73,11 +74,12 @@ def to_lanes(body: list[Any], device_pids: set[int], structs: bool, begins: bool
     mine = [e for e, pid in zip(body, map(attrgetter("pid") if structs else itemgetter("pid"), body)) if pid in pids]
     rows = list(map(attrgetter("ph", "pid", "tid"), mine)) if structs else [
         (e.get("ph"), e.get("pid"), e.get("tid")) for e in mine]
-    flows = _bound(mine, rows, lanes, (track, start, end, kind), structs)
+    rows = [(ph, p, p if not t else t) for ph, p, t in rows]  # Perfetto's thread of a tid 0 (or none): the pid's
+    flows = _bound(mine, rows, lanes, (track, start, tie), structs)
     return len(lanes), _apply(body, mine, rows, moved, flows, device_pids)
 
 
-def _crossed(track: np.ndarray, start: np.ndarray, end: np.ndarray, kind: np.ndarray) -> np.ndarray:
+def _crossed(track: np.ndarray, start: np.ndarray, end: np.ndarray, tie: np.ndarray) -> np.ndarray:
     """The tracks where two slices cross (one starts inside the other and ends after it).
 
     Perfetto's order of opening and closing, as array operations: a track is properly nested when every slice
@@ -88,22 +90,22 @@ def _crossed(track: np.ndarray, start: np.ndarray, end: np.ndarray, kind: np.nda
     keep = np.flatnonzero(end > start)
     if not len(keep):
         return keep
-    track, start, end, kind = track[keep], start[keep], end[keep], kind[keep]
+    track, start, end, tie = track[keep], start[keep], end[keep], tie[keep]
     by_track = np.argsort(track, kind="stable")  # few distinct values, mostly in runs: quick
     code = np.empty(len(track), dtype=np.int64)
     code[by_track] = np.concatenate([[0], np.cumsum(track[by_track][1:] != track[by_track][:-1])])
     t0 = int(start.min())
     span = int(end.max()) - t0 + 1
     if code.max() > 0 and (int(code.max()) + 1) * span >= 1 << 62:  # too far apart to share an int64 with the track
-        return np.unique(np.concatenate([_crossed(track[code == c], start[code == c], end[code == c], kind[code == c])
+        return np.unique(np.concatenate([_crossed(track[code == c], start[code == c], end[code == c], tie[code == c])
                                          for c in range(int(code.max()) + 1)]))
     k_open = code * span + (start - t0)
     opens = np.argsort(k_open, kind="stable")
     tied = k_open[opens][1:] == k_open[opens][:-1]
-    if tied.any():  # slices that open at one time: complete ones first, the longer first, then file order
+    if tied.any():  # slices that open at one time: complete ones first, the longer first, then B events
         at = np.flatnonzero(np.concatenate([tied, [False]]) | np.concatenate([[False], tied]))
         rows = opens[at]
-        opens[at] = rows[np.lexsort((rows, start[rows] - end[rows], kind[rows], k_open[rows]))]
+        opens[at] = rows[np.lexsort((rows, tie[rows], k_open[rows]))]
     n = len(start)
     k_open, k_end, track = k_open[opens], (code * span + (end - t0))[opens], track[opens]
     later_first = np.arange(n - 1, -1, -1)
@@ -117,10 +119,10 @@ def _crossed(track: np.ndarray, start: np.ndarray, end: np.ndarray, kind: np.nda
 
 
 def _place(rows: np.ndarray, track: np.ndarray, start: np.ndarray, end: np.ndarray,
-           kind: np.ndarray) -> dict[int, int]:
+           tie: np.ndarray) -> dict[int, int]:
     """The lane (1, 2, ...) of each of ``rows`` that cannot stay on its thread: each slice in Perfetto's order
     takes the first lane where it nests."""
-    order = rows[np.lexsort((start[rows] - end[rows], kind[rows], start[rows], track[rows]))]
+    order = rows[np.lexsort((rows, tie[rows], start[rows], track[rows]))]
     lanes: dict[int, int] = {}
     stacks: list[list[int]] = []
     current = None
@@ -147,9 +149,10 @@ def _bound(mine: list[Any], rows: list[tuple[Any, Any, Any]], lanes: dict[int, i
     ``rows``) that bind to a moved slice: ``id`` of the event to the slice's lane.
 
     Perfetto binds a flow event to the last slice to open at its time on its thread: complete slices open first,
-    the longer first, then B events in file order. ``slices``: the track, start, end and kind of every slice.
+    the longer first, then B events in file order. ``slices``: the track, start and tie (``to_lanes``) of every
+    slice.
     """
-    track, start, end, kind = slices
+    track, start, tie = slices
     tracks = {int(track[i]) for i in lanes}
     flows, keys = [], []
     for e, (ph, pid, tid) in zip(mine, rows):
@@ -162,7 +165,7 @@ def _bound(mine: list[Any], rows: list[tuple[Any, Any, Any]], lanes: dict[int, i
     found = np.flatnonzero(np.isin(track, list(tracks)) & np.isin(start, [ts for _, ts in at]))
     opener: dict[tuple[int, int], tuple[tuple[int, int, int], int]] = {}
     for i in found.tolist():
-        key, opens = (int(track[i]), int(start[i])), (int(kind[i]), int(start[i] - end[i]), i)
+        key, opens = (int(track[i]), int(start[i])), (int(tie[i]), i)
         if key not in opener or opens > opener[key][0]:
             opener[key] = (opens, i)
     return {id(e): lanes[opener[key][1]] for e, key in zip(flows, at) if key in opener and opener[key][1] in lanes}
@@ -186,7 +189,7 @@ def _apply(body: list[Any], mine: list[Any], rows: list[tuple[Any, Any, Any]],
         key, name, args = (_get(e, "pid"), _get(e, "tid")), _get(e, "name"), _args(e)
         if name == "thread_name" and isinstance(args.get("name"), str):
             names.setdefault(key, args["name"].strip())
-        elif name == "thread_sort_index" and type(args.get("sort_index")) is int:
+        elif name == "thread_sort_index" and type(args.get("sort_index")) in (int, float):
             sort_at.setdefault(key, args["sort_index"])
     lane_tid: dict[tuple[int, int, int], int] = {}
     by_track: dict[tuple[int, int], list[tuple[int, int, int]]] = defaultdict(list)  # each thread's lanes
@@ -225,16 +228,19 @@ def _apply(body: list[Any], mine: list[Any], rows: list[tuple[Any, Any, Any]],
     return meta
 
 
-def _pairs(marks: list[Any]) -> list[tuple[Any, Any, int, int]]:
-    """The B/E pairs among ``marks`` as Perfetto pairs them, ``(B, E, start ns, end ns)``; a B that no E closes
-    has the E None and ends never. Pairs without an int pid and tid (which no thread holds) are left out."""
+def _pairs(marks: list[Any]) -> list[tuple[Any, Any, int, int | None]]:
+    """The B/E pairs among ``marks`` as Perfetto pairs them, in the file order of their B: ``(B, E, start ns,
+    end ns)``, where a B that no E closes has the E and the end None. Pairs on no thread (a pid or tid that is not
+    an int) are left out."""
     times = [_ns1(_get(e, "ts")) for e in marks]
     rows = [(i, _get(e, "ph"), _get(e, "pid"), _get(e, "tid"), t, _get(e, "name"), _get(e, "cat"))
             for i, (e, t) in enumerate(zip(marks, times))]
     closed, unclosed, _ = begin_end_pairs(rows)
-    pairs = ([(marks[b], marks[e], times[b], times[e]) for b, e in closed]
-             + [(marks[b], None, times[b], _NEVER) for b in unclosed])
-    return [p for p in pairs if type(_get(p[0], "pid")) is int and type(_get(p[0], "tid")) is int]
+    ends: dict[int, int | None] = {b: e for b, e in closed}
+    ends.update((b, None) for b in unclosed)
+    return [(marks[b], None if e is None else marks[e], times[b], None if e is None else times[e])
+            for b, e in sorted(ends.items())
+            if type(_get(marks[b], "pid")) is int and type(_get(marks[b], "tid")) in (int, type(None))]
 
 
 def _column(events: list[Any], key: str, structs: bool, texts: bool = True) -> np.ndarray:

@@ -72,6 +72,7 @@ def rewrite(sel: RankEvents, rank: int, base_out: int, marks: Marks | None = Non
         pid = ev["pid"]
         if ph == "M":
             if ev.get("name") in PROCESS_M:
+                sel.left_out["process_metadata"] += 1
                 continue
             new_pid = ev["pid"] = (dev_map if (pid, ev.get("tid")) in dev_tids else host_map)[pid]
         else:
@@ -96,6 +97,7 @@ def rewrite(sel: RankEvents, rank: int, base_out: int, marks: Marks | None = Non
             if ev.get("name") == "thread_name":
                 key = (new_pid, ev.get("tid"))
                 if key in seen_thread_names:
+                    sel.left_out["thread_metadata"] += 1
                     continue
                 seen_thread_names.add(key)
             threads.append(ev)
@@ -119,7 +121,9 @@ def rewrite(sel: RankEvents, rank: int, base_out: int, marks: Marks | None = Non
         body += _placed(marks, rank, (host_map, dev_map), dev_tids, shift)
     body.extend(counters)
     head, shown_pids = process_metadata(rank, slots, used, sel.options.keep_empty_processes)
-    return head, [ev for ev in threads if ev["pid"] in shown_pids] + body
+    shown = [ev for ev in threads if ev["pid"] in shown_pids]
+    sel.left_out["thread_metadata"] += len(threads) - len(shown)
+    return head, shown + body
 
 
 def _field_maps(events: list[Any], keep: Any, rank: int) -> dict[str, IdMap]:

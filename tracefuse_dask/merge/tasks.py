@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -73,36 +74,45 @@ def _rewrite_rank(task: RankTask, part_path: str,
     data, cut_gzip = read_bytes(task.path, storage_options, repair=task.repair)
     nbytes = len(data)
     fast = None
+    left_out: Counter[str] = Counter()
     if task.marks is None and handles(task.options, task.window_abs_ns):
-        fast = rewrite_fast(data, task.rank, task.base, task.base_out, task.options, who)
+        fast = rewrite_fast(data, task.rank, task.base, task.base_out, task.options, who, left_out)
     if fast is not None:
         del data
         head_json, body_json, n_in, n_out, moved = fast
         note = None
     else:
+        left_out.clear()  # the fast path may have counted before it stepped aside
         doc, nbytes, note = decode_json(data, task.path, rank=task.rank, cut_gzip=cut_gzip, repair=task.repair)
         del data
-        check_document(doc, who)
-        events = doc["traceEvents"]
-        n_in = len(events)
-        sel = RankEvents(events, task.base, task.options, who, task.window_abs_ns)
-        head, body = rewrite(sel, task.rank, task.base_out, task.marks, task.counter_series)
-        moved = 0
-        if not task.options.keep_overlaps:
-            moved, threads = to_lanes(body, device_pids(task.rank, order_slots(*sel.pids, who)), structs=False,
-                                      shifted=task.base != task.base_out)
-            body += threads
-        del doc, events, sel
-        head_json, body_json = orjson.dumps(head), orjson.dumps(body)
-        n_out = len(head) + len(body)
-        del head, body
+        head_json, body_json, n_in, n_out, moved = _rewrite_general(task, doc, who, left_out)
+        del doc
     data = _partition(body_json)
     del body_json
     json_bytes = len(data) + len(head_json)
     if task.compress and data:
         data = gzip_member(data)
     return RankResult(task.rank, task.path, n_in, n_out, nbytes, len(data), part_path, head_json[1:-1],
-                      [note] if note else [], moved, json_bytes), data
+                      [note] if note else [], moved, json_bytes, dict(+left_out)), data
+
+
+def _rewrite_general(task: RankTask, doc: dict[str, Any], who: str,
+                     left_out: Counter[str]) -> tuple[bytes, bytes, int, int, int]:
+    """The general path of a rank's rewrite (``RankEvents``, ``rewrite``, then the lanes), as ``rewrite_fast``
+    returns it; ``left_out`` counts the events left out by each reason."""
+    check_document(doc, who)
+    events = doc["traceEvents"]
+    sel = RankEvents(events, task.base, task.options, who, task.window_abs_ns)
+    head, body = rewrite(sel, task.rank, task.base_out, task.marks, task.counter_series)
+    moved = 0
+    if not task.options.keep_overlaps:
+        n = len(body)
+        moved, threads = to_lanes(body, device_pids(task.rank, order_slots(*sel.pids, who)), structs=False,
+                                  shifted=task.base != task.base_out)
+        sel.left_out["thread_metadata"] += n - len(body)
+        body += threads
+    left_out.update(sel.left_out)
+    return orjson.dumps(head), orjson.dumps(body), len(events), len(head) + len(body), moved
 
 
 def _partition(events: bytes | bytearray) -> bytes | bytearray:
