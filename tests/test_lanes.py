@@ -72,7 +72,9 @@ def test_a_kernel_that_starts_before_the_previous_one_ends_goes_to_a_lane_with_i
     merged, summary = merged_of(tmp_path, events)
     assert_perfetto_rules(merged)  # no slice left that Perfetto cannot nest
     assert assert_lanes(merged)
-    assert summary.on_lanes == 1 and "1 slice that Perfetto cannot nest on its thread" in summary.notes[0]
+    assert summary.on_lanes == 1 and summary.notes == [
+        "1 slice that Perfetto cannot nest on its thread went to a lane of its own, a thread named '… · overlap' "
+        "right after its own; --keep-overlaps leaves it where it was"]
     lane = LANE_TID
     assert where(merged, "K2") == [lane] and where(merged, "K1") == where(merged, "K3") == [STREAM]
     gpu_pid = next(e["pid"] for e in merged["traceEvents"] if e.get("name") == "K2")

@@ -220,7 +220,8 @@ def _account_lines(account: dict[str, Any], verbose: bool) -> str:
     left = account["left_out"]
     line = (f"account: {account['read']:,} events read = {account['kept']:,} kept"
             + "".join(f" + {n:,} {_SHORT[k]}" for k, n in left.items())
-            + (f"; {account['on_lanes']:,} kept slices on lanes" if account["on_lanes"] else ""))
+            + (f"; {account['on_lanes']:,} kept slice{'s' if account['on_lanes'] > 1 else ''} on lanes"
+               if account["on_lanes"] else ""))
     if not verbose:
         return line
     width = len(f"{account['read']:,}")

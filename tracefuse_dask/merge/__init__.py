@@ -117,11 +117,13 @@ def _what_happened(results: list[RankResult], notes: MergeNotes) -> None:
     """The notes and warnings of the ranks' rewrite: the slices moved to lanes (``lanes.to_lanes``), and a merge
     whose filters left out every event."""
     slices, ranks = sum(r.on_lanes for r in results), sum(1 for r in results if r.on_lanes)
-    if slices:
-        notes.notes.append(
-            f"{slices:,} slice{'s' if slices > 1 else ''} that Perfetto cannot nest on {'their' if slices > 1 else 'its'}"
-            f" thread (in {ranks:,} rank{'s' if ranks > 1 else ''}) went to lanes of their own, threads named "
-            "'… · overlap' right after theirs; --keep-overlaps leaves them where they were")
+    if slices > 1:
+        notes.notes.append(f"{slices:,} slices that Perfetto cannot nest on their thread (in {ranks:,} "
+                           f"rank{'s' if ranks > 1 else ''}) went to lanes of their own, threads named '… · overlap' "
+                           "right after theirs; --keep-overlaps leaves them where they were")
+    elif slices:
+        notes.notes.append("1 slice that Perfetto cannot nest on its thread went to a lane of its own, a thread named "
+                           "'… · overlap' right after its own; --keep-overlaps leaves it where it was")
     read = sum(r.events_in for r in results)
     if read and all(r.events_in == sum(r.left_out.values()) for r in results):
         notes.warnings.append(f"every one of the {read:,} events read was left out (the account says by what): "
