@@ -160,3 +160,18 @@ def test_the_cli_prints_the_account_and_its_table(tmp_path):
     summary = json.loads(run("--summary-json").stdout)
     assert summary["account"]["ranks"]["0"]["left_out"]["keep"] == 6
     assert summary["account"]["kept"] == 2
+
+
+def test_ranks_left_unread_by_ranks_are_counted_where_the_job_says_its_size(tmp_path, capsys):
+    """--ranks reads only some ranks: their events are not counted (they are not read), but how many of the job's
+    ranks were left unread is, from distributedInfo's world_size."""
+    from tracefuse_dask.cli import main
+
+    for r in range(4):
+        write_trace(tmp_path / "in" / f"rank{r}.json", make_trace(r, rank_trace()["traceEvents"], world_size=4))
+    summary = merge_traces(str(tmp_path / "in"), str(tmp_path / "out.json"), ranks="0-1")
+    assert summary.account["ranks_not_read"] == 2 and sorted(summary.account["ranks"]) == ["0", "1"]
+    assert_adds_up(summary.account, load_exact(tmp_path / "out.json"))
+    assert "ranks_not_read" not in merge_traces(str(tmp_path / "in"), str(tmp_path / "all.json")).account
+    assert main(["merge", str(tmp_path / "in"), "-o", str(tmp_path / "cli.json"), "--ranks", "0-1"]) == 0
+    assert "; 2 of the job's ranks not read (--ranks)" in capsys.readouterr().err

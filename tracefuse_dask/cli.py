@@ -221,7 +221,9 @@ def _account_lines(account: dict[str, Any], verbose: bool) -> str:
     line = (f"account: {account['read']:,} events read = {account['kept']:,} kept"
             + "".join(f" + {n:,} {_SHORT[k]}" for k, n in left.items())
             + (f"; {account['on_lanes']:,} kept slice{'s' if account['on_lanes'] > 1 else ''} on lanes"
-               if account["on_lanes"] else ""))
+               if account["on_lanes"] else "")
+            + (f"; {account['ranks_not_read']:,} of the job's ranks not read (--ranks)"
+               if account.get("ranks_not_read") else ""))
     if not verbose:
         return line
     width = len(f"{account['read']:,}")

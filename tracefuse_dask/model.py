@@ -352,10 +352,11 @@ class MergeSummary:
         return asdict(self)
 
 
-def merge_account(results: list[RankResult]) -> dict[str, Any]:
+def merge_account(results: list[RankResult], not_read: int | None = None) -> dict[str, Any]:
     """Where every event a merge read went, in total and per rank: ``read = kept + sum(left_out)`` (reasons in
     ``LEFT_OUT``'s order, those with events only) and ``written = kept + added`` (the merge's own metadata,
-    lanes' names, counters and critical-path marks); ``on_lanes`` counts the slices kept on lanes."""
+    lanes' names, counters and critical-path marks); ``on_lanes`` counts the slices kept on lanes.
+    ``not_read``: the ranks of the job that ``--ranks`` left unread (their events are not counted), when known."""
     def account(read: int, written: int, left_out: dict[str, int], on_lanes: int) -> dict[str, Any]:
         kept = read - sum(left_out.values())
         return {"read": read, "kept": kept, "left_out": {k: left_out[k] for k in LEFT_OUT if left_out.get(k)},
@@ -367,6 +368,7 @@ def merge_account(results: list[RankResult]) -> dict[str, Any]:
             total[k] = total.get(k, 0) + n
     return {**account(sum(r.events_in for r in results), sum(r.events_out for r in results), total,
                       sum(r.on_lanes for r in results)),
+            **({"ranks_not_read": not_read} if not_read is not None else {}),
             "ranks": {str(r.rank): account(r.events_in, r.events_out, r.left_out, r.on_lanes) for r in results}}
 
 

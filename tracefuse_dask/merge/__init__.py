@@ -26,7 +26,7 @@ from ..storage.inputs import expand_inputs
 from ..storage.runs import run_folder
 from .assemble import assemble_outputs, too_big
 from .manifest import manifest_of, unchanged, write_manifest
-from .plan import ClockEstimate, MergeNotes, MergeRequest, build_options, plan_merge
+from .plan import ClockEstimate, MergeNotes, MergePlan, MergeRequest, build_options, plan_merge
 from .tasks import rewrite_ranks
 
 __all__ = ["MergeRequest", "build_options", "merge"]
@@ -109,8 +109,13 @@ def merge(urlpath: str | Iterable[str] | Mapping[int, str], request: MergeReques
         rank_list=[r.rank for r in results],
         outputs=outputs,
         on_lanes=sum(r.on_lanes for r in results),
-        account=merge_account(results),
+        account=merge_account(results, _not_read(plan, len(results) + len(notes.skipped))),
     )
+
+
+def _not_read(plan: MergePlan, read: int) -> int | None:
+    """The ranks of the job that ``--ranks`` left unread, where the traces say the job's size."""
+    return None if plan.request.subset is None or plan.world_size is None else max(plan.world_size - read, 0)
 
 
 def _what_happened(results: list[RankResult], notes: MergeNotes) -> None:
