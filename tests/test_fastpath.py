@@ -43,7 +43,7 @@ def general(data: bytes, rank: int, base: int, base_out: int, opts: MergeOptions
     """The general path as the merge's task runs it (the rewrite, then the lanes): head, body and the account of
     what it left out."""
     left_out: Counter = Counter()
-    head, body, n_in, n_out, _ = _rewrite_general(RankTask(rank, "f", base, base_out, opts), orjson.loads(data),
+    head, body, n_in, n_out, _, _ = _rewrite_general(RankTask(rank, "f", base, base_out, opts), orjson.loads(data),
                                                   "f (rank 0)", left_out)
     head, body = exact(head), exact(body)
     assert n_out == len(head) + len(body) and n_in - sum(left_out.values()) <= n_out
@@ -55,7 +55,7 @@ def fast(data: bytes, rank: int, base: int, base_out: int, opts: MergeOptions) -
     got = rewrite_fast(data, rank, base, base_out, opts, "f (rank 0)", left_out)
     if got is None:
         return None
-    head, body, n_in, n_out, _ = got
+    head, body, n_in, n_out, _, _ = got
     head, body = exact(head), exact(body)
     assert n_in == len(json.loads(data)["traceEvents"]) and n_out == len(head) + len(body)
     return head, body, dict(+left_out)

@@ -112,18 +112,18 @@ def test_a_merge_too_big_for_the_browser_names_the_pieces_that_open(seven, tmp_p
     the output is joined, how big it will be and which --split and --ranks give files the UI opens, with their
     sizes; each suggestion, run, gives files within the limit and no warning. The limit is lowered here so that a
     7-rank job stands for a job of gigabytes."""
-    from tracefuse_dask.merge import assemble
+    from tracefuse_dask.merge import plan
 
     plain = tmp_path / "plain.json"
     merge_traces(str(seven), str(plain))
     size = plain.stat().st_size
-    monkeypatch.setattr(assemble, "UI_LIMIT", int(size * 0.45))
+    monkeypatch.setattr(plan, "UI_LIMIT", int(size * 0.45))
     assert main(["merge", str(seven), "-o", str(tmp_path / "m.json.gz"), "--workers", "1", "--summary-json"]) == 0
     captured = capsys.readouterr()
     (warning,) = orjson.loads(captured.out)["warnings"]
     assert warning.startswith(f"the merged trace will be {size / 1e6:.2f} MB of JSON, more than Perfetto's web UI "
                               f"opens (about {int(size * 0.45) / 1e6:.2f} MB")
-    assert "--keep gpu,comm or --steps A-B narrow every rank" in warning
+    assert "--steps A-B narrows every rank" in warning
     assert f"trace_processor --httpd {tmp_path / 'm.json.gz'} and ui.perfetto.dev" in warning
     assert f"warning: {warning}" in captured.err
     split = int(warning.split("--split ")[1].split()[0])
@@ -136,7 +136,12 @@ def test_a_merge_too_big_for_the_browser_names_the_pieces_that_open(seven, tmp_p
     assert f"--split 3 (3 files of at most {most / 1e6:.2f} MB)" in warning
     few = merge_traces(str(seven), str(tmp_path / "r.json"), ranks=ranks)
     assert not few.warnings and (tmp_path / "r.json").stat().st_size <= size * 0.45
-    monkeypatch.setattr(assemble, "UI_LIMIT", size)
+    # --keep gpu,comm, measured by the tasks (their inputs are larger than the limit): about what it writes
+    estimate = float(warning.split("--keep gpu,comm (")[1].split(" MB)")[0]) * 1e6
+    narrow = merge_traces(str(seven), str(tmp_path / "k.json"), keep="gpu,comm")
+    written = (tmp_path / "k.json").stat().st_size
+    assert not narrow.warnings and written <= size * 0.45 and abs(estimate - written) <= 0.05 * written
+    monkeypatch.setattr(plan, "UI_LIMIT", size)
     assert not merge_traces(str(seven), str(tmp_path / "fits.json")).warnings
 
 
@@ -145,14 +150,14 @@ def test_the_suggested_split_counts_a_skipped_rank_as_the_split_does():
     when cut that way (5 ranks planned, rank 0 skipped; 0.2, 0.2, 0.7 and 0.7 GB)."""
     from types import SimpleNamespace as NS
 
-    from tracefuse_dask.merge.assemble import UI_LIMIT, too_big
-    from tracefuse_dask.merge.plan import split_ranges
+    from tracefuse_dask.merge.assemble import too_big
+    from tracefuse_dask.merge.plan import UI_LIMIT, split_ranges
 
     sizes = {1: 200_000_000, 2: 200_000_000, 3: 700_000_000, 4: 700_000_000}
     tasks = [NS(rank=r) for r in range(5)]
     plan = NS(request=NS(format="json", out="m.json"), ranks=[(r, NS(meta=None)) for r in range(5)], tasks=tasks,
               split_groups=split_ranges(5, 1))
-    (warning,) = too_big(plan, [NS(rank=r, json_bytes=s) for r, s in sizes.items()])
+    (warning,) = too_big(plan, [NS(rank=r, json_bytes=s, keep_bytes=None) for r, s in sizes.items()])
     split = int(warning.split("--split ")[1].split()[0])
     assert max(sum(sizes.get(tasks[t].rank, 0) for t in g) for g in split_ranges(5, split)) <= UI_LIMIT
     assert split == 3 and "--ranks 1-3 (1.10 GB)" in warning

@@ -292,6 +292,7 @@ class RankTask:
     marks: Marks | None = None
     # with ``options.counters``: the analysis's ``analysis.per_rank.counters.counter_series``, which the API hands to the merge
     counter_series: Callable[..., tuple[Any, Any]] | None = None
+    estimate_keep: bool = False  # also measure what --keep gpu,comm would write (a merge that may be too big to open)
 
 
 LEFT_OUT = {  # why an event that a merge read is not in its output: the account's reasons, in its order
@@ -323,6 +324,7 @@ class RankResult:
     on_lanes: int = 0  # slices moved to lanes (merge.lanes)
     json_bytes: int = 0  # the partition's JSON before any gzip
     left_out: dict[str, int] = field(default_factory=dict)  # events read and not written, by reason (LEFT_OUT)
+    keep_bytes: int | None = None  # with estimate_keep: the JSON of what --keep gpu,comm would write of it
 
 
 @dataclass

@@ -26,10 +26,11 @@ from ..storage.files import options_for, retry_unreachable, storage_errors
 from ..storage.inputs import relative_sources
 from ..storage.joins import MIN_PART, Piece, join, plan_groups, protocol_of, write_group
 from ..storage.output import gzip_member, gzip_writer, open_write, split_name, writing
+from . import plan as _plan
 from .plan import MergeNotes, MergePlan, split_ranges
 from .tasks import SEP
 
-__all__ = ["PERFETTO_MANIFEST", "UI_LIMIT", "archive_member", "assemble_outputs", "too_big"]
+__all__ = ["PERFETTO_MANIFEST", "archive_member", "assemble_outputs", "too_big"]
 
 log = logging.getLogger("tracefuse_dask")
 
@@ -40,7 +41,6 @@ _FOOT = b"\n]}\n"
 
 
 PERFETTO_MANIFEST = "perfetto_manifest.json"
-UI_LIMIT = 1_500_000_000  # bytes of JSON that Perfetto's web UI opens (it has about 2 GB of memory)
 
 
 @retry_unreachable
@@ -341,16 +341,17 @@ def assemble_outputs(c: Client, plan: MergePlan, notes: MergeNotes, results: lis
 
 def too_big(plan: MergePlan, results: list[RankResult]) -> list[str]:
     """A warning, from the partitions' sizes before the outputs are joined, when an output file will hold more
-    JSON than Perfetto's web UI opens (``UI_LIMIT``): how big, which ``--split`` and which ``--ranks`` give files
-    it opens (and their sizes), and what opens the whole merge. Nothing for a perfetto archive, which the UI
-    opens rank by rank."""
+    JSON than Perfetto's web UI opens (``plan.UI_LIMIT``): how big, which ``--split``, which ``--ranks`` and, where
+    the tasks measured it, how big ``--keep gpu,comm`` give files it opens, and what opens the whole merge.
+    Nothing for a perfetto archive, which the UI opens rank by rank."""
     if plan.request.format == "perfetto-archive" or not results:
         return []
+    limit = _plan.UI_LIMIT
     by_rank = dict(plan.ranks)
     size_of = {r.rank: r.json_bytes + (by_rank[r.rank].meta or (0, 0, 0))[2] for r in results}
     sizes = [size_of.get(t.rank, 0) for t in plan.tasks]  # as --split cuts them: a skipped rank counts, empty
     parts = [sum(sizes[g.start:g.stop]) for g in plan.split_groups]
-    if max(parts) <= UI_LIMIT:
+    if max(parts) <= limit:
         return []
     whole = "the merged trace" if len(parts) == 1 else "the largest part"
 
@@ -358,21 +359,28 @@ def too_big(plan: MergePlan, results: list[RankResult]) -> list[str]:
         return max(sum(sizes[g.start:g.stop]) for g in split_ranges(len(sizes), n))
 
     pieces = []
-    split = next((n for n in range(len(parts) + 1, len(sizes) + 1) if largest(n) <= UI_LIMIT), None)
+    split = next((n for n in range(len(parts) + 1, len(sizes) + 1) if largest(n) <= limit), None)
     if split is not None:
         pieces.append(f"--split {split} ({split} files of at most {_size(largest(split))})")
     total, last = 0, None
     for k, r in enumerate(results):
-        if total + size_of[r.rank] > UI_LIMIT:
+        if total + size_of[r.rank] > limit:
             break
         total, last = total + size_of[r.rank], k
     if last is not None:
         pieces.append(f"--ranks {ranges([r.rank for r in results[:last + 1]])} ({_size(total)})")
+    narrow = "--keep gpu,comm or --steps A-B narrow every rank"
+    if all(r.keep_bytes is not None for r in results):
+        kept = {r.rank: r.keep_bytes + (by_rank[r.rank].meta or (0, 0, 0))[2] for r in results}
+        most = max(sum(kept.get(plan.tasks[t].rank, 0) for t in g) for g in plan.split_groups)
+        if most <= limit:
+            pieces.append(f"--keep gpu,comm ({_size(most)})")
+        narrow = f"--keep gpu,comm still writes {_size(most)}; --steps A-B narrows every rank" if most > limit else \
+            "--steps A-B narrows every rank"
     shown = "; ".join(pieces) + "; " if pieces else ""
     warning = (f"{whole} will be {_size(max(parts))} of JSON, more than Perfetto's web UI opens (about "
-               f"{_size(UI_LIMIT)}: it has about 2 GB of memory); pieces it opens: {shown}--keep gpu,comm "
-               f"or --steps A-B narrow every rank; the whole merge opens with trace_processor --httpd "
-               f"{plan.request.out} and ui.perfetto.dev")
+               f"{_size(limit)}: it has about 2 GB of memory); pieces it opens: {shown}{narrow}; the whole merge "
+               f"opens with trace_processor --httpd {plan.request.out} and ui.perfetto.dev")
     return [warning]
 
 

@@ -46,6 +46,7 @@ from .rewrite import (
     PROCESS_M,
     IdMap,
     device_pids,
+    keep_text,
     order_slots,
     pid_maps,
     process_metadata,
@@ -100,18 +101,20 @@ def handles(options: MergeOptions, window_abs_ns: tuple[int, int] | None) -> boo
 
 
 def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: MergeOptions, who: str,
-                 left_out: Counter[str]) -> tuple[bytes, bytearray, int, int, int] | None:
+                 left_out: Counter[str], estimate_keep: bool = False
+                 ) -> tuple[bytes, bytearray, int, int, int, int | None] | None:
     """Rewrite one rank's trace text as ``RankEvents.rewrite`` would (``rewritten_fast``), with the slices that
     cannot nest on lanes (``lanes.to_lanes``, unless ``options.keep_overlaps``), as JSON text; or None to use the
-    general path. ``left_out`` counts the events left out by each reason (``model.LEFT_OUT``'s names).
+    general path. ``left_out`` counts the events left out by each reason (``model.LEFT_OUT``'s names);
+    ``estimate_keep`` also measures the JSON that ``--keep gpu,comm`` would write (``keep_text``).
 
     Returns
     -------
     tuple or None
-        ``(head, body, events_in, events_out, on_lanes)``: the process metadata events and
+        ``(head, body, events_in, events_out, on_lanes, keep_bytes)``: the process metadata events and
         the other events, each as JSON array text (``body`` in a bytearray, which the
-        caller may change in place), and the number of slices moved to lanes; None when the input needs the
-        general path.
+        caller may change in place), the number of slices moved to lanes, and with ``estimate_keep`` the size of
+        what ``--keep gpu,comm`` would write (else None); None when the input needs the general path.
     """
     got = rewritten_fast(data, rank, base, base_out, options, who, left_out=left_out)
     if got is None:
@@ -126,7 +129,8 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
         body += threads
     text = bytearray()
     _encoder.encode_into(body, text)
-    return orjson.dumps(head), text, n_in, len(head) + len(body), moved
+    kept = keep_text(head, body, device_pids(rank, slots), _encoder.encode) if estimate_keep else None
+    return orjson.dumps(head), text, n_in, len(head) + len(body), moved, kept
 
 
 def rewritten_fast(data: bytes, rank: int, base: int, base_out: int, options: MergeOptions,

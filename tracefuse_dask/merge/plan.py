@@ -42,8 +42,8 @@ from ..storage.files import parse_json, read_header, retry_unreachable, storage_
 from ..storage.inputs import resolve_rank
 from ..storage.output import open_write, writing
 
-__all__ = ["RANK_META", "MergeNotes", "MergePlan", "MergeRequest", "base_of", "build_options", "plan_merge", "settle",
-           "split_ranges"]
+__all__ = ["RANK_META", "UI_LIMIT", "MergeNotes", "MergePlan", "MergeRequest", "base_of", "build_options", "plan_merge",
+           "settle", "split_ranges"]
 
 log = logging.getLogger("tracefuse_dask")
 
@@ -150,6 +150,7 @@ class MergeNotes:
 
 
 RANK_META = ("distributedInfo", "deviceProperties", "host_name")  # per rank in the output's metadata
+UI_LIMIT = 1_500_000_000  # bytes of JSON that Perfetto's web UI opens (it has about 2 GB of memory)
 
 
 def build_options(
@@ -275,8 +276,10 @@ def plan_merge(c: Client, request: MergeRequest, files: list[InputFile], unliste
     compress = request.out.endswith(".gz") and request.gzip_members == "rank" and request.format == "json"
     marks = request.marks or {}
     series = request.counter_series if options.counters else None
+    sizes_in = {f.path: f.trace_bytes or 0 for f in files}
+    estimate = not options.keep and sum(sizes_in.get(h.path, 0) for _, h in chosen) > UI_LIMIT
     tasks = [RankTask(r, h.path, (h.base or 0) - offsets.get(r, 0), base_out, options, window_abs, compress, repair,
-                      marks.get(r), series) for r, h in chosen]
+                      marks.get(r), series, estimate) for r, h in chosen]
     split_groups = split_ranges(len(tasks), 1 if request.format == "perfetto-archive" else request.split)
     return MergePlan(request, files, tmp_dir, chosen, next(iter(sizes), None), base_out, alignment, offsets, tasks,
                      split_groups)

@@ -16,11 +16,16 @@ from ..errors import MergeError
 from ..kineto.events import RankEvents
 from ..kineto.layout import MAX_RANK, SLOTS_PER_RANK, U32, map_tid, out_pid
 from ..kineto.times import EXACT_NS, fmt_us, to_ns
-from ..kineto.vocabulary import QUEUE_CALLS, device_kind, kernel_type
+from ..kineto.vocabulary import (
+    QUEUE_CALLS,
+    device_kind,
+    is_collective_call,
+    kernel_type,
+)
 from ..model import Marks
 
-__all__ = ["PROCESS_M", "IdMap", "counter_events", "device_pids", "order_slots", "pid_maps", "process_metadata",
-           "rewrite"]
+__all__ = ["PROCESS_M", "IdMap", "counter_events", "device_pids", "keep_text", "order_slots", "pid_maps",
+           "process_metadata", "rewrite"]
 
 PROCESS_M = frozenset({"process_name", "process_labels", "process_sort_index"})
 _ID_FIELDS = ("External id", "correlation")
@@ -270,6 +275,20 @@ def pid_maps(rank: int, slots: list[tuple[str, Any]]) -> tuple[dict[Any, int], d
     for pid, new in dev_map.items():
         host_map.setdefault(pid, new)
     return host_map, dev_map
+
+
+def keep_text(head: list[dict[str, Any]], body: list[Any], devices: set[int], encode: Callable[[Any], bytes]) -> int:
+    """About how many bytes of JSON ``--keep gpu,comm`` would write of a rank's merged ``head`` and events ``body``
+    (structs or dicts): its device work and collective calls, and the metadata of the processes that hold them;
+    not the flows (it leaves out their launch end)."""
+    def get(e: Any, key: str) -> Any:
+        return e.get(key) if type(e) is dict else getattr(e, key)
+
+    work = [e for e in body if get(e, "ph") not in ("M", "s", "t", "f") and (
+        get(e, "pid") in devices or (type(get(e, "name")) is str and is_collective_call(get(e, "name"))))]
+    shown = {get(e, "pid") for e in work}
+    meta = [e for e in head + [e for e in body if get(e, "ph") == "M"] if get(e, "pid") in shown]
+    return len(encode(meta + work))
 
 
 def device_pids(rank: int, slots: list[tuple[str, Any]]) -> set[int]:

@@ -25,7 +25,7 @@ from ..storage.output import gzip_member, open_write, writing
 from .fastpath import handles, rewrite_fast
 from .lanes import to_lanes
 from .plan import MergeNotes, MergePlan, settle
-from .rewrite import device_pids, order_slots, rewrite
+from .rewrite import device_pids, keep_text, order_slots, rewrite
 
 __all__ = ["SEP", "rewrite_ranks"]
 
@@ -76,16 +76,17 @@ def _rewrite_rank(task: RankTask, part_path: str,
     fast = None
     left_out: Counter[str] = Counter()
     if task.marks is None and handles(task.options, task.window_abs_ns):
-        fast = rewrite_fast(data, task.rank, task.base, task.base_out, task.options, who, left_out)
+        fast = rewrite_fast(data, task.rank, task.base, task.base_out, task.options, who, left_out,
+                            task.estimate_keep)
     if fast is not None:
         del data
-        head_json, body_json, n_in, n_out, moved = fast
+        head_json, body_json, n_in, n_out, moved, keep_bytes = fast
         note = None
     else:
         left_out.clear()  # the fast path may have counted before it stepped aside
         doc, nbytes, note = decode_json(data, task.path, rank=task.rank, cut_gzip=cut_gzip, repair=task.repair)
         del data
-        head_json, body_json, n_in, n_out, moved = _rewrite_general(task, doc, who, left_out)
+        head_json, body_json, n_in, n_out, moved, keep_bytes = _rewrite_general(task, doc, who, left_out)
         del doc
     data = _partition(body_json)
     del body_json
@@ -93,11 +94,11 @@ def _rewrite_rank(task: RankTask, part_path: str,
     if task.compress and data:
         data = gzip_member(data)
     return RankResult(task.rank, task.path, n_in, n_out, nbytes, len(data), part_path, head_json[1:-1],
-                      [note] if note else [], moved, json_bytes, dict(+left_out)), data
+                      [note] if note else [], moved, json_bytes, dict(+left_out), keep_bytes), data
 
 
 def _rewrite_general(task: RankTask, doc: dict[str, Any], who: str,
-                     left_out: Counter[str]) -> tuple[bytes, bytes, int, int, int]:
+                     left_out: Counter[str]) -> tuple[bytes, bytes, int, int, int, int | None]:
     """The general path of a rank's rewrite (``RankEvents``, ``rewrite``, then the lanes), as ``rewrite_fast``
     returns it; ``left_out`` counts the events left out by each reason."""
     check_document(doc, who)
@@ -105,14 +106,15 @@ def _rewrite_general(task: RankTask, doc: dict[str, Any], who: str,
     sel = RankEvents(events, task.base, task.options, who, task.window_abs_ns)
     head, body = rewrite(sel, task.rank, task.base_out, task.marks, task.counter_series)
     moved = 0
+    devices = device_pids(task.rank, order_slots(*sel.pids, who))
     if not task.options.keep_overlaps:
         n = len(body)
-        moved, threads = to_lanes(body, device_pids(task.rank, order_slots(*sel.pids, who)), structs=False,
-                                  shifted=task.base != task.base_out)
+        moved, threads = to_lanes(body, devices, structs=False, shifted=task.base != task.base_out)
         sel.left_out["thread_metadata"] += n - len(body)
         body += threads
     left_out.update(sel.left_out)
-    return orjson.dumps(head), orjson.dumps(body), len(events), len(head) + len(body), moved
+    kept = keep_text(head, body, devices, orjson.dumps) if task.estimate_keep else None
+    return orjson.dumps(head), orjson.dumps(body), len(events), len(head) + len(body), moved, kept
 
 
 def _partition(events: bytes | bytearray) -> bytes | bytearray:
