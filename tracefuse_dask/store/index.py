@@ -222,7 +222,7 @@ def _tid_origins(keys: set[tuple[Any, ...]]) -> tuple[list[list[Any]], list[list
         if tid is not msgspec.UNSET:
             read.setdefault((pid, ph, map_tid(tid)), set()).add(tid)
     ones = [[*k, t] for k, tids in read.items() if len(tids) == 1 and (t := next(iter(tids))) != k[2]]
-    more = [[*k, sorted(tids, key=str)] for k, tids in read.items() if len(tids) > 1]
+    more = [[*k, sorted(tids, key=lambda t: (type(t) is int, str(t)))] for k, tids in read.items() if len(tids) > 1]
     return sorted(ones, key=str), sorted(more, key=str)
 
 
