@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import gzip
+import io
+import sys
 
 import pytest
 from hypothesis import given
@@ -8,7 +10,7 @@ from hypothesis import strategies as st
 
 from conftest import make_trace, write_trace
 from tracefuse_dask.errors import TraceFileNotFoundError
-from tracefuse_dask.storage.files import read_header, read_start
+from tracefuse_dask.storage.files import arrow_file, read_header, read_start
 from tracefuse_dask.storage.inputs import expand_inputs, rank_from_name, relative_sources
 from tracefuse_dask.storage.output import open_write
 from tracefuse_dask.model import RankSet, parse_steps, parse_window
@@ -203,3 +205,22 @@ def test_a_folder_served_over_http_lists_its_traces(tmp_path):
         assert one.path == url + "rank1.json" and one.rank_hint == 1
     finally:
         server.shutdown()
+
+
+def test_arrow_file_holds_no_python_object():
+    """A table read through ``arrow_file`` is the one in the bytes, and Arrow's threads, which may drop the file after
+    the read returned, hold nothing of Python's: a bytes object they held would need the interpreter to be freed,
+    and one freed as the interpreter exits aborts it (apache/arrow#34314)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"name": ["a", "b", None], "dur": [1, 2, 3]})
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    data = buf.getvalue()
+    held = sys.getrefcount(data)
+    f = arrow_file(data)
+    assert sys.getrefcount(data) == held
+    assert pq.read_table(f).equals(table)
+    plain = pa.BufferReader(data)  # what the check tells apart: a reader of the bytes themselves holds them
+    assert sys.getrefcount(data) == held + 1 and pq.read_table(plain).equals(table)

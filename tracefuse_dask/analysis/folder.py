@@ -13,7 +13,7 @@ import pandas as pd
 
 from .._version import __version__
 from ..errors import MergeError, OutputExistsError
-from ..storage.files import options_for, path_info, storage_errors
+from ..storage.files import arrow_file, options_for, path_info, storage_errors
 from ..storage.folders import COMMIT, Committed, commit_folder, read_committed
 from ..storage.output import open_write
 from ..storage.runs import run_folder
@@ -151,6 +151,6 @@ def _report_in(folder: Committed) -> Analysis:
         if name not in folder.names:  # a table an older version did not write
             tables[n] = pd.DataFrame()
             continue
-        data = io.BytesIO(folder.read(name))
-        tables[n] = pd.read_parquet(data) if fmt == "parquet" else pd.read_csv(data)
+        data = folder.read(name)
+        tables[n] = pd.read_parquet(arrow_file(data)) if fmt == "parquet" else pd.read_csv(io.BytesIO(data))
     return Analysis(**tables, summary=summary, made_from=folder.made_from)

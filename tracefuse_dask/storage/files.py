@@ -263,6 +263,20 @@ def read_bytes(path: str, storage_options: Mapping[str, Any] | None = None, *,
                                f"file{hint}") from None
 
 
+def arrow_file(data: bytes) -> Any:
+    """``data`` copied into memory that Arrow owns, as a file for pyarrow (or pandas) to read a table from.
+
+    pyarrow reads a table on its own threads, which can drop their hold on the file after the read returned. Given
+    Python's bytes (or a BytesIO), that needs the interpreter; one doing so as the interpreter exits aborts it
+    ("terminate called without an active exception", apache/arrow#34314). Memory Arrow owns needs nothing.
+    """
+    import pyarrow as pa
+
+    buf = pa.allocate_buffer(len(data))
+    pa.FixedSizeBufferWriter(buf).write(data)
+    return pa.BufferReader(buf)
+
+
 def _gunzip_prefix(raw: bytes) -> bytes:
     """Everything a damaged gzip stream yields before the damage."""
     out: list[bytes] = []

@@ -24,7 +24,7 @@ from ..analysis.per_rank.decode import Args, Event
 from ..analysis.schema import StoredInput
 from ..errors import StoreError
 from ..model import InputFile
-from ..storage.files import options_for, storage_errors
+from ..storage.files import arrow_file, options_for, storage_errors
 from .query import offline_duckdb, open_store
 from .schema import MANIFEST, ORIGINS
 
@@ -75,7 +75,7 @@ def read_part(f: InputFile,
         fs, root = fsspec.core.url_to_fs(part, **options_for(part, storage_options))
         for name, columns in _READ.items():
             try:
-                tables[name] = pq.read_table(pa.BufferReader(fs.cat_file(f"{root}/{name}.parquet")), columns=columns)
+                tables[name] = pq.read_table(arrow_file(fs.cat_file(f"{root}/{name}.parquet")), columns=columns)
             except FileNotFoundError:
                 raise StoreError(f"{part}/{name}.parquet, rank {f.rank_hint}: a part the store's manifest lists is "
                                  f"missing; {rebuild}") from None
