@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -175,3 +176,138 @@ def test_ranks_left_unread_by_ranks_are_counted_where_the_job_says_its_size(tmp_
     assert "ranks_not_read" not in merge_traces(str(tmp_path / "in"), str(tmp_path / "all.json")).account
     assert main(["merge", str(tmp_path / "in"), "-o", str(tmp_path / "cli.json"), "--ranks", "0-1"]) == 0
     assert "; 2 of the job's ranks not read (--ranks)" in capsys.readouterr().err
+
+
+# The analysis's account (``analyze``): read = analysed + every reason, and the anomalies.
+
+def _analysis_counts(events: list[dict[str, Any]]) -> Counter:
+    """What the analysis leaves out of a rank's events by their phase alone, counted here from the JSON."""
+    c: Counter[str] = Counter()
+    for e in events:
+        if e.get("cat") == "python_function":
+            c["python_function"] += 1
+        elif e["ph"] == "M":
+            c["metadata"] += 1
+        elif e["ph"] not in ("X", "B", "E"):
+            c["not_slices"] += 1
+    return c
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", shared_params([f"real/{s}" for s in REAL_SETS] + ["gloo_4ranks"]))
+def test_the_analysis_account_adds_up_on_every_shared_set(name, client):
+    """Per rank and in total, on every shared set: read is the file's events, each reason the analysis counts by
+    phase is the count in the file, and the window and step anomalies are those counted here from the JSON."""
+    from tracefuse_dask.analysis.schema import LEFT_OUT as ANALYSIS_LEFT_OUT
+    from tracefuse_dask.api import analyze
+
+    folder = shared(*name.split("/"))
+    s = analyze(str(folder), client=client).summary
+    account = s["account"]
+    assert account["read"] == account["analysed"] + sum(account["left_out"].values())
+    assert list(account["left_out"]) == [k for k in ANALYSIS_LEFT_OUT if k in account["left_out"]]
+    for rank, path in zip(s["ranks"], s["inputs"]):
+        r = account["ranks"][str(rank)]
+        events = read_trace(Path(path))["traceEvents"]
+        assert r["read"] == len(events) == r["analysed"] + sum(r["left_out"].values())
+        by_phase = _analysis_counts(events)
+        assert {k: r["left_out"].get(k, 0) for k in by_phase} == dict(by_phase), rank
+        assert r["left_out"].get("unlaunched_gpu", 0) == s["per_rank"][str(rank)]["gpu_events_left_out"]
+        marks = {e["name"]: e["ts"] for e in events if e["ph"] == "i"}
+        lo, hi = marks.get("Iteration Start: PyTorch Profiler"), marks.get("Record Window End")
+        outside = 0 if lo is None or hi is None else sum(
+            1 for e in events if e["ph"] == "X" and e.get("cat") != "python_function"
+            and (e["ts"] < lo or e["ts"] + e.get("dur", 0) > hi))
+        assert r["anomalies"].get("outside_window", 0) == outside, rank
+    assert sum(a["count"] for a in account["anomalies"].values()) == sum(
+        sum(r["anomalies"].values()) for r in account["ranks"].values())
+
+
+def anomalous_trace() -> dict[str, Any]:
+    """Three steps: step 1 launches a kernel that starts 5 µs before its launch, step 2 launches nothing, step 3
+    launches a kernel; a B/E pair in step 3, an op before the profiler's start mark and a kernel after its end mark."""
+    ev: list[dict[str, Any]] = [
+        {"ph": "i", "s": "g", "name": "Iteration Start: PyTorch Profiler", "pid": 9, "tid": 9, "ts": 100},
+        {"ph": "i", "s": "g", "name": "Record Window End", "pid": 9, "tid": 9, "ts": 4000},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::early", "pid": 9, "tid": 9, "ts": 50, "dur": 10},
+        {"ph": "M", "name": "process_name", "pid": 9, "args": {"name": "python"}},
+    ]
+    for step, t in ((1, 200), (2, 1200), (3, 2200)):
+        ev.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 9, "tid": 9, "ts": t,
+                   "dur": 900})
+        if step == 2:
+            continue
+        ev += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 9, "tid": 9, "ts": t + 20,
+                "dur": 10, "args": {"correlation": step}},
+               {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7,
+                "ts": t + (15 if step == 1 else 40), "dur": 50 if step == 1 else 2000,
+                "args": {"correlation": step, "stream": 7}}]
+    ev += [{"ph": "B", "cat": "user_annotation", "name": "fwd", "pid": 9, "tid": 9, "ts": 2300},
+           {"ph": "E", "cat": "user_annotation", "name": "fwd", "pid": 9, "tid": 9, "ts": 2400},
+           {"ph": "E", "cat": "user_annotation", "name": "orphan", "pid": 9, "tid": 9, "ts": 2500}]
+    return make_trace(0, ev)
+
+
+def test_the_analysis_counts_each_anomaly_and_reason(tmp_path):
+    """By hand: the kernel before its launch, the step without device work, the two slices outside the window
+    (the op before it, the kernel that ends after it); the E that closed nothing, and --steps 3 leaving out steps 1
+    and 2 (their step slices and step 1's launch and kernel) but not step 3's B/E pair."""
+    from tracefuse_dask.api import analyze
+
+    src = write_trace(tmp_path / "rank0.json", anomalous_trace())
+    n = len(anomalous_trace()["traceEvents"])
+    account = analyze(str(src), workers=1).summary["account"]
+    r = account["ranks"]["0"]
+    assert r["anomalies"] == {"outside_window": 2, "gpu_before_launch": 1, "steps_without_gpu": 1}
+    assert r["left_out"] == {"metadata": 1, "not_slices": 2, "unopened_end": 1}
+    assert r["read"] == n and r["analysed"] == n - 4
+    assert account["anomalies"]["steps_without_gpu"] == {
+        "count": 1, "ranks": [0], "why": "a ProfilerStep#N that launched no kernel, memcpy or memset, in a rank "
+                                         "that has some"}
+    stepped = analyze(str(src), workers=1, steps="3-3").summary["account"]["ranks"]["0"]
+    assert stepped["left_out"]["steps"] == 5 and stepped["read"] == n
+    assert stepped["anomalies"] == {"outside_window": 1}  # the early op is outside the steps too
+    assert stepped["analysed"] == n - 4 - 5
+
+
+def test_the_analysis_account_of_a_merged_trace_counts_what_the_split_left_out(tmp_path):
+    """A merged trace, analysed per rank, goes through the general path: the python_function events it holds
+    (--include-pyfunc) are counted as left out there, and the account still adds up."""
+    from tracefuse_dask.api import analyze
+
+    src = write_trace(tmp_path / "in" / "rank0.json", rank_trace())
+    merge_traces(str(src), str(tmp_path / "m.json"), include_pyfunc=True)
+    r = analyze(str(tmp_path / "m.json"), workers=1).summary["account"]["ranks"]["0"]
+    merged = read_trace(tmp_path / "m.json")["traceEvents"]
+    assert r["read"] == len(merged) == r["analysed"] + sum(r["left_out"].values())
+    assert r["left_out"]["python_function"] == 2
+
+
+def test_analyze_prints_the_account_and_the_anomalies(tmp_path):
+    src = write_trace(tmp_path / "rank0.json", anomalous_trace())
+    p = subprocess.run([sys.executable, "-m", "tracefuse_dask", "analyze", str(src), "-o", str(tmp_path / "r"),
+                        "--workers", "1"], capture_output=True, text=True, timeout=300, check=False)
+    assert p.returncode == 0, p.stderr
+    lines = p.stderr.splitlines()
+    assert "note: account: 14 events read = 10 analysed + 1 metadata + 2 instants, counters and flows + 1 E events " \
+           "without their B" in lines
+    assert "note: device slices before their launch: 1 in rank(s) 0: each starts before the call that launched " \
+           "it: the host's and the device's clocks disagree" in lines
+    html = (tmp_path / "r" / "report.html").read_text()
+    assert "14 events read = 10 analysed" in html
+
+
+def test_an_analysis_of_a_store_accounts_for_the_trace_it_was_indexed_from(tmp_path):
+    """A store indexed with --keep gpu holds the kernels and their flow ends alone: its analysis reads the trace's
+    events as the trace's own analysis does, and counts what the store does not hold."""
+    from tracefuse_dask.api import analyze, index_traces
+
+    src = write_trace(tmp_path / "in" / "rank0.json", rank_trace())
+    index_traces(str(src), str(tmp_path / "store"), keep="gpu")
+    r = analyze(str(tmp_path / "store"), workers=1).summary["account"]["ranks"]["0"]
+    trace = analyze(str(src), workers=1).summary["account"]["ranks"]["0"]
+    assert r["read"] == trace["read"] == len(rank_trace()["traceEvents"]) == 21
+    # the two kernels are analysed; the trace's 7 metadata events and 2 python_function events are counted as the
+    # trace's analysis counts them, and the 10 host events and flow events --keep gpu left out as not in the store
+    assert r == {"read": 21, "analysed": 2, "left_out": {"metadata": 7, "python_function": 2, "not_in_store": 10},
+                 "anomalies": {}}

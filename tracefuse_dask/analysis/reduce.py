@@ -2,6 +2,7 @@
 and the summary)."""
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +25,7 @@ from .cross_rank.sequences import top_sequences
 from .cross_rank.what_if import stragglers as what_ifs
 from .cross_rank.what_if import timeline as replay_graph
 from .cross_rank.what_if import verdict as straggler_verdict
-from .schema import CT_COLUMNS, PIECES, TABLES, Analysis, AnalyzeRequest, RankTables, Summary
+from .schema import ANOMALIES, CT_COLUMNS, LEFT_OUT, PIECES, TABLES, Analysis, AnalyzeRequest, RankTables, Summary
 from .transport import as_text, in_rank_order
 
 __all__ = ["rank_stats", "reduce_ranks"]
@@ -267,6 +268,7 @@ def _summary(got: _Gathered, request: AnalyzeRequest, tables: dict[str, pd.DataF
                    "outlives it, as Composer's event/fit and event/epoch outlive a profiling cycle) ends at its "
                    "rank's last timestamp; an E whose B came before the trace began is left out",
         },
+        "account": _account(per_rank),
         "devices": _devices(per_rank),
         "slow_gpu": _slow_gpu_verdict(slow_gpu, verdict),
         "roofline": roofline_summary(op_perf_categories),
@@ -288,6 +290,22 @@ def _summary(got: _Gathered, request: AnalyzeRequest, tables: dict[str, pd.DataF
         "skipped": got.skipped,
         "repaired": repaired,
     }
+
+
+def _account(per_rank: list[RankTables]) -> dict[str, Any]:
+    """Where every event the analysis read went (``per_rank.account``), in total and per rank; ``anomalies``
+    with the ranks that show each."""
+    left: Counter[str] = Counter()
+    odd: Counter[str] = Counter()
+    for rt in per_rank:
+        left.update(rt.account["left_out"])
+        odd.update(rt.account["anomalies"])
+    return {"read": sum(rt.account["read"] for rt in per_rank),
+            "analysed": sum(rt.account["analysed"] for rt in per_rank),
+            "left_out": {k: left[k] for k in LEFT_OUT if left[k]},
+            "anomalies": {k: {"count": odd[k], "ranks": [rt.rank for rt in per_rank if rt.account["anomalies"].get(k)],
+                              "why": ANOMALIES[k]} for k in ANOMALIES if odd[k]},
+            "ranks": {str(rt.rank): rt.account for rt in per_rank}}
 
 
 def _slow_gpu_verdict(slow: dict[str, Any] | None, straggler: dict[str, Any]) -> dict[str, Any] | None:

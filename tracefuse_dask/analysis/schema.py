@@ -23,8 +23,8 @@ from ..model import DEFAULT_RANK_REGEX, InputFile
 if TYPE_CHECKING:
     from ..perf.devices import Device
 
-__all__ = ["ANCHOR_COLUMNS", "Analysis", "CATEGORIES", "CT_COLUMNS", "Cutoffs", "Diff", "EXTRAS", "GPU_KINDS",
-           "ITEM_COLUMNS", "KINDS", "LABELS", "MEANS", "MIN_PATTERN_LEN", "NO_EVENT", "OP_PERF_COLUMNS", "OVER_ROOF",
+__all__ = ["ANCHOR_COLUMNS", "ANOMALIES", "Analysis", "CATEGORIES", "CT_COLUMNS", "Cutoffs", "Diff", "EXTRAS", "GPU_KINDS",
+           "ITEM_COLUMNS", "KINDS", "LABELS", "LEFT_OUT", "MEANS", "MIN_PATTERN_LEN", "NO_EVENT", "OP_PERF_COLUMNS", "OVER_ROOF",
            "PATH_COLUMNS", "PIECES", "REDUCED", "RankTables", "SEGMENT_COLUMNS", "SEQUENCE_COLUMNS", "Summary",
            "TABLES", "WORK_COLUMNS", "WORK_KINDS", "step_name"]
 
@@ -37,6 +37,25 @@ PIECES = ("path_anchors", "path_segments", "path_work")
 REDUCED = ("rank_stats", "collective_instances", "collective_waits", "collective_summary", "straggler_ranks",
            "critical_path", "collective_trace_calls", "collective_trace_summary", "collective_trace_hints",
            "op_perf_by_category", "gpu_speed")
+
+
+LEFT_OUT = {  # per_rank.account: why an event that the analysis read is not in its tables, in the account's order
+    "metadata": "metadata events: names and sort indices, not timed",
+    "python_function": "python_function events, which the analysis leaves out (the ops are read instead)",
+    "not_slices": "instant, counter and flow events: the analysis reads slices (X events and B/E pairs)",
+    "unopened_end": "E events that closed no B: their B came before the trace began",
+    "steps": "events outside --steps",
+    "not_in_store": "events the event store does not hold: its index's filters left them out (--keep, --steps, "
+                    "--window, flows with an end left out)",
+    "unlaunched_gpu": "device work that no call in the trace launched, left out as HTA does (--keep-unlaunched-gpu "
+                      "keeps it)",
+}
+ANOMALIES = {  # per_rank.account: what a rank's slices show that a user should know, and why it matters
+    "outside_window": "they start before the profiler's 'Iteration Start: PyTorch Profiler' mark or end after its "
+                      "'Record Window End' mark",
+    "gpu_before_launch": "each starts before the call that launched it: the host's and the device's clocks disagree",
+    "steps_without_gpu": "a ProfilerStep#N that launched no kernel, memcpy or memset, in a rank that has some",
+}
 
 
 @dataclass
@@ -55,6 +74,7 @@ class RankTables:
     begin_end: tuple[int, int, int] = (0, 0, 0)  # B/E pairs, B left open, E that closed nothing (``durations``)
     # the device table's name for the rank's GPU (None: unknown), the trace's, and how many GPUs the node has
     device: tuple[str | None, str, int] = (None, "", 0)
+    account: dict[str, Any] = field(default_factory=dict)  # where its events went (``per_rank.account``)
 
 
 @dataclass
@@ -332,6 +352,23 @@ class CollectiveTrace(TypedDict):
     straggler_hint: dict[str, Any]
 
 
+class Anomaly(TypedDict):
+    count: int
+    ranks: list[int]
+    why: str
+
+
+class Account(TypedDict):
+    """Where every event the analysis read went: ``read = analysed + sum(left_out)`` (``LEFT_OUT``'s reasons), in
+    total and per rank (``ranks``: the same keys, with each anomaly's count alone)."""
+
+    read: int
+    analysed: int
+    left_out: dict[str, int]
+    anomalies: dict[str, Anomaly]
+    ranks: dict[str, dict[str, Any]]
+
+
 class Skipped(TypedDict):
     rank: int | None
     path: str
@@ -380,6 +417,7 @@ class Summary(_Summary, total=False):
     seconds: float  # the analysis's wall time, when it ran (not in a report read back)
     critical_path_trace: dict[str, Any]  # with --critical-path-trace
     status: str  # "unchanged": a report that --skip-if-unchanged read back instead of analysing
+    account: Account  # where every event read went (a report of an older version has none)
 
 
 @dataclass(frozen=True)
@@ -414,7 +452,7 @@ class AnalyzeRequest:
     sequences_of: str | None = None  # the operator whose kernel sequences to find
     repair: bool = False
     on_error: str = "raise"
-    read_part: Callable[..., tuple[list[Any], dict[str, Any], int, list[str]]] | None = None  # StoredInput's
+    read_part: Callable[..., tuple[list[Any], dict[str, Any], int, list[str], dict[str, int]]] | None = None  # StoredInput's
     write_part: Callable[..., dict[str, Any]] | None = None  # ``StoreOutput.write_part``
 
 
@@ -425,7 +463,7 @@ class StoredInput:
     reads a part as the rank's events, header, base time and notes; and the inputs the index left out, and why."""
 
     files: list[InputFile]
-    read_part: Callable[..., tuple[list[Any], dict[str, Any], int, list[str]]]
+    read_part: Callable[..., tuple[list[Any], dict[str, Any], int, list[str], dict[str, int]]]
     ignored: list[str]
 
 

@@ -42,9 +42,10 @@ def _analyze_file(f: InputFile, request: AnalyzeRequest) -> dict[str, Any]:
                "cutoffs": request.cutoffs, "sequences_of": request.sequences_of}
     if f.part is not None and request.read_part is not None:  # an event store's part, not the file
         with paused_gc():
-            events, header, base, notes = request.read_part(f, storage_options)
+            events, header, base, notes, not_stored = request.read_part(f, storage_options)
             rank, world_size, _ = resolve_rank(f, header, rank_regex)
-            ranks = [analyze_events(events, rank, f.path, request.steps, base=base, header=header, **options)
+            ranks = [analyze_events(events, rank, f.path, request.steps, base=base, header=header,
+                                    read_before=not_stored, **options)
                      ] if subset is None or rank in subset else []
         return {"ranks": ranks, "world_size": world_size, "notes": notes, "repaired": [], "parts": []}
     if looks_like_collective_trace(read_start(f.path, storage_options)):

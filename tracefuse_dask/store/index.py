@@ -188,7 +188,11 @@ def _index_data(task: RankTask, data: bytes, cut_gzip: bool, header: dict[str, A
     origins = {"rank": task.rank, "file": task.path, "base_ns": task.base, "base_time_ns": base_time, "header": header,
                "pids": [[out_pid(task.rank, j), pid] for j, (_, pid) in enumerate(slots)],
                **dict(zip(("tids", "tids_merged"), _tid_origins(keys))),
-               "durations": "mixed" if {int, float} <= durs else "float" if float in durs else "int"}
+               "durations": "mixed" if {int, float} <= durs else "float" if float in durs else "int",
+               # for an analysis's account of the trace (``source.read_part``): what it read, of which metadata
+               # (which no part holds) and python_function events
+               "events_in": n_in, "metadata_in": figures["events"] - sum(figures["categories"].values()),
+               "python_function_in": figures["categories"].get("python_function", 0)}
     tables = rank_tables(task.rank, fields)
     fs, root = fsspec.core.url_to_fs(store, **options_for(store, storage_options))
     written = 0

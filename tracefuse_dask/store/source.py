@@ -64,10 +64,11 @@ def stored_input(url: str, storage_options: Mapping[str, Any] | None) -> StoredI
 
 
 def read_part(f: InputFile,
-              storage_options: Mapping[str, Any] | None) -> tuple[list[Event], dict[str, Any], int, list[str]]:
+              storage_options: Mapping[str, Any] | None) -> tuple[list[Event], dict[str, Any], int, list[str], dict[str, int]]:
     """The events of the rank whose part is ``f.part``, as ``decode_trace`` gives them from its trace, its header
-    (``distributedInfo``, ``deviceProperties``, ``host_name``), its ``baseTimeNanoseconds`` (0 when none), and
-    what the store could not give back as the trace had it."""
+    (``distributedInfo``, ``deviceProperties``, ``host_name``), its ``baseTimeNanoseconds`` (0 when none), what
+    the store could not give back as the trace had it, and the trace's events that the part does not hold (by
+    the analysis's reasons, for its account)."""
     part = f.part or ""
     rebuild = "rebuild the store with `tracefuse index INPUT... -o STORE --force`"
     tables = {}
@@ -87,8 +88,10 @@ def read_part(f: InputFile,
         notes = [f"{f.path} (rank {f.rank_hint}): the tids {', '.join(map(repr, read))} of pid {pid}'s {ph!r} "
                  f"events are one tid, {merged}, in the store, as in a merge; its analysis of them may differ from "
                  "the trace's" for pid, ph, merged, read in origins.get("tids_merged", [])]
-        return (rank_events(tables["events"], tables["flows"], origins), origins.get("header") or {},
-                base if type(base := origins.get("base_time_ns")) is int and base >= 0 else 0, notes)
+        events = rank_events(tables["events"], tables["flows"], origins)
+        return (events, origins.get("header") or {},
+                base if type(base := origins.get("base_time_ns")) is int and base >= 0 else 0, notes,
+                _not_stored(events, origins))
     except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as e:
         raise StoreError(f"{part}/events.parquet, rank {f.rank_hint}: its {ORIGINS.decode()} metadata is missing or "
                          f"not as `tracefuse index` writes it ({type(e).__name__}: {e}); {rebuild}") from None
@@ -139,6 +142,17 @@ def _either(column: list[Any], kept: tuple[Any, ...]) -> list[Any]:
     if kept.count(None) == len(kept):
         return column
     return [k if k is not None else c for c, k in zip(column, kept)]
+
+
+def _not_stored(events: list[Event], origins: Mapping[str, Any]) -> dict[str, int]:
+    """The events of the rank's trace that its part does not hold, by the analysis's reasons
+    (``analysis.schema.LEFT_OUT``): metadata, python_function events, and what the index's filters left out."""
+    if "events_in" not in origins:  # a part an older version wrote: the account is of the events it holds
+        return {}
+    stored_pyfunc = sum(1 for e in events if e.cat == "python_function")
+    out = {"metadata": origins["metadata_in"], "python_function": origins["python_function_in"] - stored_pyfunc}
+    out["not_in_store"] = origins["events_in"] - len(events) - sum(out.values())
+    return out
 
 
 def rank_events(events: pa.Table, flows: pa.Table, origins: Mapping[str, Any]) -> list[Event]:

@@ -75,6 +75,7 @@ class RankModel:
     base: int
     left_out: int  # device events left out: launched by no call in the trace (``keep_unlaunched_gpu``)
     begin_end: tuple[int, int, int]  # B/E pairs matched, B left open and E never opened
+    steps_left_out: int = 0  # events outside ``--steps`` (a B/E pair is two)
 
 
 def factorized(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:

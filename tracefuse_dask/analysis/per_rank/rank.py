@@ -12,7 +12,7 @@ name, cat or pid, and subtree totals are prefix sums over the call tree's order.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from itertools import compress
 from operator import attrgetter
@@ -44,6 +44,7 @@ from ...model import MergeOptions
 from ...perf import has_model
 from ...perf.devices import Device, detect
 from ..schema import Cutoffs, RankTables
+from .account import rank_account
 from .collectives import rank_collectives
 from .counters import LAUNCH_COLUMNS, launch_stats, memory_bw, memory_kind, queue_length
 from .decode import NO_ARGS, Args, Event, durations, events_decoder
@@ -197,16 +198,21 @@ def analyze_rank(events: list[Any], rank: int, path: str, steps: tuple[int, int]
         When an event is malformed.
     """
     sel = RankEvents(events, 0, MergeOptions(), f"{path} (rank {rank})", link_flows=False)
-    used = [ev for ev, keep in zip(events, sel.keep) if keep and ev.get("ts") is not None]
+    used, read_before = [], Counter()
+    for ev, keep in zip(events, sel.keep):
+        if keep and ev.get("ts") is not None:
+            used.append(ev)
+        else:  # python_function, and metadata without a time (the only events the check lets go without one)
+            read_before["python_function" if ev.get("cat") == "python_function" else "metadata"] += 1
     return analyze_events(events_decoder.decode(orjson.dumps(used)), rank, path, steps, base=base, header=header,
                           keep_unlaunched_gpu=keep_unlaunched_gpu, devices=devices, cutoffs=cutoffs,
-                          sequences_of=sequences_of)
+                          sequences_of=sequences_of, read_before=read_before)
 
 
 def analyze_events(events: list[Event], rank: int, path: str, steps: tuple[int, int] | None = None, *,
                    base: int = 0, header: Mapping[str, Any] | None = None, keep_unlaunched_gpu: bool = False,
                    devices: tuple[Device, ...] = (), cutoffs: Cutoffs = Cutoffs(),
-                   sequences_of: str | None = None) -> RankTables:
+                   sequences_of: str | None = None, read_before: Mapping[str, int] | None = None) -> RankTables:
     """Analyse one rank's events as ``decode_trace`` gives them: already validated, with ``args`` as structs.
 
     Parameters
@@ -215,6 +221,9 @@ def analyze_events(events: list[Event], rank: int, path: str, steps: tuple[int, 
         ``Trace.traceEvents``; ``python_function`` events are skipped.
     rank, path, steps, base, header, keep_unlaunched_gpu, devices, cutoffs, sequences_of
         As for ``analyze_rank``.
+    read_before
+        The rank's events that were read and left out before ``events`` (by reason, ``account.LEFT_OUT``'s), for
+        its account.
 
     Returns
     -------
@@ -253,7 +262,8 @@ def analyze_events(events: list[Event], rank: int, path: str, steps: tuple[int, 
     return RankTables(rank, path, tables, numbers, [s for s, _, _ in m.steps],
                       host=host_name if isinstance(host_name, str) else None, pg_config=pgs, base=base, texts=texts,
                       begin_end=m.begin_end,
-                      device=(device.name if device else None, called, len(props) if isinstance(props, list) else 0))
+                      device=(device.name if device else None, called, len(props) if isinstance(props, list) else 0),
+                      account=rank_account(events, m, read_before or {}))
 
 
 def rank_model(events: list[Event], steps: tuple[int, int] | None = None, base: int = 0,
@@ -262,8 +272,13 @@ def rank_model(events: list[Event], steps: tuple[int, int] | None = None, base: 
     ``base`` and ``keep_unlaunched_gpu`` as for ``analyze_rank``."""
     spans, unclosed, unopened = durations(events)
     xs = [e for e in events if e.ph == "X" and e.cat != "python_function"] + spans
+    steps_left_out = 0  # events: a B/E pair is two, a B left open one (``durations`` gives the pairs first)
     if steps is not None:
-        xs = _in_steps(events, xs, steps)
+        inside = _in_steps(events, xs, steps)
+        kept = set(map(id, inside))
+        weight = [1] * (len(xs) - len(spans)) + [2] * (len(spans) - unclosed) + [1] * unclosed
+        steps_left_out = sum(w for e, w in zip(xs, weight) if id(e) not in kept)
+        xs = inside
     n = len(xs)
     span_ids = {id(e) for e in spans}
     is_span = np.fromiter((id(e) in span_ids for e in xs), bool, n)
@@ -297,7 +312,8 @@ def rank_model(events: list[Event], steps: tuple[int, int] | None = None, base: 
                      launch_pos=np.where(g.launch >= 0, tree.pos[np.maximum(g.launch, 0)], -1),
                      steps=sorted((int(step_of[name_code[i]]), int(start[i]), int(end[i])) for i in step_events),
                      step_event={int(step_of[name_code[i]]): int(i) for i in step_events}, base=base,
-                     left_out=left_out, begin_end=(len(spans) - unclosed, unclosed, unopened))
+                     left_out=left_out, begin_end=(len(spans) - unclosed, unclosed, unopened),
+                     steps_left_out=steps_left_out)
 
 
 def _counter_tables(m: RankModel, cutoffs: Cutoffs) -> tuple[pd.DataFrame, ...]:

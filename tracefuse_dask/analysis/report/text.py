@@ -28,7 +28,7 @@ class Answer:
 
 def notes(s: Summary) -> list[str]:
     """How the figures were made, where the reader should know it: GPU events left out, kernels clipped, B events
-    without their E."""
+    without their E, where every event read went (``account``) and the anomalies the ranks show."""
     out = []
     left_out = s.get("gpu_events_left_out") or {}
     if left_out.get("count"):
@@ -40,7 +40,21 @@ def notes(s: Summary) -> list[str]:
     if begin_end.get("unclosed"):
         out.append(f"{begin_end['unclosed']:,} B events without their E in rank(s) "
                    f"{ranges(begin_end.get('unclosed_ranks') or [])}: {begin_end.get('why', '')}")
+    account = s.get("account")
+    if account:
+        out.append(f"account: {account['read']:,} events read = {account['analysed']:,} analysed"
+                   + "".join(f" + {n:,} {_SHORT[k]}" for k, n in account["left_out"].items()))
+        out += [f"{_SHORT[k]}: {a['count']:,} in rank(s) {ranges(a['ranks'])}: {a['why']}"
+                for k, a in account["anomalies"].items()]
     return out
+
+
+_SHORT = {"metadata": "metadata", "python_function": "python_function", "not_slices": "instants, counters and flows",
+          "unopened_end": "E events without their B", "steps": "outside --steps",
+          "not_in_store": "not in the event store",
+          "unlaunched_gpu": "unlaunched device work", "outside_window": "slices outside the profiler's window",
+          "gpu_before_launch": "device slices before their launch",
+          "steps_without_gpu": "steps without device work"}
 
 
 def answers(s: Summary) -> list[Answer]:

@@ -1,0 +1,59 @@
+"""Where every event an analysis read went, for one rank: ``read = analysed + every reason for leaving out``
+(``schema.LEFT_OUT``), and the anomalies its slices show (``schema.ANOMALIES``); ``reduce`` adds them up."""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from operator import attrgetter
+from typing import Any
+
+import numpy as np
+
+from ...kineto.times import to_ns
+from ..schema import LEFT_OUT
+from .decode import Event
+from .model import RankModel
+
+__all__ = ["rank_account"]
+
+_WINDOW = ("Iteration Start: PyTorch Profiler", "Record Window End")
+_PH_CAT = attrgetter("ph", "cat")
+
+
+def rank_account(events: list[Event], m: RankModel, read_before: Mapping[str, int]) -> dict[str, Any]:
+    """The account of one rank: ``events`` as the analysis got them, ``m`` their model and ``read_before`` the
+    events left out before (by reason, ``schema.LEFT_OUT``'s), which ``events`` does not hold.
+
+    Returns ``{read, analysed, left_out, anomalies}``: ``left_out`` and ``anomalies`` hold only the reasons with a
+    count; ``analysed`` is what the model's slices stand for (a B/E pair is two events).
+    """
+    left: Counter[str] = Counter(read_before)
+    for (ph, cat), n in Counter(map(_PH_CAT, events)).items():
+        if cat == "python_function":
+            left["python_function"] += n
+        elif ph == "M":
+            left["metadata"] += n
+        elif ph not in ("X", "B", "E"):
+            left["not_slices"] += n
+    left["unopened_end"] += m.begin_end[2]
+    left["steps"] += m.steps_left_out
+    left["unlaunched_gpu"] += m.left_out
+    read = len(events) + sum(read_before.values())
+    return {"read": read, "analysed": read - sum(left.values()),
+            "left_out": {k: left[k] for k in LEFT_OUT if left[k]},
+            "anomalies": {k: n for k, n in _anomalies(events, m).items() if n}}
+
+
+def _anomalies(events: list[Event], m: RankModel) -> dict[str, int]:
+    g = m.gpu
+    has = g.launch >= 0
+    launched_at = m.start[g.launch[has]]
+    before = int((g.start[has] < launched_at).sum())
+    starts = [to_ns(e.ts) for e in events if e.ph == "i" and e.name == _WINDOW[0]]
+    ends = [to_ns(e.ts) for e in events if e.ph == "i" and e.name == _WINDOW[1]]
+    outside = int(((m.start < min(starts)) | (m.end > max(ends))).sum()) if starts and ends else 0
+    idle = 0
+    if len(g.start):
+        at = np.sort(launched_at)
+        idle = sum(1 for _, lo, hi in m.steps if np.searchsorted(at, lo) == np.searchsorted(at, hi))
+    return {"outside_window": outside, "gpu_before_launch": before, "steps_without_gpu": idle}
