@@ -24,6 +24,7 @@ from conftest import (
 from perfetto_rules import LANE, lane_owners, load_exact
 
 from tracefuse_dask import merge_traces
+from tracefuse_dask.info import describe_traces
 from tracefuse_dask.model import LEFT_OUT
 
 PROCESS_M = ("process_name", "process_labels", "process_sort_index")
@@ -71,6 +72,8 @@ def test_the_account_adds_up_on_every_shared_set(name, include_pyfunc, client, t
     assert account["left_out"].get("process_metadata", 0) == process_m
     assert account["on_lanes"] == summary.on_lanes
     assert set(account["left_out"]) <= {"python_function", "process_metadata", "thread_metadata"}
+    if not include_pyfunc:  # info --json gives the account of this merge, from the merge's own rewrite
+        assert describe_traces(str(folder), client=client)["account"] == account
 
 
 def rank_trace() -> dict[str, Any]:
@@ -311,3 +314,21 @@ def test_an_analysis_of_a_store_accounts_for_the_trace_it_was_indexed_from(tmp_p
     # trace's analysis counts them, and the 10 host events and flow events --keep gpu left out as not in the store
     assert r == {"read": 21, "analysed": 2, "left_out": {"metadata": 7, "python_function": 2, "not_in_store": 10},
                  "anomalies": {}}
+
+
+def test_info_gives_the_account_of_each_path_and_says_it(tmp_path):
+    """The hand-counted trace, on the fast path and (with a field the fast path does not take) the general one:
+    info's account is the merge's, in --json and as one line of the table."""
+    doc = rank_trace()
+    src = write_trace(tmp_path / "fast" / "rank0.json", doc)
+    doc["traceEvents"][1]["odd"] = 1  # an unknown field: the merge's general path
+    general = write_trace(tmp_path / "general" / "rank0.json", doc)
+    for path in (src, general):
+        merged = merge_traces(str(path), str(tmp_path / "out.json"), force=True)
+        assert describe_traces(str(path))["account"] == merged.account
+        assert merged.account["left_out"] == {"python_function": 2, "process_metadata": 4, "thread_metadata": 2}
+    p = subprocess.run([sys.executable, "-m", "tracefuse_dask", "info", str(src)], capture_output=True, text=True,
+                       timeout=300, check=False)
+    assert p.returncode == 0, p.stderr
+    assert "a merge with the default options keeps 13 of the 21 events of the per-rank traces (0 slices on lanes); " \
+           "--json gives the reasons" in p.stdout.splitlines()

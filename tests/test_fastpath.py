@@ -18,7 +18,7 @@ from test_properties import QUARTER, SEEDS, mutate, rank_events, seed
 from tracefuse_dask.errors import TraceFuseError
 from tracefuse_dask.kineto.events import decode_or_none
 from tracefuse_dask.merge.fastpath import _decoders, _KinetoEvent, handles, rewrite_fast
-from tracefuse_dask.merge.tasks import _rewrite_general
+from tracefuse_dask.merge.tasks import rewrite_general
 from tracefuse_dask.model import MergeOptions, RankTask
 from tracefuse_dask.synth import make_rank_trace
 
@@ -43,7 +43,7 @@ def general(data: bytes, rank: int, base: int, base_out: int, opts: MergeOptions
     """The general path as the merge's task runs it (the rewrite, then the lanes): head, body and the account of
     what it left out."""
     left_out: Counter = Counter()
-    head, body, n_in, n_out, _, _ = _rewrite_general(RankTask(rank, "f", base, base_out, opts), orjson.loads(data),
+    head, body, n_in, n_out, _, _ = rewrite_general(RankTask(rank, "f", base, base_out, opts), orjson.loads(data),
                                                   "f (rank 0)", left_out)
     head, body = exact(head), exact(body)
     assert n_out == len(head) + len(body) and n_in - sum(left_out.values()) <= n_out

@@ -1,6 +1,7 @@
 """``tracefuse info``: what a set of trace files holds, one parse task per file, nothing written."""
 from __future__ import annotations
 
+import io
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from operator import attrgetter
@@ -20,13 +21,23 @@ from .errors import (
     skipped_rank,
 )
 from .kineto.array_form import COMPOSER_MERGED, MERGED_BY_COMPOSER
-from .kineto.document import check_document, paused_gc
+from .kineto.document import check_document, decode_json, paused_gc
 from .kineto.events import FLOW_PH, is_device_event
+from .kineto.header import read_header
 from .kineto.layout import is_merged, split_merged
 from .kineto.times import to_ns, to_ns_array
 from .kineto.vocabulary import host_category, on_device
-from .model import DEFAULT_RANK_REGEX, InputFile
-from .storage.files import parse_json, retry_unreachable
+from .merge.fastpath import account_fast
+from .merge.tasks import rewrite_general
+from .model import (
+    DEFAULT_RANK_REGEX,
+    InputFile,
+    MergeOptions,
+    RankTask,
+    job_account,
+    rank_account,
+)
+from .storage.files import read_bytes, retry_unreachable
 from .storage.inputs import expand_inputs, resolve_rank
 
 __all__ = ["describe_traces", "figures_of_dicts", "figures_of_structs", "format_table"]
@@ -38,8 +49,14 @@ def _describe(f: InputFile, storage_options: Mapping[str, Any] | None,
               repair: bool) -> tuple[int, list[dict[str, Any]], str | None] | str:
     """The file's uncompressed size, a row per rank it holds (its own, or each rank of a trace that tracefuse
     merged) and what ``repair`` recovered; for a listed file that is not a per-rank trace, why it is ignored (in
-    the merge's words)."""
-    doc, nbytes, repaired = parse_json(f.path, storage_options, rank=f.rank_hint, repair=repair)
+    the merge's words). A per-rank trace's row has the account of a merge with the default options (``account``:
+    ``model.rank_account``), from the merge's own rewrite, on its fast path where the merge would take it."""
+    data, cut_gzip = read_bytes(f.path, storage_options, repair=repair)
+    fast = None if cut_gzip else _described_fast(f, data)
+    if fast is not None:
+        return fast
+    doc, nbytes, repaired = decode_json(data, f.path, rank=f.rank_hint, cut_gzip=cut_gzip, repair=repair)
+    del data
     if isinstance(doc, dict) and COMPOSER_MERGED in doc:
         if f.listed:
             return f"{f.path}: {MERGED_BY_COMPOSER}"
@@ -53,13 +70,15 @@ def _describe(f: InputFile, storage_options: Mapping[str, Any] | None,
     check_document(doc, f.path)
     base = doc.get("baseTimeNanoseconds") if type(doc.get("baseTimeNanoseconds")) is int else None
     if not merged:
-        try:
-            rank, world_size, _ = resolve_rank(f, doc)  # the rank and world size merge would use
-        except RankError:  # nothing gives the rank: info still describes the file, as rank "?"
-            rank, world_size = None, None
-        return nbytes, [{"rank": rank, "path": f.path, "bytes": f.size, "bytes_uncompressed": nbytes,
-                         "world_size": world_size, "host_name": doc.get("host_name"),
-                         **figures_of_dicts(doc["traceEvents"], base)}], repaired
+        row = _row(f, doc, nbytes, figures_of_dicts(doc["traceEvents"], base))
+        left_out: Counter[str] = Counter()
+        try:  # after the figures: the rewrite changes the events
+            _, _, n_in, n_out, moved, _ = rewrite_general(RankTask(0, f.path, 0, 0, MergeOptions()), doc,
+                                                          f.path, left_out)
+            row["account"] = rank_account(n_in, n_out, left_out, moved)
+        except MergeError:  # a trace the merge refuses (more processes than its pid layout holds): no account
+            pass
+        return nbytes, [row], repaired
     parts = split_merged(doc["traceEvents"])
     block = doc["metadata"]["tracefuse"]
     entries = block.get("ranks") if isinstance(block, dict) and isinstance(block.get("ranks"), dict) else {}
@@ -74,6 +93,37 @@ def _describe(f: InputFile, storage_options: Mapping[str, Any] | None,
                      "bytes_uncompressed": None, "world_size": info.get("world_size"),
                      "host_name": entry.get("host_name"), **figures_of_dicts(events, base)})
     return nbytes, rows, repaired
+
+
+def _described_fast(f: InputFile, data: bytes) -> tuple[int, list[dict[str, Any]], None] | None:
+    """``_describe`` of a per-rank trace on the merge's fast path (``merge.fastpath.account_fast``), its figures
+    taken from the decoded events (``figures_of_structs``); None for any other file or input that path leaves to
+    the general one."""
+    header, complete, _ = read_header(io.BytesIO(data))
+    if not complete or COMPOSER_MERGED in header or is_merged(header.get("metadata")):
+        return None
+    base = header.get("baseTimeNanoseconds") if type(header.get("baseTimeNanoseconds")) is int else None
+    figures: dict[str, Any] = {}
+    try:
+        got = account_fast(data, f.path, lambda events: figures.update(figures_of_structs(events, base)))
+    except MergeError:  # the general path describes it
+        return None
+    if got is None:
+        return None
+    n_in, n_out, moved, left_out = got
+    return len(data), [_row(f, header, len(data), figures) | {"account": rank_account(n_in, n_out, left_out, moved)}
+                       ], None
+
+
+def _row(f: InputFile, header: Mapping[str, Any], nbytes: int, figures: dict[str, Any]) -> dict[str, Any]:
+    """A per-rank trace's row: its rank and world size as the merge would resolve them (rank ``None`` where
+    nothing gives it), sizes, host and ``figures``."""
+    try:
+        rank, world_size, _ = resolve_rank(f, header)
+    except RankError:  # nothing gives the rank: info still describes the file, as rank "?"
+        rank, world_size = None, None
+    return {"rank": rank, "path": f.path, "bytes": f.size, "bytes_uncompressed": nbytes, "world_size": world_size,
+            "host_name": header.get("host_name"), **figures}
 
 
 def figures_of_dicts(events: list[Any], base: int | None) -> dict[str, Any]:
@@ -283,6 +333,7 @@ def _report(per_rank: list[dict[str, Any]], files: int, size: int, nbytes: int, 
     starts = [r["start_ns"] for r in per_rank if r["start_ns"] is not None]
     ends = [r["end_ns"] for r in per_rank if r["end_ns"] is not None]
     sizes = sorted({r["world_size"] for r in per_rank if r["world_size"] is not None})
+    accounted = [r for r in per_rank if r.get("account") is not None]
     return {
         "files": files,
         "ranks": [r["rank"] for r in per_rank],
@@ -297,6 +348,9 @@ def _report(per_rank: list[dict[str, Any]], files: int, size: int, nbytes: int, 
         "ignored": ignored,
         "skipped": skipped,
         "repaired": repaired,
+        # a default merge's account of the per-rank traces (not of ranks read from a merged trace or a store)
+        "account": job_account({str(r["path"] if r["rank"] is None else r["rank"]): r["account"] for r in accounted})
+        if accounted else None,
         "per_rank": per_rank,
     }
 
@@ -323,6 +377,10 @@ def format_table(report: dict[str, Any]) -> str:
         )
     lines.append("")
     lines.append("events per category: " + ", ".join(f"{k} {v:,}" for k, v in report["categories"].items()))
+    if report["account"]:
+        a = report["account"]
+        lines.append(f"a merge with the default options keeps {a['kept']:,} of the {a['read']:,} events of the "
+                     f"per-rank traces ({a['on_lanes']:,} slices on lanes); --json gives the reasons")
     lines += [f"ignored {path}" for path in report["ignored"]]
     lines += [f"skipped rank {sk['rank']}: {sk['reason']}" for sk in report["skipped"]]
     lines += [f"warning: {note}" for note in report["repaired"]]

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal, InvalidOperation
-from collections.abc import Iterable
 from typing import Any, Callable, Literal
 
 __all__ = [
@@ -21,7 +22,9 @@ __all__ = [
     "RankSet",
     "rank_subset",
     "RankTask",
+    "job_account",
     "merge_account",
+    "rank_account",
     "parse_steps",
     "parse_window",
 ]
@@ -354,24 +357,30 @@ class MergeSummary:
         return asdict(self)
 
 
+def rank_account(read: int, written: int, left_out: Mapping[str, int], on_lanes: int) -> dict[str, Any]:
+    """One rank's account (``merge_account``): ``kept = read - sum(left_out)``, ``added = written - kept``."""
+    kept = read - sum(left_out.values())
+    return {"read": read, "kept": kept, "left_out": {k: left_out[k] for k in LEFT_OUT if left_out.get(k)},
+            "on_lanes": on_lanes, "added": written - kept, "written": written}
+
+
 def merge_account(results: list[RankResult], not_read: int | None = None) -> dict[str, Any]:
     """Where every event a merge read went, in total and per rank: ``read = kept + sum(left_out)`` (reasons in
     ``LEFT_OUT``'s order, those with events only) and ``written = kept + added`` (the merge's own metadata,
     lanes' names, counters and critical-path marks); ``on_lanes`` counts the slices kept on lanes.
     ``not_read``: the ranks of the job that ``--ranks`` left unread (their events are not counted), when known."""
-    def account(read: int, written: int, left_out: dict[str, int], on_lanes: int) -> dict[str, Any]:
-        kept = read - sum(left_out.values())
-        return {"read": read, "kept": kept, "left_out": {k: left_out[k] for k in LEFT_OUT if left_out.get(k)},
-                "on_lanes": on_lanes, "added": written - kept, "written": written}
+    return job_account({str(r.rank): rank_account(r.events_in, r.events_out, r.left_out, r.on_lanes)
+                        for r in results}, not_read)
 
-    total: dict[str, int] = {}
-    for r in results:
-        for k, n in r.left_out.items():
-            total[k] = total.get(k, 0) + n
-    return {**account(sum(r.events_in for r in results), sum(r.events_out for r in results), total,
-                      sum(r.on_lanes for r in results)),
-            **({"ranks_not_read": not_read} if not_read is not None else {}),
-            "ranks": {str(r.rank): account(r.events_in, r.events_out, r.left_out, r.on_lanes) for r in results}}
+
+def job_account(ranks: Mapping[str, Mapping[str, Any]], not_read: int | None = None) -> dict[str, Any]:
+    """The ranks' accounts (``rank_account``) added up, with them under ``ranks``."""
+    total: Counter[str] = Counter()
+    for r in ranks.values():
+        total.update(r["left_out"])
+    return {**rank_account(sum(r["read"] for r in ranks.values()), sum(r["written"] for r in ranks.values()), total,
+                           sum(r["on_lanes"] for r in ranks.values())),
+            **({"ranks_not_read": not_read} if not_read is not None else {}), "ranks": dict(ranks)}
 
 
 def ranges(values: list[int]) -> str:

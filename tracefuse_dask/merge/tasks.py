@@ -27,7 +27,7 @@ from .lanes import to_lanes
 from .plan import MergeNotes, MergePlan, settle
 from .rewrite import device_pids, keep_text, order_slots, rewrite
 
-__all__ = ["SEP", "rewrite_ranks"]
+__all__ = ["SEP", "rewrite_general", "rewrite_ranks"]
 
 log = logging.getLogger("tracefuse_dask")
 
@@ -86,7 +86,7 @@ def _rewrite_rank(task: RankTask, part_path: str,
         left_out.clear()  # the fast path may have counted before it stepped aside
         doc, nbytes, note = decode_json(data, task.path, rank=task.rank, cut_gzip=cut_gzip, repair=task.repair)
         del data
-        head_json, body_json, n_in, n_out, moved, keep_bytes = _rewrite_general(task, doc, who, left_out)
+        head_json, body_json, n_in, n_out, moved, keep_bytes = rewrite_general(task, doc, who, left_out)
         del doc
     data = _partition(body_json)
     del body_json
@@ -97,7 +97,7 @@ def _rewrite_rank(task: RankTask, part_path: str,
                       [note] if note else [], moved, json_bytes, dict(+left_out), keep_bytes), data
 
 
-def _rewrite_general(task: RankTask, doc: dict[str, Any], who: str,
+def rewrite_general(task: RankTask, doc: dict[str, Any], who: str,
                      left_out: Counter[str]) -> tuple[bytes, bytes, int, int, int, int | None]:
     """The general path of a rank's rewrite (``RankEvents``, ``rewrite``, then the lanes), as ``rewrite_fast``
     returns it; ``left_out`` counts the events left out by each reason."""
