@@ -275,7 +275,8 @@ def test_the_analysis_counts_each_anomaly_and_reason(tmp_path):
 
 def test_the_analysis_account_of_a_merged_trace_counts_what_the_split_left_out(tmp_path):
     """A merged trace, analysed per rank, goes through the general path: the python_function events it holds
-    (--include-pyfunc) are counted as left out there, and the account still adds up."""
+    (--include-pyfunc) are counted as left out there, and the account still adds up. (A merge with lanes also
+    holds its lanes' thread metadata, which the split into ranks drops before any rank reads it.)"""
     from tracefuse_dask.api import analyze
 
     src = write_trace(tmp_path / "in" / "rank0.json", rank_trace())
@@ -332,3 +333,51 @@ def test_info_gives_the_account_of_each_path_and_says_it(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "a merge with the default options keeps 13 of the 21 events of the per-rank traces (0 slices on lanes); " \
            "--json gives the reasons" in p.stdout.splitlines()
+
+
+def test_edge_cases_of_the_analysis_account(tmp_path):
+    """A device B/E pair that nothing launched is two events left out; an M event of category python_function is
+    metadata, in a trace and in its store alike; device work that no launch links to says nothing of its steps."""
+    from tracefuse_dask.api import analyze, index_traces
+
+    def step(n: int, t: int) -> dict[str, Any]:
+        return {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "pid": 9, "tid": 9, "ts": t,
+                "dur": 100}
+
+    def kernel(t: int, corr: int | None) -> dict[str, Any]:
+        args = {"stream": 7} if corr is None else {"stream": 7, "correlation": corr}
+        return {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": t, "dur": 10, "args": args}
+
+    launched = [step(1, 100), {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 9, "tid": 9,
+                               "ts": 110, "dur": 5, "args": {"correlation": 1}}, kernel(120, 1), step(2, 300),
+                {"ph": "B", "cat": "kernel", "name": "k2", "pid": 0, "tid": 7, "ts": 600,
+                 "args": {"correlation": 99, "stream": 7}},
+                {"ph": "E", "cat": "kernel", "name": "k2", "pid": 0, "tid": 7, "ts": 650},
+                {"ph": "M", "name": "thread_name", "cat": "python_function", "pid": 9, "tid": 9,
+                 "args": {"name": "py"}}]
+    src = write_trace(tmp_path / "a" / "rank0.json", make_trace(0, launched))
+    r = analyze(str(src), workers=1).summary["account"]["ranks"]["0"]
+    assert r["left_out"] == {"metadata": 1, "unlaunched_gpu": 2} and r["analysed"] == 4
+    assert r["anomalies"] == {"steps_without_gpu": 1}
+    index_traces(str(src), str(tmp_path / "store"))
+    assert analyze(str(tmp_path / "store"), workers=1).summary["account"]["ranks"]["0"] == r
+    unlinked = write_trace(tmp_path / "b" / "rank0.json", make_trace(0, [step(1, 100), kernel(120, None),
+                                                                         step(2, 300), kernel(320, None)]))
+    assert analyze(str(unlinked), workers=1).summary["account"]["ranks"]["0"]["anomalies"] == {}
+
+
+def test_info_gives_no_account_where_the_merge_would_refuse_the_traces(tmp_path):
+    """A rank in two files, or an event the merge refuses (a negative duration): info describes the files as
+    before, with no account of a merge that would not run."""
+    twice = tmp_path / "twice"
+    write_trace(twice / "rank0.json", rank_trace())
+    write_trace(twice / "rank0b.json", rank_trace())
+    report = describe_traces(str(twice))
+    assert report["account"] is None and all(r["account"]["read"] == 21 for r in report["per_rank"])
+    doc = rank_trace()
+    doc["traceEvents"].append({"ph": "X", "name": "neg", "pid": 9, "tid": 9, "ts": 150, "dur": -5})
+    bad = write_trace(tmp_path / "bad" / "rank0.json", doc)
+    report = describe_traces(str(bad))
+    assert report["account"] is None and "account" not in report["per_rank"][0] and report["events"] == 22
+    with pytest.raises(Exception, match="negative dur"):
+        merge_traces(str(bad), str(tmp_path / "out.json"))

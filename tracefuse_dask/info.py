@@ -76,7 +76,7 @@ def _describe(f: InputFile, storage_options: Mapping[str, Any] | None,
             _, _, n_in, n_out, moved, _ = rewrite_general(RankTask(0, f.path, 0, 0, MergeOptions()), doc,
                                                           f.path, left_out)
             row["account"] = rank_account(n_in, n_out, left_out, moved)
-        except MergeError:  # a trace the merge refuses (more processes than its pid layout holds): no account
+        except (MergeError, TraceFormatError):  # an event or a layout the merge refuses: no account of it
             pass
         return nbytes, [row], repaired
     parts = split_merged(doc["traceEvents"])
@@ -333,7 +333,11 @@ def _report(per_rank: list[dict[str, Any]], files: int, size: int, nbytes: int, 
     starts = [r["start_ns"] for r in per_rank if r["start_ns"] is not None]
     ends = [r["end_ns"] for r in per_rank if r["end_ns"] is not None]
     sizes = sorted({r["world_size"] for r in per_rank if r["world_size"] is not None})
-    accounted = [r for r in per_rank if r.get("account") is not None]
+    traces = [r for r in per_rank if "source" not in r]  # per-rank traces, not ranks of a merged one
+    ranks = [r["rank"] for r in traces]
+    # a merge of these traces: one per rank, each with an account (a trace the merge refuses has none)
+    account = job_account({str(r["rank"]): r["account"] for r in traces}) if traces and None not in ranks \
+        and len(set(ranks)) == len(ranks) and all(r.get("account") for r in traces) else None
     return {
         "files": files,
         "ranks": [r["rank"] for r in per_rank],
@@ -348,9 +352,9 @@ def _report(per_rank: list[dict[str, Any]], files: int, size: int, nbytes: int, 
         "ignored": ignored,
         "skipped": skipped,
         "repaired": repaired,
-        # a default merge's account of the per-rank traces (not of ranks read from a merged trace or a store)
-        "account": job_account({str(r["path"] if r["rank"] is None else r["rank"]): r["account"] for r in accounted})
-        if accounted else None,
+        # a default merge's account of the per-rank traces; None where that merge would refuse them (a rank read
+        # twice or not at all, an event it refuses), and for a merged trace or a store
+        "account": account,
         "per_rank": per_rank,
     }
 

@@ -460,7 +460,8 @@ class AnalyzeRequest:
 class StoredInput:
     """An event store as ``analyze``'s input (``store.source.stored_input``; the analysis does not import the
     store): its ranks as the files they were indexed from, each with its ``InputFile.part``; the function that
-    reads a part as the rank's events, header, base time and notes; and the inputs the index left out, and why."""
+    reads a part as the rank's events, header, base time, notes and the trace's events the part does not hold (by
+    ``LEFT_OUT``'s reasons); and the inputs the index left out, and why."""
 
     files: list[InputFile]
     read_part: Callable[..., tuple[list[Any], dict[str, Any], int, list[str], dict[str, int]]]

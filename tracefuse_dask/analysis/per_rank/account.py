@@ -14,13 +14,13 @@ from ..schema import LEFT_OUT
 from .decode import Event
 from .model import RankModel
 
-__all__ = ["rank_account"]
+__all__ = ["events_account"]
 
 _WINDOW = ("Iteration Start: PyTorch Profiler", "Record Window End")
 _PH_CAT = attrgetter("ph", "cat")
 
 
-def rank_account(events: list[Event], m: RankModel, read_before: Mapping[str, int]) -> dict[str, Any]:
+def events_account(events: list[Event], m: RankModel, read_before: Mapping[str, int]) -> dict[str, Any]:
     """The account of one rank: ``events`` as the analysis got them, ``m`` their model and ``read_before`` the
     events left out before (by reason, ``schema.LEFT_OUT``'s), which ``events`` does not hold.
 
@@ -29,15 +29,14 @@ def rank_account(events: list[Event], m: RankModel, read_before: Mapping[str, in
     """
     left: Counter[str] = Counter(read_before)
     for (ph, cat), n in Counter(map(_PH_CAT, events)).items():
-        if cat == "python_function":
-            left["python_function"] += n
-        elif ph == "M":
+        if ph == "M":
             left["metadata"] += n
+        elif cat == "python_function":
+            left["python_function"] += n
         elif ph not in ("X", "B", "E"):
             left["not_slices"] += n
     left["unopened_end"] += m.begin_end[2]
-    left["steps"] += m.steps_left_out
-    left["unlaunched_gpu"] += m.left_out
+    left.update(m.events_left_out)
     read = len(events) + sum(read_before.values())
     return {"read": read, "analysed": read - sum(left.values()),
             "left_out": {k: left[k] for k in LEFT_OUT if left[k]},
@@ -53,7 +52,7 @@ def _anomalies(events: list[Event], m: RankModel) -> dict[str, int]:
     ends = [to_ns(e.ts) for e in events if e.ph == "i" and e.name == _WINDOW[1]]
     outside = int(((m.start < min(starts)) | (m.end > max(ends))).sum()) if starts and ends else 0
     idle = 0
-    if len(g.start):
+    if has.any():  # a rank whose device work no launch in the trace links to says nothing of its steps
         at = np.sort(launched_at)
         idle = sum(1 for _, lo, hi in m.steps if np.searchsorted(at, lo) == np.searchsorted(at, hi))
     return {"outside_window": outside, "gpu_before_launch": before, "steps_without_gpu": idle}

@@ -2,7 +2,7 @@
 per thread (``CallTree``) and its device work (``GpuWork``), with the codes they are built of."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -73,9 +73,10 @@ class RankModel:
     steps: list[tuple[int, int, int]]  # ``(step, start, end)`` of each ``ProfilerStep#N``, by step
     step_event: dict[int, int]  # each step's own event
     base: int
-    left_out: int  # device events left out: launched by no call in the trace (``keep_unlaunched_gpu``)
+    left_out: int  # device slices left out: launched by no call in the trace (``keep_unlaunched_gpu``)
     begin_end: tuple[int, int, int]  # B/E pairs matched, B left open and E never opened
-    steps_left_out: int = 0  # events outside ``--steps`` (a B/E pair is two)
+    events_left_out: dict[str, int] = field(default_factory=dict)  # events (a B/E pair is two) outside --steps
+    # (``steps``) and of the device work left out (``unlaunched_gpu``)
 
 
 def factorized(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:

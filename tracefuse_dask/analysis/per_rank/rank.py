@@ -44,7 +44,7 @@ from ...model import MergeOptions
 from ...perf import has_model
 from ...perf.devices import Device, detect
 from ..schema import Cutoffs, RankTables
-from .account import rank_account
+from .account import events_account
 from .collectives import rank_collectives
 from .counters import LAUNCH_COLUMNS, launch_stats, memory_bw, memory_kind, queue_length
 from .decode import NO_ARGS, Args, Event, durations, events_decoder
@@ -203,7 +203,7 @@ def analyze_rank(events: list[Any], rank: int, path: str, steps: tuple[int, int]
         if keep and ev.get("ts") is not None:
             used.append(ev)
         else:  # python_function, and metadata without a time (the only events the check lets go without one)
-            read_before["python_function" if ev.get("cat") == "python_function" else "metadata"] += 1
+            read_before["metadata" if ev.get("ph") == "M" else "python_function"] += 1
     return analyze_events(events_decoder.decode(orjson.dumps(used)), rank, path, steps, base=base, header=header,
                           keep_unlaunched_gpu=keep_unlaunched_gpu, devices=devices, cutoffs=cutoffs,
                           sequences_of=sequences_of, read_before=read_before)
@@ -222,7 +222,7 @@ def analyze_events(events: list[Event], rank: int, path: str, steps: tuple[int, 
     rank, path, steps, base, header, keep_unlaunched_gpu, devices, cutoffs, sequences_of
         As for ``analyze_rank``.
     read_before
-        The rank's events that were read and left out before ``events`` (by reason, ``account.LEFT_OUT``'s), for
+        The rank's events that were read and left out before ``events`` (by reason, ``schema.LEFT_OUT``'s), for
         its account.
 
     Returns
@@ -263,7 +263,7 @@ def analyze_events(events: list[Event], rank: int, path: str, steps: tuple[int, 
                       host=host_name if isinstance(host_name, str) else None, pg_config=pgs, base=base, texts=texts,
                       begin_end=m.begin_end,
                       device=(device.name if device else None, called, len(props) if isinstance(props, list) else 0),
-                      account=rank_account(events, m, read_before or {}))
+                      account=events_account(events, m, read_before or {}))
 
 
 def rank_model(events: list[Event], steps: tuple[int, int] | None = None, base: int = 0,
@@ -272,13 +272,15 @@ def rank_model(events: list[Event], steps: tuple[int, int] | None = None, base: 
     ``base`` and ``keep_unlaunched_gpu`` as for ``analyze_rank``."""
     spans, unclosed, unopened = durations(events)
     xs = [e for e in events if e.ph == "X" and e.cat != "python_function"] + spans
-    steps_left_out = 0  # events: a B/E pair is two, a B left open one (``durations`` gives the pairs first)
+    # the events each slice stands for: a B/E pair is two, a B left open one (``durations`` gives the pairs first)
+    weight = np.array([1] * (len(xs) - len(spans)) + [2] * (len(spans) - unclosed) + [1] * unclosed, dtype=np.int64)
+    account = {"steps": 0, "unlaunched_gpu": 0}  # events left out
     if steps is not None:
         inside = _in_steps(events, xs, steps)
         kept = set(map(id, inside))
-        weight = [1] * (len(xs) - len(spans)) + [2] * (len(spans) - unclosed) + [1] * unclosed
-        steps_left_out = sum(w for e, w in zip(xs, weight) if id(e) not in kept)
-        xs = inside
+        within = np.fromiter((id(e) in kept for e in xs), bool, len(xs))
+        account["steps"] = int(weight[~within].sum())
+        xs, weight = inside, weight[within]
     n = len(xs)
     span_ids = {id(e) for e in spans}
     is_span = np.fromiter((id(e) in span_ids for e in xs), bool, n)
@@ -300,6 +302,7 @@ def rank_model(events: list[Event], steps: tuple[int, int] | None = None, base: 
                                                                                     name_code, -1), corr, has_corr)
     if keep is not None:
         left_out = n - int(keep.sum())
+        account["unlaunched_gpu"] = int(weight[~keep].sum())
         xs, args = list(compress(xs, keep)), list(compress(args, keep))
         durs, start, end, name_code, cat_code, pids, tids, dev, corr, has_corr, is_span = (
             v[keep] for v in (durs, start, end, name_code, cat_code, pids, tids, dev, corr, has_corr, is_span))
@@ -313,7 +316,7 @@ def rank_model(events: list[Event], steps: tuple[int, int] | None = None, base: 
                      steps=sorted((int(step_of[name_code[i]]), int(start[i]), int(end[i])) for i in step_events),
                      step_event={int(step_of[name_code[i]]): int(i) for i in step_events}, base=base,
                      left_out=left_out, begin_end=(len(spans) - unclosed, unclosed, unopened),
-                     steps_left_out=steps_left_out)
+                     events_left_out=account)
 
 
 def _counter_tables(m: RankModel, cutoffs: Cutoffs) -> tuple[pd.DataFrame, ...]:
