@@ -275,16 +275,22 @@ def test_the_analysis_counts_each_anomaly_and_reason(tmp_path):
 
 def test_the_analysis_account_of_a_merged_trace_counts_what_the_split_left_out(tmp_path):
     """A merged trace, analysed per rank, goes through the general path: the python_function events it holds
-    (--include-pyfunc) are counted as left out there, and the account still adds up. (A merge with lanes also
-    holds its lanes' thread metadata, which the split into ranks drops before any rank reads it.)"""
+    (--include-pyfunc) and its lanes' thread metadata (two ranks, each with two ops that cross) are counted as
+    left out there, and the account adds up to the file's events."""
     from tracefuse_dask.api import analyze
 
-    src = write_trace(tmp_path / "in" / "rank0.json", rank_trace())
-    merge_traces(str(src), str(tmp_path / "m.json"), include_pyfunc=True)
-    r = analyze(str(tmp_path / "m.json"), workers=1).summary["account"]["ranks"]["0"]
+    for r in (0, 1):
+        doc = rank_trace()
+        doc["distributedInfo"] = {"backend": "nccl", "rank": r, "world_size": 2}
+        doc["traceEvents"] += [{"ph": "X", "cat": "cpu_op", "name": name, "pid": 9, "tid": 9, "ts": t, "dur": 20}
+                               for name, t in (("a", 2000), ("b", 2010))]
+        write_trace(tmp_path / "in" / f"rank{r}.json", doc)
+    summary = merge_traces(str(tmp_path / "in"), str(tmp_path / "m.json"), include_pyfunc=True)
+    assert summary.on_lanes == 2
+    account = analyze(str(tmp_path / "m.json"), workers=1).summary["account"]
     merged = read_trace(tmp_path / "m.json")["traceEvents"]
-    assert r["read"] == len(merged) == r["analysed"] + sum(r["left_out"].values())
-    assert r["left_out"]["python_function"] == 2
+    assert account["read"] == len(merged) == account["analysed"] + sum(account["left_out"].values())
+    assert account["left_out"]["python_function"] == 4
 
 
 def test_analyze_prints_the_account_and_the_anomalies(tmp_path):

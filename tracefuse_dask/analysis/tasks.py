@@ -2,6 +2,7 @@
 (``per_rank``); combine tasks join many tasks' tables into one (``transport``) on the cluster."""
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -86,8 +87,9 @@ def _analyze_file(f: InputFile, request: AnalyzeRequest) -> dict[str, Any]:
         if is_merged(meta) and f.listed:  # beside per-rank traces, its ranks would be theirs twice
             return {"ignored": f"{f.path}: a trace merged by tracefuse, found in a folder or glob; name it on its "
                                "own to analyse its ranks"}
+        lane_metadata: Counter[int] = Counter()  # of a merged trace: the lanes' thread metadata, per rank
         if is_merged(meta):
-            parts = split_merged(doc["traceEvents"])
+            parts = split_merged(doc["traceEvents"], lane_metadata)
             world_size = None
             notes.append(f"{f.path}: a merged trace; analysed per rank ({len(parts):,} ranks)")
             by_rank = meta["tracefuse"].get("ranks") if isinstance(meta["tracefuse"], dict) else None
@@ -101,7 +103,8 @@ def _analyze_file(f: InputFile, request: AnalyzeRequest) -> dict[str, Any]:
                   for rank in parts if not is_merged(meta) and request.write_part is not None
                   and (subset is None or rank in subset)]
         del doc, text
-        ranks = [analyze_rank(events, rank, f.path, request.steps, base=base, header=headers.get(rank), **options)
+        ranks = [analyze_rank(events, rank, f.path, request.steps, base=base, header=headers.get(rank),
+                              read_before={"metadata": lane_metadata[rank]}, **options)
                  for rank, events in sorted(parts.items()) if subset is None or rank in subset]
         return {"ranks": ranks, "world_size": world_size, "notes": notes, "repaired": [repaired] if repaired else [],
                 "parts": stored}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import zlib
+from collections import Counter
 from typing import Any
 
 __all__ = ["CRITICAL_PATH_PID", "LANE_OF", "LANE_TID", "MAX_RANK", "PID_BASE", "SLOTS_PER_RANK", "U32", "is_merged",
@@ -36,11 +37,12 @@ def is_merged(metadata: Any) -> bool:
     return isinstance(metadata, dict) and "tracefuse" in metadata
 
 
-def split_merged(events: list[Any]) -> dict[int, list[Any]]:
+def split_merged(events: list[Any], lane_metadata: Counter[int] | None = None) -> dict[int, list[Any]]:
     """A tracefuse-merged trace's events per rank: ``args.rank``, else the rank its pid encodes.
 
     Events that the merge moved to a lane (``merge.lanes``: a thread whose ``thread_name`` has ``LANE_OF``) go
-    back to their thread, and the lanes' own metadata is left out, so that a rank reads as its input did.
+    back to their thread, and the lanes' own metadata is left out, so that a rank reads as its input did;
+    ``lane_metadata``, where given, counts those left out per rank.
     """
     lanes = {(ev.get("pid"), ev.get("tid")): ev["args"][LANE_OF] for ev in events
              if type(ev) is dict and ev.get("ph") == "M" and ev.get("name") == "thread_name"
@@ -51,6 +53,8 @@ def split_merged(events: list[Any]) -> dict[int, list[Any]]:
             continue
         if lanes and (ev.get("pid"), ev.get("tid")) in lanes:
             if ev.get("ph") == "M":
+                if lane_metadata is not None and type(ev["pid"]) is int and ev["pid"] >= PID_BASE:
+                    lane_metadata[(ev["pid"] - PID_BASE) // SLOTS_PER_RANK] += 1
                 continue
             ev["tid"] = lanes[(ev["pid"], ev["tid"])]
         args = ev.get("args")

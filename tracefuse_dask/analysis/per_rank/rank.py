@@ -158,7 +158,7 @@ def _call_tree(pids: np.ndarray, tids: np.ndarray, host: np.ndarray, start: np.n
 def analyze_rank(events: list[Any], rank: int, path: str, steps: tuple[int, int] | None = None, *, base: int = 0,
                  header: Mapping[str, Any] | None = None, keep_unlaunched_gpu: bool = False,
                  devices: tuple[Device, ...] = (), cutoffs: Cutoffs = Cutoffs(),
-                 sequences_of: str | None = None) -> RankTables:
+                 sequences_of: str | None = None, read_before: Mapping[str, int] | None = None) -> RankTables:
     """Analyse one rank's events (``traceEvents``, as parsed).
 
     The events are validated as ``merge`` validates them, then analysed as
@@ -187,6 +187,9 @@ def analyze_rank(events: list[Any], rank: int, path: str, steps: tuple[int, int]
         HTA's thresholds for the launch statistics and the queue length (``schema.Cutoffs``).
     sequences_of
         The operator whose frequent kernel sequences to find (``sequences.rank_sequences``); None: none.
+    read_before
+        As for ``analyze_events``: the rank's events left out before ``events`` (a merged trace's lanes'
+        metadata).
 
     Returns
     -------
@@ -198,15 +201,15 @@ def analyze_rank(events: list[Any], rank: int, path: str, steps: tuple[int, int]
         When an event is malformed.
     """
     sel = RankEvents(events, 0, MergeOptions(), f"{path} (rank {rank})", link_flows=False)
-    used, read_before = [], Counter()
+    used, before = [], Counter(read_before)
     for ev, keep in zip(events, sel.keep):
         if keep and ev.get("ts") is not None:
             used.append(ev)
         else:  # python_function, and metadata without a time (the only events the check lets go without one)
-            read_before["metadata" if ev.get("ph") == "M" else "python_function"] += 1
+            before["metadata" if ev.get("ph") == "M" else "python_function"] += 1
     return analyze_events(events_decoder.decode(orjson.dumps(used)), rank, path, steps, base=base, header=header,
                           keep_unlaunched_gpu=keep_unlaunched_gpu, devices=devices, cutoffs=cutoffs,
-                          sequences_of=sequences_of, read_before=read_before)
+                          sequences_of=sequences_of, read_before=before)
 
 
 def analyze_events(events: list[Event], rank: int, path: str, steps: tuple[int, int] | None = None, *,
