@@ -48,8 +48,9 @@ def _anomalies(events: list[Event], m: RankModel) -> dict[str, int]:
     has = g.launch >= 0
     launched_at = m.start[g.launch[has]]
     before = int((g.start[has] < launched_at).sum())
-    starts = [to_ns(e.ts) for e in events if e.ph == "i" and e.name == _WINDOW[0]]
-    ends = [to_ns(e.ts) for e in events if e.ph == "i" and e.name == _WINDOW[1]]
+    instants = [e for e in events if e.ph == "i"]
+    starts = [to_ns(e.ts) for e in instants if e.name == _WINDOW[0]]
+    ends = [to_ns(e.ts) for e in instants if e.name == _WINDOW[1]]
     outside = int(((m.start < min(starts)) | (m.end > max(ends))).sum()) if starts and ends else 0
     idle = 0
     if has.any():  # a rank whose device work no launch in the trace links to says nothing of its steps
