@@ -328,6 +328,7 @@ class RankResult:
     json_bytes: int = 0  # the partition's JSON before any gzip
     left_out: dict[str, int] = field(default_factory=dict)  # events read and not written, by reason (LEFT_OUT)
     keep_bytes: int | None = None  # with estimate_keep: the JSON of what --keep gpu,comm would write of it
+    step_bytes: dict[int, int] | None = None  # with estimate_keep: that of each ProfilerStep#N, without metadata
 
 
 @dataclass

@@ -369,19 +369,53 @@ def too_big(plan: MergePlan, results: list[RankResult]) -> list[str]:
         total, last = total + size_of[r.rank], k
     if last is not None:
         pieces.append(f"--ranks {ranges([r.rank for r in results[:last + 1]])} ({_size(total)})")
-    narrow = "--keep gpu,comm or --steps A-B narrow every rank"
-    if all(r.keep_bytes is not None for r in results):
-        kept = {r.rank: r.keep_bytes + (by_rank[r.rank].meta or (0, 0, 0))[2] for r in results}
-        most = max(sum(kept.get(plan.tasks[t].rank, 0) for t in g) for g in plan.split_groups)
-        if most <= limit:
-            pieces.append(f"--keep gpu,comm ({_size(most)})")
-        narrow = f"--keep gpu,comm still writes {_size(most)}; --steps A-B narrows every rank" if most > limit else \
-            "--steps A-B narrows every rank"
-    shown = "; ".join(pieces) + "; " if pieces else ""
+    notes = _narrower(plan, results, by_rank, limit, pieces)
     warning = (f"{whole} will be {_size(max(parts))} of JSON, more than Perfetto's web UI opens (about "
-               f"{_size(limit)}: it has about 2 GB of memory); pieces it opens: {shown}{narrow}; the whole merge "
-               f"opens with trace_processor --httpd {plan.request.out} and ui.perfetto.dev")
+               f"{_size(limit)}: it has about 2 GB of memory); pieces it opens: {'; '.join(pieces + notes)}; the "
+               f"whole merge opens with trace_processor --httpd {plan.request.out} and ui.perfetto.dev")
     return [warning]
+
+
+def _narrower(plan: MergePlan, results: list[RankResult], by_rank: dict[int, Any], limit: int,
+              pieces: list[str]) -> list[str]:
+    """What narrows every rank: ``--keep gpu,comm`` and ``--steps A-B``, added to ``pieces`` with their sizes
+    where the tasks measured them and they give files the UI opens; else what they would write."""
+    if not all(r.keep_bytes is not None for r in results):
+        return ["--keep gpu,comm or --steps A-B narrow every rank"]
+    notes = []
+    kept = {r.rank: r.keep_bytes + (by_rank[r.rank].meta or (0, 0, 0))[2] for r in results}
+    most = max(sum(kept.get(plan.tasks[t].rank, 0) for t in g) for g in plan.split_groups)
+    if most <= limit:
+        pieces.append(f"--keep gpu,comm ({_size(most)})")
+    else:
+        notes.append(f"--keep gpu,comm still writes {_size(most)}")
+    if not all(r.step_bytes for r in results):  # a rank without ProfilerStep#N
+        return [*notes, "--steps A-B narrows every rank"]
+    (first, last), most = _steps_run(plan, results, by_rank, limit)
+    if most <= limit:
+        pieces.append(f"--steps {first}-{last} (about {_size(most)})")
+    else:
+        notes.append(f"one step, --steps {first}-{first}, still writes about {_size(most)}")
+    return notes
+
+
+def _steps_run(plan: MergePlan, results: list[RankResult], by_rank: dict[int, Any],
+               limit: int) -> tuple[tuple[int, int], int]:
+    """The longest run of steps from the first whose files the UI opens (``--steps A-B``), and the size of its
+    largest file, as ``--split`` cuts the ranks; about, since the tasks measured each step's events by their own
+    start. When not even the first step fits: that step, and its size."""
+    steps = sorted({s for r in results for s in r.step_bytes or {}})
+    fixed = {r.rank: len(r.head) + (by_rank[r.rank].meta or (0, 0, 0))[2] for r in results}
+    of = {r.rank: r for r in results}
+
+    def size(run: list[int]) -> int:
+        return max(sum(fixed[k] + sum((of[k].step_bytes or {}).get(s, 0) for s in run)
+                       for k in (plan.tasks[t].rank for t in g) if k in of) for g in plan.split_groups)
+
+    n = 1
+    while n < len(steps) and size(steps[:n + 1]) <= limit:
+        n += 1
+    return (steps[0], steps[n - 1]), size(steps[:n])
 
 
 def _size(nbytes: int) -> str:

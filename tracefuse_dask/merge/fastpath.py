@@ -46,7 +46,7 @@ from .rewrite import (
     PROCESS_M,
     IdMap,
     device_pids,
-    keep_text,
+    estimates,
     order_slots,
     pid_maps,
     process_metadata,
@@ -102,19 +102,20 @@ def handles(options: MergeOptions, window_abs_ns: tuple[int, int] | None) -> boo
 
 def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: MergeOptions, who: str,
                  left_out: Counter[str], estimate_keep: bool = False
-                 ) -> tuple[bytes, bytearray, int, int, int, int | None] | None:
+                 ) -> tuple[bytes, bytearray, int, int, int, tuple[int, dict[int, int]] | None] | None:
     """Rewrite one rank's trace text as ``RankEvents.rewrite`` would (``rewritten_fast``), with the slices that
     cannot nest on lanes (``lanes.to_lanes``, unless ``options.keep_overlaps``), as JSON text; or None to use the
     general path. ``left_out`` counts the events left out by each reason (``model.LEFT_OUT``'s names);
-    ``estimate_keep`` also measures the JSON that ``--keep gpu,comm`` would write (``keep_text``).
+    ``estimate_keep`` also measures the JSON that ``--keep gpu,comm`` and each step's ``--steps`` would write
+    (``rewrite.estimates``).
 
     Returns
     -------
     tuple or None
-        ``(head, body, events_in, events_out, on_lanes, keep_bytes)``: the process metadata events and
+        ``(head, body, events_in, events_out, on_lanes, estimates)``: the process metadata events and
         the other events, each as JSON array text (``body`` in a bytearray, which the
-        caller may change in place), the number of slices moved to lanes, and with ``estimate_keep`` the size of
-        what ``--keep gpu,comm`` would write (else None); None when the input needs the general path.
+        caller may change in place), the number of slices moved to lanes, and with ``estimate_keep`` the sizes of
+        what ``--keep gpu,comm`` and each step would write (``rewrite.estimates``; else None); None when the input needs the general path.
     """
     got = rewritten_fast(data, rank, base, base_out, options, who, left_out=left_out)
     if got is None:
@@ -123,8 +124,8 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
     moved = 0 if options.keep_overlaps else _to_lanes(body, rank, slots, keys, base != base_out, left_out)
     text = bytearray()
     _encoder.encode_into(body, text)
-    kept = keep_text(head, body, device_pids(rank, slots), _encoder.encode) if estimate_keep else None
-    return orjson.dumps(head), text, n_in, len(head) + len(body), moved, kept
+    narrower = estimates(head, body, device_pids(rank, slots), _encoder.encode, True) if estimate_keep else None
+    return orjson.dumps(head), text, n_in, len(head) + len(body), moved, narrower
 
 
 def _to_lanes(body: list[Any], rank: int, slots: list[tuple[str, Any]], keys: set[tuple[Any, ...]], shifted: bool,

@@ -29,7 +29,7 @@ from ..kineto.events import FLOW_PH, begin_end_pairs
 from ..kineto.layout import LANE_OF, LANE_TID
 from ..kineto.times import EXACT_FLOAT, to_ns, to_ns_array
 
-__all__ = ["to_lanes"]
+__all__ = ["starts_ns", "to_lanes"]
 
 
 
@@ -241,6 +241,11 @@ def _pairs(marks: list[Any]) -> list[tuple[Any, Any, int, int | None]]:
     return [(marks[b], None if e is None else marks[e], times[b], None if e is None else times[e])
             for b, e in sorted(ends.items())
             if type(_get(marks[b], "pid")) is int and type(_get(marks[b], "tid")) in (int, type(None))]
+
+
+def starts_ns(events: list[Any], structs: bool) -> np.ndarray:
+    """The exact ns of each event's ``ts``, as the merge rewrote it (structs or dicts; 0 where absent)."""
+    return _column(events, "ts", structs)
 
 
 def _column(events: list[Any], key: str, structs: bool, texts: bool = True) -> np.ndarray:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -18,13 +19,15 @@ from ..kineto.layout import MAX_RANK, SLOTS_PER_RANK, U32, map_tid, out_pid
 from ..kineto.times import EXACT_NS, fmt_us, to_ns
 from ..kineto.vocabulary import (
     QUEUE_CALLS,
+    STEP,
     device_kind,
     is_collective_call,
     kernel_type,
 )
 from ..model import Marks
+from .lanes import starts_ns
 
-__all__ = ["PROCESS_M", "IdMap", "counter_events", "device_pids", "keep_text", "order_slots", "pid_maps",
+__all__ = ["PROCESS_M", "IdMap", "counter_events", "device_pids", "estimates", "order_slots", "pid_maps",
            "process_metadata", "rewrite"]
 
 PROCESS_M = frozenset({"process_name", "process_labels", "process_sort_index"})
@@ -277,10 +280,13 @@ def pid_maps(rank: int, slots: list[tuple[str, Any]]) -> tuple[dict[Any, int], d
     return host_map, dev_map
 
 
-def keep_text(head: list[dict[str, Any]], body: list[Any], devices: set[int], encode: Callable[[Any], bytes]) -> int:
-    """About how many bytes of JSON ``--keep gpu,comm`` would write of a rank's merged ``head`` and events ``body``
-    (structs or dicts): its device work and collective calls, and the metadata of the processes that hold them;
-    not the flows (it leaves out their launch end)."""
+def estimates(head: list[dict[str, Any]], body: list[Any], devices: set[int], encode: Callable[[Any], bytes],
+              structs: bool) -> tuple[int, dict[int, int]]:
+    """About how many bytes of JSON a narrower merge would write of a rank's merged ``head`` and events ``body``
+    (structs or dicts), for a merge too big to open: ``--keep gpu,comm`` (its device work and collective calls,
+    and the metadata of the processes that hold them; not the flows, whose launch end it leaves out), and
+    ``--steps N-N`` for each ``ProfilerStep#N`` (the events that start in its span, device work too by its own
+    start, not the launch's that ``--steps`` goes by; without the metadata)."""
     def get(e: Any, key: str) -> Any:
         return e.get(key) if type(e) is dict else getattr(e, key)
 
@@ -288,7 +294,19 @@ def keep_text(head: list[dict[str, Any]], body: list[Any], devices: set[int], en
         get(e, "pid") in devices or (type(get(e, "name")) is str and is_collective_call(get(e, "name"))))]
     shown = {get(e, "pid") for e in work}
     meta = [e for e in head + [e for e in body if get(e, "ph") == "M"] if get(e, "pid") in shown]
-    return len(encode(meta + work))
+    timed = [e for e in body if get(e, "ph") != "M"]
+    at = starts_ns(timed, structs)
+    spans = sorted(((int(m.group(1)), int(at[i]), int(at[i]) + to_ns(get(e, "dur") or 0))
+                    for i, e in enumerate(timed) if get(e, "ph") == "X" and type(get(e, "name")) is str
+                    and (m := STEP.match(get(e, "name")))), key=itemgetter(1))
+    steps: dict[int, int] = {}
+    if spans:
+        begin = np.array([b for _, b, _ in spans], dtype=np.int64)
+        k = np.searchsorted(begin, at, side="right") - 1
+        inside = (k >= 0) & (at < np.array([e for _, _, e in spans], dtype=np.int64)[np.maximum(k, 0)])
+        for j in np.unique(k[inside]).tolist():
+            steps[spans[j][0]] = len(encode([timed[i] for i in np.flatnonzero(inside & (k == j)).tolist()]))
+    return len(encode(meta + work)), steps
 
 
 def device_pids(rank: int, slots: list[tuple[str, Any]]) -> set[int]:

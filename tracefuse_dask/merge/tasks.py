@@ -25,7 +25,7 @@ from ..storage.output import gzip_member, open_write, writing
 from .fastpath import handles, rewrite_fast
 from .lanes import to_lanes
 from .plan import MergeNotes, MergePlan, settle
-from .rewrite import device_pids, keep_text, order_slots, rewrite
+from .rewrite import device_pids, estimates, order_slots, rewrite
 
 __all__ = ["SEP", "rewrite_general", "rewrite_ranks"]
 
@@ -80,13 +80,13 @@ def _rewrite_rank(task: RankTask, part_path: str,
                             task.estimate_keep)
     if fast is not None:
         del data
-        head_json, body_json, n_in, n_out, moved, keep_bytes = fast
+        head_json, body_json, n_in, n_out, moved, narrower = fast
         note = None
     else:
         left_out.clear()  # the fast path may have counted before it stepped aside
         doc, nbytes, note = decode_json(data, task.path, rank=task.rank, cut_gzip=cut_gzip, repair=task.repair)
         del data
-        head_json, body_json, n_in, n_out, moved, keep_bytes = rewrite_general(task, doc, who, left_out)
+        head_json, body_json, n_in, n_out, moved, narrower = rewrite_general(task, doc, who, left_out)
         del doc
     data = _partition(body_json)
     del body_json
@@ -94,11 +94,12 @@ def _rewrite_rank(task: RankTask, part_path: str,
     if task.compress and data:
         data = gzip_member(data)
     return RankResult(task.rank, task.path, n_in, n_out, nbytes, len(data), part_path, head_json[1:-1],
-                      [note] if note else [], moved, json_bytes, dict(+left_out), keep_bytes), data
+                      [note] if note else [], moved, json_bytes, dict(+left_out),
+                      *(narrower if narrower is not None else (None, None))), data
 
 
 def rewrite_general(task: RankTask, doc: dict[str, Any], who: str,
-                     left_out: Counter[str]) -> tuple[bytes, bytes, int, int, int, int | None]:
+                     left_out: Counter[str]) -> tuple[bytes, bytes, int, int, int, tuple[int, dict[int, int]] | None]:
     """The general path of a rank's rewrite (``RankEvents``, ``rewrite``, then the lanes), as ``rewrite_fast``
     returns it; ``left_out`` counts the events left out by each reason."""
     check_document(doc, who)
@@ -113,8 +114,8 @@ def rewrite_general(task: RankTask, doc: dict[str, Any], who: str,
         sel.left_out["thread_metadata"] += n - len(body)
         body += threads
     left_out.update(sel.left_out)
-    kept = keep_text(head, body, devices, orjson.dumps) if task.estimate_keep else None
-    return orjson.dumps(head), orjson.dumps(body), len(events), len(head) + len(body), moved, kept
+    narrower = estimates(head, body, devices, orjson.dumps, False) if task.estimate_keep else None
+    return orjson.dumps(head), orjson.dumps(body), len(events), len(head) + len(body), moved, narrower
 
 
 def _partition(events: bytes | bytearray) -> bytes | bytearray:
