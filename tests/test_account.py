@@ -6,9 +6,11 @@ The counts are held to the inputs and the output, read here apart from the code 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections import Counter
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -222,8 +224,31 @@ def test_the_analysis_account_adds_up_on_every_shared_set(name, client):
             1 for e in events if e["ph"] == "X" and e.get("cat") != "python_function"
             and (e["ts"] < lo or e["ts"] + e.get("dur", 0) > hi))
         assert r["anomalies"].get("outside_window", 0) == outside, rank
+        before, idle = _launch_anomalies(events)
+        assert r["anomalies"].get("gpu_before_launch", 0) == before, rank
+        assert r["anomalies"].get("steps_without_gpu", 0) == idle, rank
     assert sum(a["count"] for a in account["anomalies"].values()) == sum(
         sum(r["anomalies"].values()) for r in account["ranks"].values())
+
+
+def _launch_anomalies(events: list[dict[str, Any]]) -> tuple[int, int]:
+    """Kernels, copies and sets that start before the host call with their correlation, and ProfilerStep#N spans
+    in which no such call starts (where any device work has one), counted here from the JSON in exact ns."""
+    def ns(v: Any) -> int:
+        return int(Decimal(str(v)) * 1000)
+
+    device = [e for e in events if e["ph"] == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    launch: dict[Any, int] = {}
+    for e in events:
+        corr = (e.get("args") or {}).get("correlation") if isinstance(e.get("args"), dict) else None
+        if e["ph"] == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver") and type(corr) is int:
+            launch.setdefault(corr, ns(e["ts"]))
+    linked = [(ns(e["ts"]), launch[c]) for e in device if (c := e["args"].get("correlation")) in launch]
+    before = sum(1 for start, at in linked if start < at)
+    steps = [(ns(e["ts"]), ns(e["ts"]) + ns(e["dur"])) for e in events
+             if e["ph"] == "X" and re.fullmatch(r"ProfilerStep#\d+", e.get("name", ""))]
+    idle = sum(1 for lo, hi in steps if not any(lo <= at < hi for _, at in linked)) if linked else 0
+    return before, idle
 
 
 def anomalous_trace() -> dict[str, Any]:

@@ -51,12 +51,6 @@ def split_merged(events: list[Any], lane_metadata: Counter[int] | None = None) -
     for ev in events:
         if type(ev) is not dict:
             continue
-        if lanes and (ev.get("pid"), ev.get("tid")) in lanes:
-            if ev.get("ph") == "M":
-                if lane_metadata is not None and type(ev["pid"]) is int and ev["pid"] >= PID_BASE:
-                    lane_metadata[(ev["pid"] - PID_BASE) // SLOTS_PER_RANK] += 1
-                continue
-            ev["tid"] = lanes[(ev["pid"], ev["tid"])]
         args = ev.get("args")
         rank = args.get("rank") if type(args) is dict else None
         if type(rank) is not int:
@@ -64,6 +58,12 @@ def split_merged(events: list[Any], lane_metadata: Counter[int] | None = None) -
             if type(pid) is not int or pid < PID_BASE:
                 continue
             rank = (pid - PID_BASE) // SLOTS_PER_RANK
+        if lanes and (ev.get("pid"), ev.get("tid")) in lanes:
+            if ev.get("ph") == "M":
+                if lane_metadata is not None:
+                    lane_metadata[rank] += 1
+                continue
+            ev["tid"] = lanes[(ev["pid"], ev["tid"])]
         parts.setdefault(rank, []).append(ev)
     return parts
 

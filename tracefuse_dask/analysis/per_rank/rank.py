@@ -276,7 +276,8 @@ def rank_model(events: list[Event], steps: tuple[int, int] | None = None, base: 
     spans, unclosed, unopened = durations(events)
     xs = [e for e in events if e.ph == "X" and e.cat != "python_function"] + spans
     # the events each slice stands for: a B/E pair is two, a B left open one (``durations`` gives the pairs first)
-    weight = np.array([1] * (len(xs) - len(spans)) + [2] * (len(spans) - unclosed) + [1] * unclosed, dtype=np.int64)
+    weight = np.ones(len(xs), dtype=np.int64)
+    weight[len(xs) - len(spans):len(xs) - unclosed] = 2
     account = {"steps": 0, "unlaunched_gpu": 0}  # events left out
     if steps is not None:
         inside = _in_steps(events, xs, steps)
