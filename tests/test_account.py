@@ -27,6 +27,7 @@ from perfetto_rules import LANE, lane_owners, load_exact
 
 from tracefuse_dask import merge_traces
 from tracefuse_dask.info import describe_traces
+from tracefuse_dask.kineto.anomalies import ANOMALIES
 from tracefuse_dask.model import LEFT_OUT
 
 PROCESS_M = ("process_name", "process_labels", "process_sort_index")
@@ -74,6 +75,9 @@ def test_the_account_adds_up_on_every_shared_set(name, include_pyfunc, client, t
     assert account["left_out"].get("process_metadata", 0) == process_m
     assert account["on_lanes"] == summary.on_lanes
     assert set(account["left_out"]) <= {"python_function", "process_metadata", "thread_metadata"}
+    for key, rank in merged["metadata"]["tracefuse"]["ranks"].items():  # the merge links launches by their flows
+        want = json_anomalies(read_trace(folder / rank["source"])["traceEvents"])
+        assert account["ranks"][key]["anomalies"] == want, key
     if not include_pyfunc:  # info --json gives the account of this merge, from the merge's own rewrite
         assert describe_traces(str(folder), client=client)["account"] == account
 
@@ -218,17 +222,22 @@ def test_the_analysis_account_adds_up_on_every_shared_set(name, client):
         by_phase = _analysis_counts(events)
         assert {k: r["left_out"].get(k, 0) for k in by_phase} == dict(by_phase), rank
         assert r["left_out"].get("unlaunched_gpu", 0) == s["per_rank"][str(rank)]["gpu_events_left_out"]
-        marks = {e["name"]: e["ts"] for e in events if e["ph"] == "i"}
-        lo, hi = marks.get("Iteration Start: PyTorch Profiler"), marks.get("Record Window End")
-        outside = 0 if lo is None or hi is None else sum(
-            1 for e in events if e["ph"] == "X" and e.get("cat") != "python_function"
-            and (e["ts"] < lo or e["ts"] + e.get("dur", 0) > hi))
-        assert r["anomalies"].get("outside_window", 0) == outside, rank
-        before, idle = _launch_anomalies(events)
-        assert r["anomalies"].get("gpu_before_launch", 0) == before, rank
-        assert r["anomalies"].get("steps_without_gpu", 0) == idle, rank
+        assert r["anomalies"] == json_anomalies(events), rank
     assert sum(a["count"] for a in account["anomalies"].values()) == sum(
         sum(r["anomalies"].values()) for r in account["ranks"].values())
+
+
+def json_anomalies(events: list[dict[str, Any]]) -> dict[str, int]:
+    """A rank's anomalies (those above 0) counted here from its JSON: slices outside the profiler's window marks,
+    and ``_launch_anomalies``."""
+    marks = {e["name"]: e["ts"] for e in events if e["ph"] == "i"}
+    lo, hi = marks.get("Iteration Start: PyTorch Profiler"), marks.get("Record Window End")
+    outside = 0 if lo is None or hi is None else sum(
+        1 for e in events if e["ph"] == "X" and e.get("cat") != "python_function"
+        and (e["ts"] < lo or e["ts"] + e.get("dur", 0) > hi))
+    before, idle = _launch_anomalies(events)
+    counts = {"outside_window": outside, "gpu_before_launch": before, "steps_without_gpu": idle}
+    return {k: n for k, n in counts.items() if n}
 
 
 def _launch_anomalies(events: list[dict[str, Any]]) -> tuple[int, int]:
@@ -296,6 +305,34 @@ def test_the_analysis_counts_each_anomaly_and_reason(tmp_path):
     assert stepped["left_out"]["steps"] == 5 and stepped["read"] == n
     assert stepped["anomalies"] == {"outside_window": 1}  # the early op is outside the steps too
     assert stepped["analysed"] == n - 4 - 5
+
+
+def test_the_merge_counts_each_anomaly_as_the_analysis_does(tmp_path):
+    """The hand-built anomalies with the ac2g flows Kineto writes (the merge links a launch to its device work by
+    them): the merge, on both rewrite paths, info and analyze count the same, and the merge prints each."""
+    from tracefuse_dask.api import analyze
+
+    doc = anomalous_trace()
+    launches = {e["args"]["correlation"]: e for e in doc["traceEvents"] if e.get("cat") == "cuda_runtime"}
+    doc["traceEvents"] += [f for e in doc["traceEvents"] if e.get("cat") == "kernel" for f in (
+        {"ph": "s", "cat": "ac2g", "name": "ac2g", "id": e["args"]["correlation"], "pid": 9, "tid": 9,
+         "ts": launches[e["args"]["correlation"]]["ts"]},
+        {"ph": "f", "cat": "ac2g", "name": "ac2g", "id": e["args"]["correlation"], "pid": 0, "tid": 7, "ts": e["ts"],
+         "bp": "e"})]
+    src = write_trace(tmp_path / "in" / "rank0.json", doc)
+    want = {"outside_window": 2, "gpu_before_launch": 1, "steps_without_gpu": 1}
+    fast = merge_traces(str(src), str(tmp_path / "fast.json"))
+    general = merge_traces(str(src), str(tmp_path / "general.json"), filter_fn=lambda e: True)
+    assert fast.account["ranks"]["0"]["anomalies"] == general.account["ranks"]["0"]["anomalies"] == want
+    assert {k: a["count"] for k, a in fast.account["anomalies"].items()} == want
+    assert describe_traces(str(src))["account"]["anomalies"] == fast.account["anomalies"]
+    assert analyze(str(src), workers=1).summary["account"]["ranks"]["0"]["anomalies"] == want
+    p = subprocess.run([sys.executable, "-m", "tracefuse_dask", "merge", str(src), "-o", str(tmp_path / "o.json")],
+                       capture_output=True, text=True, timeout=300, check=False)
+    assert p.returncode == 0, p.stderr
+    assert ("anomaly: 1 device slices before their launch in rank(s) 0: each starts before the call that launched "
+            "it: the host's and the device's clocks disagree") in p.stderr.splitlines()
+    assert "anomaly: 2 slices outside the profiler's window in rank(s) 0: " in p.stderr
 
 
 def test_the_analysis_account_of_a_merged_trace_counts_what_the_split_left_out(tmp_path):
@@ -398,17 +435,62 @@ def test_edge_cases_of_the_analysis_account(tmp_path):
 
 
 def test_info_gives_no_account_where_the_merge_would_refuse_the_traces(tmp_path):
-    """A rank in two files, or an event the merge refuses (a negative duration): info describes the files as
-    before, with no account of a merge that would not run."""
+    """A rank in two files: info describes the files as before, with no account of a merge that would not run."""
     twice = tmp_path / "twice"
     write_trace(twice / "rank0.json", rank_trace())
     write_trace(twice / "rank0b.json", rank_trace())
     report = describe_traces(str(twice))
     assert report["account"] is None and all(r["account"]["read"] == 21 for r in report["per_rank"])
+
+
+def test_a_negative_duration_is_left_out_and_named_an_anomaly(tmp_path):
+    """A complete slice with a negative duration, and the flow that binds to it: the merge, info and analyze leave
+    the slice out (its flow with it in the merge) and count it as a reason and as an anomaly; the rest merges."""
+    from tracefuse_dask.api import analyze
+
     doc = rank_trace()
-    doc["traceEvents"].append({"ph": "X", "name": "neg", "pid": 9, "tid": 9, "ts": 150, "dur": -5})
+    doc["traceEvents"] += [{"ph": "X", "cat": "cpu_op", "name": "neg", "pid": 9, "tid": 9, "ts": 150, "dur": -5},
+                           {"ph": "s", "cat": "fwdbwd", "name": "fwdbwd", "id": 77, "pid": 9, "tid": 9, "ts": 150},
+                           {"ph": "f", "cat": "fwdbwd", "name": "fwdbwd", "id": 77, "pid": 9, "tid": 9, "ts": 300,
+                            "bp": "e"}]
     bad = write_trace(tmp_path / "bad" / "rank0.json", doc)
+    summary = merge_traces(str(bad), str(tmp_path / "out.json"))
+    merged = read_trace(tmp_path / "out.json")
+    assert_adds_up(summary.account, merged)
+    assert summary.account["left_out"]["negative_dur"] == 1
+    assert summary.account["left_out"]["flow_end_left_out"] == 2
+    assert summary.account["anomalies"] == {"negative_dur": {"count": 1, "ranks": [0], "why": ANOMALIES[
+        "negative_dur"]}}
+    assert not [e for e in merged["traceEvents"] if e.get("name") in ("neg", "fwdbwd")]
     report = describe_traces(str(bad))
-    assert report["account"] is None and "account" not in report["per_rank"][0] and report["events"] == 22
-    with pytest.raises(Exception, match="negative dur"):
-        merge_traces(str(bad), str(tmp_path / "out.json"))
+    assert report["account"] == summary.account
+    r = analyze(str(bad), workers=1).summary["account"]["ranks"]["0"]
+    assert r["left_out"]["negative_dur"] == 1 and r["anomalies"] == {"negative_dur": 1}
+    assert r["read"] == len(doc["traceEvents"]) == r["analysed"] + sum(r["left_out"].values())
+
+
+def test_repair_counts_what_it_recovered_and_about_what_it_lost(tmp_path, capsys):
+    """Three ranks of 20 ops, the last cut in half: --repair recovers its complete events, and the account says
+    how many and about how many came after the cut (the whole ranks' 20 less those); alone, the cut rank has no
+    whole rank to compare, and what it lost is unknown (None)."""
+    from tracefuse_dask.cli import main
+
+    for r in range(3):
+        ops = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 9, "tid": 9, "ts": 10 + 10 * i, "dur": 5}
+               for i in range(20)]
+        text = json.dumps(make_trace(r, ops, world_size=3))
+        (tmp_path / "in").mkdir(exist_ok=True)
+        (tmp_path / "in" / f"rank{r}.json").write_text(text[:len(text) // 2] if r == 2 else text)
+    summary = merge_traces(str(tmp_path / "in"), str(tmp_path / "out.json"), repair=True)
+    merged = read_trace(tmp_path / "out.json")
+    recovered = sum(1 for e in merged["traceEvents"] if e.get("name", "").startswith("op")) - 40
+    assert 0 < recovered < 20
+    assert summary.account["repaired"] == {"ranks": [2], "recovered": recovered, "lost_after_cut": 20 - recovered}
+    assert summary.account["ranks"]["2"]["repaired"] == {"recovered": recovered, "lost_after_cut": 20 - recovered}
+    assert "repaired" not in summary.account["ranks"]["0"]
+    assert describe_traces(str(tmp_path / "in"), repair=True)["account"] == summary.account
+    alone = merge_traces(str(tmp_path / "in" / "rank2.json"), str(tmp_path / "alone.json"), repair=True)
+    assert alone.account["repaired"] == {"ranks": [2], "recovered": recovered, "lost_after_cut": None}
+    assert main(["merge", str(tmp_path / "in"), "-o", str(tmp_path / "cli.json"), "--repair"]) == 0
+    assert (f"; --repair recovered {recovered} events of rank(s) 2, about {20 - recovered} lost after the cut "
+            "(the whole ranks' median count less those recovered)") in capsys.readouterr().err

@@ -40,25 +40,27 @@ def exact(text: bytes) -> Any:
 
 
 def general(data: bytes, rank: int, base: int, base_out: int, opts: MergeOptions) -> tuple[Any, Any, Any]:
-    """The general path as the merge's task runs it (the rewrite, then the lanes): head, body and the account of
-    what it left out."""
+    """The general path as the merge's task runs it (the rewrite, then the lanes): head, body, the account of
+    what it left out and the anomalies of what it kept."""
     left_out: Counter = Counter()
+    anomalies: dict[str, int] = {}
     head, body, n_in, n_out, _, _ = rewrite_general(RankTask(rank, "f", base, base_out, opts), orjson.loads(data),
-                                                  "f (rank 0)", left_out)
+                                                    "f (rank 0)", left_out, anomalies)
     head, body = exact(head), exact(body)
     assert n_out == len(head) + len(body) and n_in - sum(left_out.values()) <= n_out
-    return head, body, dict(+left_out)
+    return head, body, dict(+left_out), anomalies
 
 
-def fast(data: bytes, rank: int, base: int, base_out: int, opts: MergeOptions) -> tuple[Any, Any, Any] | None:
+def fast(data: bytes, rank: int, base: int, base_out: int, opts: MergeOptions) -> tuple[Any, ...] | None:
     left_out: Counter = Counter()
-    got = rewrite_fast(data, rank, base, base_out, opts, "f (rank 0)", left_out)
+    anomalies: dict[str, int] = {}
+    got = rewrite_fast(data, rank, base, base_out, opts, "f (rank 0)", left_out, anomalies)
     if got is None:
         return None
     head, body, n_in, n_out, _, _ = got
     head, body = exact(head), exact(body)
     assert n_in == len(json.loads(data)["traceEvents"]) and n_out == len(head) + len(body)
-    return head, body, dict(+left_out)
+    return head, body, dict(+left_out), anomalies
 
 
 def text(path: str) -> bytes:
@@ -164,7 +166,7 @@ def test_fast_path_equals_general_path_on_odd_events(data, shift, annotate):
     pytest.param(b'{"traceEvents": {}}', BASE, BASE, id="events-not-a-list"),
 ])
 def test_fast_path_steps_aside_for_what_the_general_path_handles(data, base, base_out):
-    assert rewrite_fast(data, 0, base, base_out, MergeOptions(), "f (rank 0)", Counter()) is None
+    assert rewrite_fast(data, 0, base, base_out, MergeOptions(), "f (rank 0)", Counter(), {}) is None
 
 
 @pytest.mark.parametrize("opts, window, ok", [

@@ -22,7 +22,7 @@ from tracefuse_dask.storage.files import parse_json
 from tracefuse_dask.kineto.document import check_document
 from tracefuse_dask.model import MergeOptions
 from tracefuse_dask.kineto.events import RankEvents
-from tracefuse_dask.merge.lanes import to_lanes
+from tracefuse_dask.merge.lanes import slices, to_lanes
 from tracefuse_dask.merge.rewrite import device_pids, order_slots, rewrite
 
 HERE = Path(__file__).parent
@@ -49,7 +49,8 @@ def micros(max_ns: int) -> st.SearchStrategy[Any]:
 def rewritten(sel: RankEvents, rank: int, base_out: int) -> list[Any]:
     """A rank's merged events as its task writes them: the rules, then the lanes."""
     head, body = rewrite(sel, rank, base_out)
-    body += to_lanes(body, device_pids(rank, order_slots(*sel.pids, sel.who)), structs=False)[1]
+    body += to_lanes(body, slices(body, structs=False), device_pids(rank, order_slots(*sel.pids, sel.who)),
+                     structs=False)[1]
     return head + body
 
 

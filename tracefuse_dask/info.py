@@ -34,6 +34,7 @@ from .model import (
     InputFile,
     MergeOptions,
     RankTask,
+    anomaly_line,
     job_account,
     rank_account,
 )
@@ -72,10 +73,11 @@ def _describe(f: InputFile, storage_options: Mapping[str, Any] | None,
     if not merged:
         row = _row(f, doc, nbytes, figures_of_dicts(doc["traceEvents"], base))
         left_out: Counter[str] = Counter()
+        anomalies: dict[str, int] = {}
         try:  # after the figures: the rewrite changes the events
             _, _, n_in, n_out, moved, _ = rewrite_general(RankTask(0, f.path, 0, 0, MergeOptions()), doc,
-                                                          f.path, left_out)
-            row["account"] = rank_account(n_in, n_out, left_out, moved)
+                                                          f.path, left_out, anomalies)
+            row["account"] = rank_account(n_in, n_out, left_out, moved, anomalies, repaired is not None)
         except (MergeError, TraceFormatError):  # an event or a layout the merge refuses: no account of it
             pass
         return nbytes, [row], repaired
@@ -110,9 +112,9 @@ def _described_fast(f: InputFile, data: bytes) -> tuple[int, list[dict[str, Any]
         return None
     if got is None:
         return None
-    n_in, n_out, moved, left_out = got
-    return len(data), [_row(f, header, len(data), figures) | {"account": rank_account(n_in, n_out, left_out, moved)}
-                       ], None
+    n_in, n_out, moved, left_out, anomalies = got
+    return len(data), [_row(f, header, len(data), figures)
+                       | {"account": rank_account(n_in, n_out, left_out, moved, anomalies)}], None
 
 
 def _row(f: InputFile, header: Mapping[str, Any], nbytes: int, figures: dict[str, Any]) -> dict[str, Any]:
@@ -385,6 +387,7 @@ def format_table(report: dict[str, Any]) -> str:
         a = report["account"]
         lines.append(f"a merge with the default options keeps {a['kept']:,} of the {a['read']:,} events of the "
                      f"per-rank traces ({a['on_lanes']:,} slices on lanes); --json gives the reasons")
+        lines += [anomaly_line(k, v) for k, v in a["anomalies"].items()]
     lines += [f"ignored {path}" for path in report["ignored"]]
     lines += [f"skipped rank {sk['rank']}: {sk['reason']}" for sk in report["skipped"]]
     lines += [f"warning: {note}" for note in report["repaired"]]

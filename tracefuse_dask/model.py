@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any, Callable, Literal
 
+from .kineto.anomalies import ANOMALIES, LABELS
+
 __all__ = [
     "DEFAULT_RANK_REGEX",
     "KEEP_PRESETS",
@@ -17,6 +19,7 @@ __all__ = [
     "MergeOptions",
     "MergeSummary",
     "PortableFilter",
+    "anomaly_line",
     "RankHeader",
     "RankResult",
     "RankSet",
@@ -300,6 +303,7 @@ class RankTask:
 
 LEFT_OUT = {  # why an event that a merge read is not in its output: the account's reasons, in its order
     "python_function": "python_function events (--include-pyfunc keeps them)",
+    "negative_dur": "slices with a negative duration, which no viewer can draw (an anomaly)",
     "keep": "left out by --keep",
     "steps": "outside --steps",
     "window": "outside --window",
@@ -327,6 +331,8 @@ class RankResult:
     on_lanes: int = 0  # slices moved to lanes (merge.lanes)
     json_bytes: int = 0  # the partition's JSON before any gzip
     left_out: dict[str, int] = field(default_factory=dict)  # events read and not written, by reason (LEFT_OUT)
+    anomalies: dict[str, int] = field(default_factory=dict)  # kineto.anomalies.ANOMALIES' counts, those above 0
+    repaired: bool = False  # its file was cut, and --repair recovered what it holds
     keep_bytes: int | None = None  # with estimate_keep: the JSON of what --keep gpu,comm would write of it
     step_bytes: dict[int, int] | None = None  # with estimate_keep: that of each ProfilerStep#N, without metadata
 
@@ -358,30 +364,59 @@ class MergeSummary:
         return asdict(self)
 
 
-def rank_account(read: int, written: int, left_out: Mapping[str, int], on_lanes: int) -> dict[str, Any]:
-    """One rank's account (``merge_account``): ``kept = read - sum(left_out)``, ``added = written - kept``."""
+def rank_account(read: int, written: int, left_out: Mapping[str, int], on_lanes: int,
+                 anomalies: Mapping[str, int], repaired: bool = False) -> dict[str, Any]:
+    """One rank's account (``merge_account``): ``kept = read - sum(left_out)``, ``added = written - kept``, and
+    the anomalies (``kineto.anomalies.ANOMALIES``) its events show, those above 0; ``repaired``: its file was cut
+    and ``--repair`` recovered the ``read`` events (``job_account`` estimates what was lost after the cut)."""
     kept = read - sum(left_out.values())
     return {"read": read, "kept": kept, "left_out": {k: left_out[k] for k in LEFT_OUT if left_out.get(k)},
-            "on_lanes": on_lanes, "added": written - kept, "written": written}
+            "on_lanes": on_lanes, "added": written - kept, "written": written,
+            "anomalies": {k: anomalies[k] for k in ANOMALIES if anomalies.get(k)},
+            **({"repaired": {"recovered": read}} if repaired else {})}
 
 
 def merge_account(results: list[RankResult], not_read: int | None = None) -> dict[str, Any]:
     """Where every event a merge read went, in total and per rank: ``read = kept + sum(left_out)`` (reasons in
     ``LEFT_OUT``'s order, those with events only) and ``written = kept + added`` (the merge's own metadata,
-    lanes' names, counters and critical-path marks); ``on_lanes`` counts the slices kept on lanes.
+    lanes' names, counters and critical-path marks); ``on_lanes`` counts the slices kept on lanes, and
+    ``anomalies`` what the ranks' events show (``job_account``).
     ``not_read``: the ranks of the job that ``--ranks`` left unread (their events are not counted), when known."""
-    return job_account({str(r.rank): rank_account(r.events_in, r.events_out, r.left_out, r.on_lanes)
-                        for r in results}, not_read)
+    return job_account({str(r.rank): rank_account(r.events_in, r.events_out, r.left_out, r.on_lanes, r.anomalies,
+                                                  r.repaired) for r in results}, not_read)
 
 
 def job_account(ranks: Mapping[str, Mapping[str, Any]], not_read: int | None = None) -> dict[str, Any]:
-    """The ranks' accounts (``rank_account``) added up, with them under ``ranks``."""
+    """The ranks' accounts (``rank_account``) added up, with them under ``ranks``; each anomaly with its count,
+    the ranks that show it and why it matters (as ``analyze``'s ``summary.json`` gives them); and where
+    ``--repair`` recovered a cut rank, what it recovered and, where whole ranks give the job's usual count, about
+    how many events were lost after each cut (``lost_after_cut``: their median read less its recovered; None
+    where no rank is whole). It sets each repaired rank's ``lost_after_cut`` too."""
+    whole = sorted(r["read"] for r in ranks.values() if "repaired" not in r)
+    usual = whole[len(whole) // 2] if whole else None  # the median (the upper one of an even count)
+    cut = {int(q): r["repaired"] for q, r in ranks.items() if "repaired" in r}
+    for got in cut.values():
+        got["lost_after_cut"] = None if usual is None else max(usual - got["recovered"], 0)
     total: Counter[str] = Counter()
+    odd: Counter[str] = Counter()
     for r in ranks.values():
         total.update(r["left_out"])
-    return {**rank_account(sum(r["read"] for r in ranks.values()), sum(r["written"] for r in ranks.values()), total,
-                           sum(r["on_lanes"] for r in ranks.values())),
-            **({"ranks_not_read": not_read} if not_read is not None else {}), "ranks": dict(ranks)}
+        odd.update(r["anomalies"])
+    account = rank_account(sum(r["read"] for r in ranks.values()), sum(r["written"] for r in ranks.values()), total,
+                           sum(r["on_lanes"] for r in ranks.values()), {})
+    account["anomalies"] = {k: {"count": odd[k], "ranks": sorted(int(q) for q, r in ranks.items()
+                                                                 if r["anomalies"].get(k)), "why": ANOMALIES[k]}
+                            for k in ANOMALIES if odd[k]}
+    if cut:
+        lost = [got["lost_after_cut"] for got in cut.values()]
+        account["repaired"] = {"ranks": sorted(cut), "recovered": sum(got["recovered"] for got in cut.values()),
+                               "lost_after_cut": None if None in lost else sum(lost)}
+    return {**account, **({"ranks_not_read": not_read} if not_read is not None else {}), "ranks": dict(ranks)}
+
+
+def anomaly_line(name: str, anomaly: Mapping[str, Any]) -> str:
+    """One of ``job_account``'s anomalies as a line of the merge's and ``info``'s output."""
+    return f"anomaly: {anomaly['count']:,} {LABELS[name]} in rank(s) {ranges(anomaly['ranks'])}: {anomaly['why']}"
 
 
 def ranges(values: list[int]) -> str:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 import pandas as pd
 
 from ..errors import MergeError
+from ..kineto.anomalies import ANOMALIES
 from ..kineto.vocabulary import KERNEL_CATEGORIES
 from ..model import DEFAULT_RANK_REGEX, InputFile
 
@@ -44,17 +45,12 @@ LEFT_OUT = {  # per_rank.account: why an event that the analysis read is not in 
     "python_function": "python_function events, which the analysis leaves out (the ops are read instead)",
     "not_slices": "instant, counter and flow events: the analysis reads slices (X events and B/E pairs)",
     "unopened_end": "E events that closed no B: their B came before the trace began",
+    "negative_dur": "slices with a negative duration, which no viewer can draw (an anomaly)",
     "steps": "events outside --steps",
     "not_in_store": "events the event store does not hold: its index's filters left them out (--keep, --steps, "
                     "--window, flows with an end left out)",
     "unlaunched_gpu": "device work that no call in the trace launched, left out as HTA does (--keep-unlaunched-gpu "
                       "keeps it)",
-}
-ANOMALIES = {  # per_rank.account: what a rank's slices show that a user should know, and why it matters
-    "outside_window": "they start before the profiler's 'Iteration Start: PyTorch Profiler' mark or end after its "
-                      "'Record Window End' mark",
-    "gpu_before_launch": "each starts before the call that launched it: the host's and the device's clocks disagree",
-    "steps_without_gpu": "a ProfilerStep#N that launched no kernel, memcpy or memset, in a rank that has some",
 }
 
 

@@ -140,6 +140,17 @@ class RankEvents:
         key = "name" if "name" in ev and type(ev["name"]) is not str else "cat"
         return self._bad(i, f"has {key}={ev[key]!r}; expected a string")
 
+    def _negative(self, i: int, dur: Any, ph: str) -> bool:
+        """Whether event ``i``'s ``dur`` is negative, in a complete slice (then counted as left out for it); a
+        ``dur`` that is not a number of µs, or negative in another event, is an error."""
+        td = type(dur)
+        if (td is float or td is int) and 0 <= dur < MAX_US:
+            return False
+        if (td is float or td is int) and -MAX_US < dur < 0 and ph == "X":
+            self.left_out["negative_dur"] += 1
+            return True
+        raise self._bad(i, f"has a bad dur={dur!r}; expected a finite number of µs >= 0")
+
     def _scan(self) -> None:
         """Validate the fields we read or rewrite, take exact ns times, classify pids."""
         events = self.events
@@ -175,12 +186,11 @@ class RankEvents:
             tt = type(ts)
             if not (((tt is float or tt is int) and -MAX_US < ts < MAX_US) or (ts is None and ph == "M")):
                 raise self._bad(i, f"has ts={ts!r}; expected a number of µs within ±2**63 ns")
-            if "dur" in ev:
-                d = ev["dur"]
-                td = type(d)
-                if not ((td is float or td is int) and 0 <= d < MAX_US):
-                    why = "a negative" if (td is float or td is int) and d < 0 else "a bad"
-                    raise self._bad(i, f"has {why} dur={d!r}; expected a finite number of µs >= 0")
+            if "dur" in ev and self._negative(i, ev["dur"], ph):
+                keep[i] = False  # no viewer draws it: left out, and named an anomaly (kineto.anomalies)
+                if link and anchors.setdefault((pid, tid, ts), i) != i:  # its flows go with it
+                    twins.setdefault((pid, tid, ts), []).append(i)
+                continue
             if type(pid) is str or pid < 0:
                 other.add(pid)
             elif ph == "M":  # a pid named, labelled or with named threads but no events still has a slot

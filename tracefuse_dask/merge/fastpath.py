@@ -41,7 +41,8 @@ from ..kineto.times import (
 )
 from ..kineto.vocabulary import KnownCategory, KnownPhase, host_category, on_device
 from ..model import MergeOptions
-from .lanes import to_lanes
+from .anomalies import rank_anomalies
+from .lanes import slices, to_lanes
 from .rewrite import (
     PROCESS_M,
     IdMap,
@@ -101,13 +102,13 @@ def handles(options: MergeOptions, window_abs_ns: tuple[int, int] | None) -> boo
 
 
 def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: MergeOptions, who: str,
-                 left_out: Counter[str], estimate_keep: bool = False
+                 left_out: Counter[str], anomalies: dict[str, int], estimate_keep: bool = False
                  ) -> tuple[bytes, bytearray, int, int, int, tuple[int, dict[int, int]] | None] | None:
     """Rewrite one rank's trace text as ``RankEvents.rewrite`` would (``rewritten_fast``), with the slices that
     cannot nest on lanes (``lanes.to_lanes``, unless ``options.keep_overlaps``), as JSON text; or None to use the
-    general path. ``left_out`` counts the events left out by each reason (``model.LEFT_OUT``'s names);
-    ``estimate_keep`` also measures the JSON that ``--keep gpu,comm`` and each step's ``--steps`` would write
-    (``rewrite.estimates``).
+    general path. ``left_out`` counts the events left out by each reason (``model.LEFT_OUT``'s names) and
+    ``anomalies`` gets those of the events kept (``anomalies.rank_anomalies``); ``estimate_keep`` also measures
+    the JSON that ``--keep gpu,comm`` and each step's ``--steps`` would write (``rewrite.estimates``).
 
     Returns
     -------
@@ -121,36 +122,42 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
     if got is None:
         return None
     head, body, n_in, slots, keys = got
-    moved = 0 if options.keep_overlaps else _to_lanes(body, rank, slots, keys, base != base_out, left_out)
+    moved = _lanes(body, rank, slots, keys, base != base_out, left_out, anomalies, not options.keep_overlaps)
     text = bytearray()
     _encoder.encode_into(body, text)
     narrower = estimates(head, body, device_pids(rank, slots), _encoder.encode, True) if estimate_keep else None
     return orjson.dumps(head), text, n_in, len(head) + len(body), moved, narrower
 
 
-def _to_lanes(body: list[Any], rank: int, slots: list[tuple[str, Any]], keys: set[tuple[Any, ...]], shifted: bool,
-              left_out: Counter[str]) -> int:
-    """``lanes.to_lanes`` of ``rewritten_fast``'s events, in place: the number of slices moved."""
+def _lanes(body: list[Any], rank: int, slots: list[tuple[str, Any]], keys: set[tuple[Any, ...]], shifted: bool,
+           left_out: Counter[str], anomalies: dict[str, int], lanes: bool) -> int:
+    """The anomalies of ``rewritten_fast``'s events, into ``anomalies``, and with ``lanes`` their slices that
+    cannot nest moved to lanes (``lanes.to_lanes``), in place: the number of slices moved."""
     n = len(body)
-    moved, threads = to_lanes(body, device_pids(rank, slots), structs=True, begins=any(k[0] == "B" for k in keys),
-                              shifted=shifted)
+    s = slices(body, structs=True, begins=any(k[0] == "B" for k in keys), shifted=shifted)
+    devices = device_pids(rank, slots)
+    anomalies.update(rank_anomalies(body, s, devices, True, shifted, 0))
+    if not lanes:
+        return 0
+    moved, threads = to_lanes(body, s, devices, structs=True)
     left_out["thread_metadata"] += n - len(body)
     body += threads
     return moved
 
 
 def account_fast(data: bytes, who: str, before: Callable[[list[Any]], None] | None = None
-                 ) -> tuple[int, int, int, Counter[str]] | None:
+                 ) -> tuple[int, int, int, Counter[str], dict[str, int]] | None:
     """What a merge with the default options would make of one rank's trace text, without encoding it
-    (``tracefuse info``'s account): ``(events_in, events_out, on_lanes, left_out)``; None when the input needs
-    the general path. ``before`` as for ``rewritten_fast``."""
+    (``tracefuse info``'s account): ``(events_in, events_out, on_lanes, left_out, anomalies)``; None when the
+    input needs the general path. ``before`` as for ``rewritten_fast``."""
     left_out: Counter[str] = Counter()
+    anomalies: dict[str, int] = {}
     got = rewritten_fast(data, 0, 0, 0, MergeOptions(), who, before, left_out)
     if got is None:
         return None
     head, body, n_in, slots, keys = got
-    moved = _to_lanes(body, 0, slots, keys, False, left_out)
-    return n_in, len(head) + len(body), moved, left_out
+    moved = _lanes(body, 0, slots, keys, False, left_out, anomalies, True)
+    return n_in, len(head) + len(body), moved, left_out, anomalies
 
 
 def rewritten_fast(data: bytes, rank: int, base: int, base_out: int, options: MergeOptions,

@@ -17,7 +17,9 @@ one.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from decimal import Decimal
+from itertools import compress
 from operator import attrgetter, itemgetter
 from typing import Any
 
@@ -29,36 +31,65 @@ from ..kineto.events import FLOW_PH, begin_end_pairs
 from ..kineto.layout import LANE_OF, LANE_TID
 from ..kineto.times import EXACT_FLOAT, to_ns, to_ns_array
 
-__all__ = ["starts_ns", "to_lanes"]
+__all__ = ["Slices", "column", "get", "slices", "starts_ns", "to_lanes"]
+
+_MARKS = frozenset(("s", "f", "t", "i", "I"))
 
 
 
-def to_lanes(body: list[Any], device_pids: set[int], structs: bool, begins: bool | None = None,
-             shifted: bool = True) -> tuple[int, list[dict[str, Any]]]:
-    """Move the slices of ``body`` (one rank's events after the merge's rewrite) that cannot nest to lanes.
+@dataclass
+class Slices:
+    """A rank's slices after the merge's rewrite, as the lanes and the anomalies read them (``slices``): its ``X``
+    events, then its ``B``/``E`` pairs (``_pairs``: ``(B, E, start ns, end ns)``), with their times in ns.
+    ``tie`` orders the slices that open at one time (complete ones, the longer first, then ``B`` events); ``last``
+    is the latest end of a closed slice, where a ``B`` that no ``E`` closes is taken to end for the anomalies;
+    ``marks`` holds the flow and instant events."""
+
+    x: list[Any]
+    pairs: list[tuple[Any, Any, int, int | None]]
+    start: np.ndarray
+    end: np.ndarray
+    tie: np.ndarray
+    last: int
+    marks: list[Any]  # the flow and instant events, which the anomalies read
+
+
+def slices(body: list[Any], structs: bool, begins: bool | None = None, shifted: bool = True) -> Slices:
+    """The slices of ``body`` (one rank's events after the merge's rewrite). ``structs``: the events are the fast
+    path's structs, not dicts; ``begins``: whether there are ``B`` events, where the caller knows; ``shifted``:
+    whether the rewrite moved the rank's times (only then can a time be exact text)."""
+    phs = list(map(attrgetter("ph") if structs else itemgetter("ph"), body))
+    if begins is None:
+        begins = "B" in set(phs)
+    x = list(compress(body, map("X".__eq__, phs)))
+    marks = list(compress(body, map(_MARKS.__contains__, phs)))
+    start = column(x, "ts", structs, shifted)
+    end = start + column(x, "dur", structs)
+    tie = start - end  # at one start: complete slices, the longer first, then B events (1) in file order
+    pairs = _pairs([e for e in body if get(e, "ph") in ("B", "E")]) if begins else []
+    last = max([int(end.max(initial=0)), *(t if t is not None else s for _, _, s, t in pairs)])
+    if pairs:  # a B/E pair is a slice from its B to its E (a B that no E closes: to after every other slice)
+        start = np.concatenate([start, np.array([s for _, _, s, _ in pairs], dtype=np.int64)])
+        end = np.concatenate([end, np.array([last + 1 if t is None else t for *_, t in pairs], dtype=np.int64)])
+        tie = np.concatenate([tie, np.ones(len(pairs), dtype=np.int64)])
+    return Slices(x, pairs, start, end, tie, last, marks)
+
+
+def to_lanes(body: list[Any], s: Slices, device_pids: set[int], structs: bool) -> tuple[int, list[dict[str, Any]]]:
+    """Move the slices of ``body`` (one rank's events after the merge's rewrite; ``s``, its ``slices``) that cannot
+    nest to lanes.
 
     Returns the number of slices moved (a B/E pair is one) and the thread metadata to add. The moved events get
-    their lane's tid in place; ``thread_sort_index`` events of processes with lanes are dropped from ``body`` and given anew in
-    the returned metadata (every thread of such a process gets one, so that its lanes sort after it).
+    their lane's tid in place; ``thread_sort_index`` events of processes with lanes are dropped from ``body`` and
+    given anew in the returned metadata (every thread of such a process gets one, so that its lanes sort after it).
     ``device_pids``: the merged pids of the rank's devices (their threads are streams); ``structs``: the events
-    are the fast path's structs, not dicts; ``begins``: whether there are ``B`` events, where the caller knows;
-    ``shifted``: whether the rewrite moved the rank's times (only then can a time be exact text).
+    are the fast path's structs, not dicts.
     """
-    if begins is None:
-        begins = "B" in set(map(attrgetter("ph") if structs else itemgetter("ph"), body))
-    x = [e for e in body if e.ph == "X"] if structs else [e for e in body if e["ph"] == "X"]
-    pid, tid, dur = (_column(x, key, structs) for key in ("pid", "tid", "dur"))
-    start = _column(x, "ts", structs, shifted)
-    end = start + dur
-    tie = start - end  # at one start: complete slices, the longer first, then B events (1) in file order
-    pairs = _pairs([e for e in body if _get(e, "ph") in ("B", "E")]) if begins else []
-    if pairs:  # a B/E pair is a slice from its B to its E (a B that no E closes: to after every other slice)
-        never = max([int(end.max(initial=0)), *(t if t is not None else s for _, _, s, t in pairs)]) + 1
-        pid = np.concatenate([pid, np.array([_get(b, "pid") for b, *_ in pairs], dtype=np.int64)])
-        tid = np.concatenate([tid, np.array([_get(b, "tid") or 0 for b, *_ in pairs], dtype=np.int64)])
-        start = np.concatenate([start, np.array([s for _, _, s, _ in pairs], dtype=np.int64)])
-        end = np.concatenate([end, np.array([never if t is None else t for *_, t in pairs], dtype=np.int64)])
-        tie = np.concatenate([tie, np.ones(len(pairs), dtype=np.int64)])
+    x, pairs, start, end, tie = s.x, s.pairs, s.start, s.end, s.tie
+    pid, tid = (column(x, key, structs) for key in ("pid", "tid"))
+    if pairs:
+        pid = np.concatenate([pid, np.array([get(b, "pid") for b, *_ in pairs], dtype=np.int64)])
+        tid = np.concatenate([tid, np.array([get(b, "tid") or 0 for b, *_ in pairs], dtype=np.int64)])
     tid = np.where(tid == 0, pid, tid)  # Perfetto's thread of a tid 0 (or none) is the pid's
     track = (pid << 32) | tid
     bad = _crossed(track, start, end, tie)
@@ -161,7 +192,7 @@ def _bound(mine: list[Any], rows: list[tuple[Any, Any, Any]], lanes: dict[int, i
             keys.append(pid << 32 | tid)
     if not flows:
         return {}
-    at = list(zip(keys, _column(flows, "ts", structs).tolist()))
+    at = list(zip(keys, column(flows, "ts", structs).tolist()))
     found = np.flatnonzero(np.isin(track, list(tracks)) & np.isin(start, [ts for _, ts in at]))
     opener: dict[tuple[int, int], tuple[tuple[int, int, int], int]] = {}
     for i in found.tolist():
@@ -186,7 +217,7 @@ def _apply(body: list[Any], mine: list[Any], rows: list[tuple[Any, Any, Any]],
     sort_at: dict[tuple[int, Any], Any] = {}
     metas = [e for e, (ph, _, _) in zip(mine, rows) if ph == "M"]
     for e in metas:
-        key, name, args = (_get(e, "pid"), _get(e, "tid")), _get(e, "name"), _args(e)
+        key, name, args = (get(e, "pid"), get(e, "tid")), get(e, "name"), _args(e)
         if name == "thread_name" and isinstance(args.get("name"), str):
             names.setdefault(key, args["name"].strip())
         elif name == "thread_sort_index" and type(args.get("sort_index")) in (int, float):
@@ -208,7 +239,7 @@ def _apply(body: list[Any], mine: list[Any], rows: list[tuple[Any, Any, Any]],
     for key, events in moved.items():
         for e in events:
             _set(e, "tid", lane_tid[key])
-    drop = {id(e) for e in metas if _get(e, "name") == "thread_sort_index"}
+    drop = {id(e) for e in metas if get(e, "name") == "thread_sort_index"}
     if drop:
         body[:] = [e for e in body if id(e) not in drop]
     meta: list[dict[str, Any]] = []
@@ -232,23 +263,23 @@ def _pairs(marks: list[Any]) -> list[tuple[Any, Any, int, int | None]]:
     """The B/E pairs among ``marks`` as Perfetto pairs them, in the file order of their B: ``(B, E, start ns,
     end ns)``, where a B that no E closes has the E and the end None. Pairs on no thread (a pid or tid that is not
     an int) are left out."""
-    times = [_ns1(_get(e, "ts")) for e in marks]
-    rows = [(i, _get(e, "ph"), _get(e, "pid"), _get(e, "tid"), t, _get(e, "name"), _get(e, "cat"))
+    times = [_ns1(get(e, "ts")) for e in marks]
+    rows = [(i, get(e, "ph"), get(e, "pid"), get(e, "tid"), t, get(e, "name"), get(e, "cat"))
             for i, (e, t) in enumerate(zip(marks, times))]
     closed, unclosed, _ = begin_end_pairs(rows)
     ends: dict[int, int | None] = {b: e for b, e in closed}
     ends.update((b, None) for b in unclosed)
     return [(marks[b], None if e is None else marks[e], times[b], None if e is None else times[e])
             for b, e in sorted(ends.items())
-            if type(_get(marks[b], "pid")) is int and type(_get(marks[b], "tid")) in (int, type(None))]
+            if type(get(marks[b], "pid")) is int and type(get(marks[b], "tid")) in (int, type(None))]
 
 
 def starts_ns(events: list[Any], structs: bool) -> np.ndarray:
     """The exact ns of each event's ``ts``, as the merge rewrote it (structs or dicts; 0 where absent)."""
-    return _column(events, "ts", structs)
+    return column(events, "ts", structs)
 
 
-def _column(events: list[Any], key: str, structs: bool, texts: bool = True) -> np.ndarray:
+def column(events: list[Any], key: str, structs: bool, texts: bool = True) -> np.ndarray:
     """``key`` of every event as int64: pids and tids as they are, times as exact ns (0 where absent); ``texts``:
     whether a time may be exact text, which the merge writes for shifted times beyond 2**43 µs."""
     def values() -> Any:
@@ -281,7 +312,8 @@ def _get_int(value: Any) -> int:
     return 0 if value is None or value is UNSET else value
 
 
-def _get(e: Any, key: str) -> Any:
+def get(e: Any, key: str) -> Any:
+    """``key`` of a struct or a dict event, None where absent."""
     if type(e) is dict:
         return e.get(key)
     value = getattr(e, key)
@@ -297,7 +329,7 @@ def _set(e: Any, key: str, value: Any) -> None:
 
 def _args(e: Any) -> dict[str, Any]:
     """An event's args as a dict (the fast path keeps them as raw text)."""
-    args = _get(e, "args")
+    args = get(e, "args")
     if type(args) is not dict and args is not None:
         args = orjson.loads(bytes(args))
     return args if type(args) is dict else {}

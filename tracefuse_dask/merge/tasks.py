@@ -23,7 +23,8 @@ from ..model import RankResult, RankTask, ranges
 from ..storage.files import read_bytes, retry_unreachable, storage_errors
 from ..storage.output import gzip_member, open_write, writing
 from .fastpath import handles, rewrite_fast
-from .lanes import to_lanes
+from .anomalies import rank_anomalies
+from .lanes import slices, to_lanes
 from .plan import MergeNotes, MergePlan, settle
 from .rewrite import device_pids, estimates, order_slots, rewrite
 
@@ -75,8 +76,9 @@ def _rewrite_rank(task: RankTask, part_path: str,
     nbytes = len(data)
     fast = None
     left_out: Counter[str] = Counter()
+    anomalies: dict[str, int] = {}
     if task.marks is None and handles(task.options, task.window_abs_ns):
-        fast = rewrite_fast(data, task.rank, task.base, task.base_out, task.options, who, left_out,
+        fast = rewrite_fast(data, task.rank, task.base, task.base_out, task.options, who, left_out, anomalies,
                             task.estimate_keep)
     if fast is not None:
         del data
@@ -86,7 +88,7 @@ def _rewrite_rank(task: RankTask, part_path: str,
         left_out.clear()  # the fast path may have counted before it stepped aside
         doc, nbytes, note = decode_json(data, task.path, rank=task.rank, cut_gzip=cut_gzip, repair=task.repair)
         del data
-        head_json, body_json, n_in, n_out, moved, narrower = rewrite_general(task, doc, who, left_out)
+        head_json, body_json, n_in, n_out, moved, narrower = rewrite_general(task, doc, who, left_out, anomalies)
         del doc
     data = _partition(body_json)
     del body_json
@@ -94,23 +96,27 @@ def _rewrite_rank(task: RankTask, part_path: str,
     if task.compress and data:
         data = gzip_member(data)
     return RankResult(task.rank, task.path, n_in, n_out, nbytes, len(data), part_path, head_json[1:-1],
-                      [note] if note else [], moved, json_bytes, dict(+left_out),
+                      [note] if note else [], moved, json_bytes, dict(+left_out), anomalies, note is not None,
                       *(narrower if narrower is not None else (None, None))), data
 
 
-def rewrite_general(task: RankTask, doc: dict[str, Any], who: str,
-                     left_out: Counter[str]) -> tuple[bytes, bytes, int, int, int, tuple[int, dict[int, int]] | None]:
+def rewrite_general(task: RankTask, doc: dict[str, Any], who: str, left_out: Counter[str], anomalies: dict[str, int]
+                    ) -> tuple[bytes, bytes, int, int, int, tuple[int, dict[int, int]] | None]:
     """The general path of a rank's rewrite (``RankEvents``, ``rewrite``, then the lanes), as ``rewrite_fast``
-    returns it; ``left_out`` counts the events left out by each reason."""
+    returns it; ``left_out`` counts the events left out by each reason, and ``anomalies`` gets those of the
+    events kept."""
     check_document(doc, who)
     events = doc["traceEvents"]
     sel = RankEvents(events, task.base, task.options, who, task.window_abs_ns)
     head, body = rewrite(sel, task.rank, task.base_out, task.marks, task.counter_series)
     moved = 0
     devices = device_pids(task.rank, order_slots(*sel.pids, who))
+    shifted = task.base != task.base_out
+    s = slices(body, structs=False, shifted=shifted)
+    anomalies.update(rank_anomalies(body, s, devices, False, shifted, sel.left_out["negative_dur"]))
     if not task.options.keep_overlaps:
         n = len(body)
-        moved, threads = to_lanes(body, devices, structs=False, shifted=task.base != task.base_out)
+        moved, threads = to_lanes(body, s, devices, structs=False)
         sel.left_out["thread_metadata"] += n - len(body)
         body += threads
     left_out.update(sel.left_out)

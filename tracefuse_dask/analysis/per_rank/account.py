@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ...kineto.anomalies import WINDOW, count_anomalies
 from ...kineto.times import to_ns
 from ..schema import LEFT_OUT
 from .decode import Event
@@ -16,7 +17,6 @@ from .model import RankModel
 
 __all__ = ["events_account"]
 
-_WINDOW = ("Iteration Start: PyTorch Profiler", "Record Window End")
 _PH_CAT = attrgetter("ph", "cat")
 
 
@@ -40,20 +40,13 @@ def events_account(events: list[Event], m: RankModel, read_before: Mapping[str, 
     read = len(events) + sum(read_before.values())
     return {"read": read, "analysed": read - sum(left.values()),
             "left_out": {k: left[k] for k in LEFT_OUT if left[k]},
-            "anomalies": {k: n for k, n in _anomalies(events, m).items() if n}}
+            "anomalies": _anomalies(events, m, left["negative_dur"])}
 
 
-def _anomalies(events: list[Event], m: RankModel) -> dict[str, int]:
+def _anomalies(events: list[Event], m: RankModel, negative_dur: int) -> dict[str, int]:
     g = m.gpu
     has = g.launch >= 0
-    launched_at = m.start[g.launch[has]]
-    before = int((g.start[has] < launched_at).sum())
-    instants = [e for e in events if e.ph == "i"]
-    starts = [to_ns(e.ts) for e in instants if e.name == _WINDOW[0]]
-    ends = [to_ns(e.ts) for e in instants if e.name == _WINDOW[1]]
-    outside = int(((m.start < min(starts)) | (m.end > max(ends))).sum()) if starts and ends else 0
-    idle = 0
-    if has.any():  # a rank whose device work no launch in the trace links to says nothing of its steps
-        at = np.sort(launched_at)
-        idle = sum(1 for _, lo, hi in m.steps if np.searchsorted(at, lo) == np.searchsorted(at, hi))
-    return {"outside_window": outside, "gpu_before_launch": before, "steps_without_gpu": idle}
+    marks = [(e.name, to_ns(e.ts)) for e in events if e.ph in ("i", "I") and e.name in WINDOW]
+    return count_anomalies(m.start, m.end,
+                           [t for n, t in marks if n == WINDOW[0]], [t for n, t in marks if n == WINDOW[1]],
+                           m.start[g.launch[has]], g.start[has], [(lo, hi) for _, lo, hi in m.steps], negative_dur)

@@ -202,11 +202,14 @@ def analyze_rank(events: list[Any], rank: int, path: str, steps: tuple[int, int]
     """
     sel = RankEvents(events, 0, MergeOptions(), f"{path} (rank {rank})", link_flows=False)
     used, before = [], Counter(read_before)
+    before["negative_dur"] += sel.left_out["negative_dur"]
     for ev, keep in zip(events, sel.keep):
         if keep and ev.get("ts") is not None:
             used.append(ev)
-        else:  # python_function, and metadata without a time (the only events the check lets go without one)
-            before["metadata" if ev.get("ph") == "M" else "python_function"] += 1
+        elif ev.get("ph") == "M":  # metadata without a time (the only events the check lets go without one)
+            before["metadata"] += 1
+        elif ev.get("cat") == "python_function":
+            before["python_function"] += 1
     return analyze_events(events_decoder.decode(orjson.dumps(used)), rank, path, steps, base=base, header=header,
                           keep_unlaunched_gpu=keep_unlaunched_gpu, devices=devices, cutoffs=cutoffs,
                           sequences_of=sequences_of, read_before=before)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from ...kineto.anomalies import LABELS
 from ...model import ranges
 from ..schema import Summary
 from .marks import path_line
@@ -51,10 +52,7 @@ def notes(s: Summary) -> list[str]:
 
 _SHORT = {"metadata": "metadata", "python_function": "python_function", "not_slices": "instants, counters and flows",
           "unopened_end": "E events without their B", "steps": "outside --steps",
-          "not_in_store": "not in the event store",
-          "unlaunched_gpu": "unlaunched device work", "outside_window": "slices outside the profiler's window",
-          "gpu_before_launch": "device slices before their launch",
-          "steps_without_gpu": "steps without device work"}
+          "not_in_store": "not in the event store", "unlaunched_gpu": "unlaunched device work", **LABELS}
 
 
 def answers(s: Summary) -> list[Answer]:
