@@ -162,6 +162,21 @@ def test_the_rank_task_benchmark_pairs_this_checkout_with_the_commit_before(tmp_
 
 @pytest.mark.integration
 @needs_real_shapes
+def test_the_merge_baseline_benchmark_pairs_this_checkout_with_the_commit_before(tmp_path):
+    """A row per checkout: the merge's time at the commit before issue 48 and here, and the paired ratio."""
+    out = tmp_path / "report.md"
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "merge_baseline.py"), "--shapes", "a100", "--ranks", "2",
+                           "--rank-mb", "0.3", "--repeat", "2", "--tmp-dir", str(tmp_path), "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line.split(" | ") for line in out.read_text().splitlines() if line.startswith("| a100")]
+    assert [r[1] for r in rows] == ["baseline 3fb2f81^", "this checkout"], rows
+    assert rows[0][5] == "1.00× (1.00-1.00) |" and re.fullmatch(r"\d+\.\d\d× \(\d+\.\d\d-\d+\.\d\d\) \|", rows[1][5])
+    assert [p.name for p in tmp_path.iterdir()] == ["report.md"]
+
+
+@pytest.mark.integration
+@needs_real_shapes
 def test_the_index_benchmark_pairs_the_index_with_the_merge(tmp_path):
     """Per shape a merge row and an index row, the ratio, the store's size and the query's time; the small ranks'
     cost per rank; nothing left behind."""

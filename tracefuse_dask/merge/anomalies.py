@@ -3,8 +3,9 @@
 correlation flows (``ac2g``), and the steps from the host's ``ProfilerStep#N`` slices."""
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from itertools import compress
-from operator import attrgetter
+from operator import attrgetter, methodcaller
 from typing import Any
 
 import numpy as np
@@ -15,8 +16,8 @@ from .lanes import Slices, column, get
 
 __all__ = ["rank_anomalies"]
 
-_INSTANT = ("i", "I")
-_FIELDS = attrgetter("ph", "cat", "name", "id")
+_INSTANT = frozenset(("i", "I"))
+_ENDS = frozenset(("s", "f"))
 _NAME = attrgetter("name")
 
 
@@ -26,21 +27,45 @@ def rank_anomalies(body: list[Any], s: Slices, device_pids: set[int], structs: b
     slices); ``device_pids``: the merged pids of its devices; ``shifted`` as for ``lanes.slices``;
     ``negative_dur``: the slices left out for a negative duration."""
     marks = s.marks
-    rows = list(map(_FIELDS, marks)) if structs else [(e["ph"], e.get("cat"), e.get("name"), e.get("id"))
-                                                      for e in marks]
-    at = column(marks, "ts", structs, shifted).tolist()
-    linking = {c for c in {r[1] for r in rows} if is_correlation_flow(c)}
-    opens = [t for (p, _, name, _), t in zip(rows, at) if name == WINDOW[0] and p in _INSTANT]
-    closes = [t for (p, _, name, _), t in zip(rows, at) if name == WINDOW[1] and p in _INSTANT]
-    launches = {i: t for (p, cat, _, i), t in zip(rows, at) if p == "s" and cat in linking}
-    linked = [(launches[i], t) for (p, cat, _, i), t in zip(rows, at) if p == "f" and cat in linking and i in launches]
-    launched_at, device_start = (np.array(c, dtype=np.int64) for c in (zip(*linked) if linked else ([], [])))
+    ph, cat, name = (attrgetter(k) if structs else methodcaller("get", k) for k in ("ph", "cat", "name"))
+    instants = [e for e in compress(marks, map(_INSTANT.__contains__, map(ph, marks))) if name(e) in WINDOW]
+    at = column(instants, "ts", structs, shifted).tolist()
+    opens = [t for e, t in zip(instants, at) if name(e) == WINDOW[0]]
+    closes = [t for e, t in zip(instants, at) if name(e) == WINDOW[1]]
+    flows = list(compress(marks, map(_ENDS.__contains__, map(ph, marks))))
+    linking = {c for c in set(map(cat, flows)) if is_correlation_flow(c)}
+    flows = list(compress(flows, map(linking.__contains__, map(cat, flows))))
+    launched_at, device_start = _linked(flows, ph, attrgetter("id") if structs else methodcaller("get", "id"),
+                                        column(flows, "ts", structs, shifted))
+    return count_anomalies(s.start, np.minimum(s.end, s.last), opens, closes, launched_at, device_start,
+                           _steps(s, device_pids, structs) if len(launched_at) else (), negative_dur)
+
+
+def _linked(flows: list[Any], ph: Callable[[Any], Any], flow_id: Callable[[Any], Any],
+            at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each flow end (``f``) whose start (``s``, the first of its id) is among ``flows``: the start's time and
+    its own (``at``, ns), a launch and the device work it links to. ``ph`` and ``flow_id`` read an event's."""
+    try:
+        ids = np.fromiter(map(flow_id, flows), dtype=np.int64, count=len(flows))
+    except (TypeError, ValueError, OverflowError):  # an id that is text, absent or beyond int64: numbered
+        codes: dict[Any, int] = {}
+        ids = np.array([codes.setdefault(i, len(codes)) for i in map(flow_id, flows)], dtype=np.int64)
+    starts = np.fromiter(map("s".__eq__, map(ph, flows)), dtype=bool, count=len(flows))
+    s_ids, first = np.unique(ids[starts], return_index=True)
+    if not len(s_ids):
+        return at[:0], at[:0]
+    e_ids, e_at = ids[~starts], at[~starts]
+    pos = np.minimum(np.searchsorted(s_ids, e_ids), len(s_ids) - 1)
+    found = s_ids[pos] == e_ids
+    return at[starts][first][pos[found]], e_at[found]
+
+
+def _steps(s: Slices, device_pids: set[int], structs: bool) -> Iterable[tuple[int, int]]:
+    """The ``[start, end)`` of each host ``ProfilerStep#N`` slice."""
     names = (list(map(_NAME, s.x)) if structs else [e.get("name") for e in s.x]) + [get(b, "name") for b, *_ in s.pairs]
     stepped = {n for n in set(names) if type(n) is str and STEP.match(n)}
     at_step = np.fromiter(compress(range(len(names)), map(stepped.__contains__, names)), dtype=np.int64)
     host = [get(s.x[i] if i < len(s.x) else s.pairs[i - len(s.x)][0], "pid") not in device_pids
             for i in at_step.tolist()]
     at_step = at_step[np.array(host, dtype=bool)]
-    steps = zip(s.start[at_step].tolist(), s.end[at_step].tolist())
-    return count_anomalies(s.start, np.minimum(s.end, s.last), opens, closes, launched_at, device_start, steps,
-                           negative_dur)
+    return zip(s.start[at_step].tolist(), s.end[at_step].tolist())

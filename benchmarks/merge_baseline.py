@@ -1,0 +1,81 @@
+"""Benchmark the whole merge of this checkout against ``--baseline`` (a commit before a change), side by side.
+
+Usage: ``python benchmarks/merge_baseline.py [--shapes a100,h100] [--ranks 8] [--rank-mb 50] [--repeat 3]
+[--baseline 3fb2f81^]``
+
+Each shape is ``--ranks`` ranks of about ``--rank-mb`` MB built from its real trace by
+``../shared/tools/make_dataset.py`` (as ``benchmarks/merge.py`` builds them). Each run is a process of its own with
+``PYTHONPATH`` on one checkout (the baseline in a temporary ``git worktree``): it starts a ``LocalCluster`` of 2
+worker processes, merges the ranks to ``.json`` once untimed, then 3 times timed, and gives the median. The runs
+alternate the two checkouts, so that each ratio pairs runs that ran one after the other; the row's speed is the
+median (range) of those ratios.
+
+Used for issue 48 (lanes, the account and its anomalies) with the default baseline, the commit before its first.
+Takes about 4 minutes per shape on 2 cores with the defaults.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+
+from common import (against_baseline, check_real_shapes, cleanup, environment, make_real, make_root, paired, parser,
+                    write_report)
+
+COLUMNS = ["shape", "checkout", "ranks", "MB", "merge s (median of 3, best run)", "speed vs baseline"]
+
+
+def _child(folder: str, out: str) -> None:
+    """Time the merge of the ``tracefuse_dask`` on ``PYTHONPATH`` of ``folder``; a JSON line."""
+    from distributed import Client, LocalCluster
+
+    from tracefuse_dask import merge_traces
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True) as lc, Client(lc) as c:
+        times = []
+        for _ in range(4):  # the first warms the workers' imports and the page cache
+            if os.path.exists(out):
+                os.remove(out)
+            t = time.perf_counter()
+            merge_traces(folder, out, client=c)
+            times.append(time.perf_counter() - t)
+    os.remove(out)
+    print(json.dumps({"seconds": statistics.median(times[1:])}))
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--child"]:
+        return _child(*sys.argv[2:4])
+    ap = parser(__doc__)
+    ap.add_argument("--shapes", default="a100,h100")
+    ap.add_argument("--ranks", type=int, default=8)
+    ap.add_argument("--rank-mb", type=float, default=50)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--baseline", default="3fb2f81^", help="the commit before the change (default: before issue 48)")
+    args = ap.parse_args()
+    shapes = [s for s in args.shapes.split(",") if s]
+    check_real_shapes(shapes)
+    root = make_root("tracefuse-mergebase-", args.tmp_dir)
+    lines = [environment(), "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    print("\n".join(lines), flush=True)
+    try:
+        for shape in shapes:
+            folder, paths, size = make_real(shape, root, args.ranks, args.rank_mb)
+            runs = against_baseline(__file__, root, args.baseline, args.repeat,
+                                    [folder, os.path.join(root, "merged.json")])
+            base_times = [r["seconds"] for r in runs[f"baseline {args.baseline}"]]
+            for name, got in runs.items():
+                times = [r["seconds"] for r in got]
+                line = (f"| {shape} | {name} | {len(paths)} | {size / 1e6:.0f} | {min(times):.2f} | "
+                        f"{paired(base_times, times)} |")
+                lines.append(line)
+                print(line, flush=True)
+    finally:
+        cleanup(root, args.keep)
+    write_report(args.out, lines)
+
+
+if __name__ == "__main__":
+    main()
