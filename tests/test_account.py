@@ -147,8 +147,9 @@ def test_a_merge_that_keeps_nothing_says_so(tmp_path):
     src = write_trace(tmp_path / "in" / "rank0.json", rank_trace())
     summary = merge_traces(str(src), str(tmp_path / "out.json"), steps="7-9")
     assert summary.account["kept"] == 0
-    assert ("every one of the 21 events read was left out (the account says by what): check --keep, --steps, "
-            "--window or filter_fn against the traces") in summary.warnings
+    assert ("every one of the 21 events read was left out (2 python_function, 8 steps, 4 flow_end_left_out, "
+            "4 process_metadata, 3 thread_metadata); check --keep, --steps, --window or filter_fn against the traces"
+            ) in summary.warnings
 
 
 def test_the_cli_prints_the_account_and_its_table(tmp_path):
@@ -330,9 +331,9 @@ def test_the_merge_counts_each_anomaly_as_the_analysis_does(tmp_path):
     p = subprocess.run([sys.executable, "-m", "tracefuse_dask", "merge", str(src), "-o", str(tmp_path / "o.json")],
                        capture_output=True, text=True, timeout=300, check=False)
     assert p.returncode == 0, p.stderr
-    assert ("anomaly: 1 device slices before their launch in rank(s) 0: each starts before the call that launched "
+    assert ("anomaly: device slices before their launch: 1 in rank(s) 0: each starts before the call that launched "
             "it: the host's and the device's clocks disagree") in p.stderr.splitlines()
-    assert "anomaly: 2 slices outside the profiler's window in rank(s) 0: " in p.stderr
+    assert "anomaly: slices outside the profiler's window: 2 in rank(s) 0: " in p.stderr
 
 
 def test_the_analysis_account_of_a_merged_trace_counts_what_the_split_left_out(tmp_path):
@@ -494,3 +495,58 @@ def test_repair_counts_what_it_recovered_and_about_what_it_lost(tmp_path, capsys
     assert main(["merge", str(tmp_path / "in"), "-o", str(tmp_path / "cli.json"), "--repair"]) == 0
     assert (f"; --repair recovered {recovered} events of rank(s) 2, about {20 - recovered} lost after the cut "
             "(the whole ranks' median count less those recovered)") in capsys.readouterr().err
+
+
+def _launch(corr: int, t: float, kernel_at: float, kernel_pid: int = 0, ids: bool = True) -> list[dict[str, Any]]:
+    """A launch at ``t`` of a kernel at ``kernel_at`` on stream 7 of ``kernel_pid``, with Kineto's ac2g flow."""
+    flow = {"id": corr} if ids else {}
+    return [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 9, "tid": 9, "ts": t, "dur": 10,
+             "args": {"correlation": corr}},
+            {"ph": "s", "cat": "ac2g", "name": "ac2g", **flow, "pid": 9, "tid": 9, "ts": t},
+            {"ph": "X", "cat": "kernel", "name": "gemm", "pid": kernel_pid, "tid": 7, "ts": kernel_at, "dur": 50,
+             "args": {"correlation": corr, "stream": 7}},
+            {"ph": "f", "cat": "ac2g", "name": "ac2g", **flow, "pid": kernel_pid, "tid": 7, "ts": kernel_at, "bp": "e"}]
+
+
+def test_a_negative_slice_leaves_its_twins_flow_where_it_was(tmp_path):
+    """A negative-duration kernel at the very time and stream of a kept one, in a process with host events too:
+    the kept kernel's launch arrow still ends in the kernel's process (the dropped slice is device work too)."""
+    ev = _launch(1, 220, 240) + [{"ph": "X", "cat": "cpu_op", "name": "op", "pid": 0, "tid": 1, "ts": 100, "dur": 5}]
+    neg = {"ph": "X", "cat": "kernel", "name": "negk", "pid": 0, "tid": 7, "ts": 240, "dur": -3,
+           "args": {"correlation": 1, "stream": 7}}
+    for events in (ev, [neg, *ev]):
+        src = write_trace(tmp_path / f"in{len(events)}" / "rank0.json", make_trace(0, events))
+        merge_traces(str(src), str(tmp_path / "o.json"), force=True)
+        out = read_trace(tmp_path / "o.json")["traceEvents"]
+        (kernel,) = [e["pid"] for e in out if e.get("name") == "gemm"]
+        assert [e["pid"] for e in out if e["ph"] == "f"] == [kernel]
+
+
+def test_flows_without_ids_link_nothing_and_an_open_b_ends_where_the_analysis_ends_it(tmp_path):
+    """Flows without an id pair with nothing (no anomaly from them), and a B that no E closes ends at the rank's
+    last time, an instant after the window's end included: the merge and analyze count alike."""
+    from tracefuse_dask.api import analyze
+
+    ev = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}", "pid": 9, "tid": 9, "ts": t, "dur": 900}
+          for s, t in ((1, 200), (2, 1200))] + _launch(2, 1220, 1240, ids=False) + _launch(1, 220, 240, ids=False)
+    ev += [{"ph": "i", "s": "g", "name": "Iteration Start: PyTorch Profiler", "pid": 9, "tid": 9, "ts": 100},
+           {"ph": "i", "s": "g", "name": "Record Window End", "pid": 9, "tid": 9, "ts": 4000},
+           {"ph": "B", "cat": "user_annotation", "name": "open", "pid": 9, "tid": 9, "ts": 3000},
+           {"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "pid": 9, "tid": 9, "ts": 4500}]
+    src = write_trace(tmp_path / "in" / "rank0.json", make_trace(0, ev))
+    merged = merge_traces(str(src), str(tmp_path / "o.json")).account["ranks"]["0"]["anomalies"]
+    assert merged == analyze(str(src), workers=1).summary["account"]["ranks"]["0"]["anomalies"] == {
+        "outside_window": 1}
+
+
+def test_an_event_store_keeps_the_negative_durations_account(tmp_path):
+    """Analysing the store of a trace with a negative-duration slice gives the trace's account: the reason and
+    the anomaly, not 'not in the event store'."""
+    from tracefuse_dask.api import analyze, index_traces
+
+    ev = _launch(1, 220, 240) + [{"ph": "X", "cat": "cpu_op", "name": "neg", "pid": 9, "tid": 9, "ts": 300, "dur": -5}]
+    src = write_trace(tmp_path / "in" / "rank0.json", make_trace(0, ev))
+    index_traces(str(src), str(tmp_path / "store"))
+    of_trace = analyze(str(src), workers=1).summary["account"]["ranks"]["0"]
+    assert of_trace["left_out"]["negative_dur"] == 1 and of_trace["anomalies"] == {"negative_dur": 1}
+    assert analyze(str(tmp_path / "store"), workers=1).summary["account"]["ranks"]["0"] == of_trace

@@ -307,7 +307,7 @@ def test_rewrite_ids_keeps_raw_values():
         pytest.param({"ph": "X", "pid": 1, "tid": 1, "ts": "12.5", "dur": 1}, "ts='12.5'", id="string-ts"),
         pytest.param({"ph": "X", "pid": [1], "tid": 1, "ts": 1.0}, "pid=[1]", id="list-pid"),
         pytest.param({"ph": "X", "pid": 1, "tid": 1, "ts": 1.0, "dur": "3"}, "bad dur='3'", id="string-dur"),
-        pytest.param({"ph": "B", "pid": 1, "tid": 1, "ts": 1.0, "dur": -3.0}, "bad dur=-3.0", id="negative-dur-of-b"),
+        pytest.param({"ph": "B", "pid": 1, "tid": 1, "ts": 1.0, "dur": -3.0}, "negative dur=-3.0 on a ph='B' event", id="negative-dur-of-b"),
         pytest.param({"ph": "X", "pid": 1, "tid": 1, "ts": float("nan")}, "ts=nan", id="nan"),
         pytest.param({"ph": "X", "pid": 1, "tid": 1, "ts": float("inf")}, "ts=inf", id="inf"),
         pytest.param({"ph": 5, "pid": 1, "tid": 1, "ts": 1.0}, "ph=5", id="int-ph"),

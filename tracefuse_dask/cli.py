@@ -208,27 +208,15 @@ def _tell_run(summary: MergeSummary, args: argparse.Namespace, verb: str, rows: 
     return 0
 
 
-_SHORT = {"python_function": "python_function", "negative_dur": "negative durations", "keep": "--keep", "steps": "--steps", "window": "--window",
+_SHORT = {"python_function": "python_function", "negative_dur": "with a negative duration", "keep": "--keep", "steps": "--steps", "window": "--window",
           "filter_fn": "filter_fn", "flow_end_left_out": "flows with an end left out",
           "process_metadata": "process metadata", "thread_metadata": "thread metadata"}
-
-
-def _repaired(repaired: dict[str, Any] | None) -> str:
-    """What ``--repair`` recovered of the cut ranks, and about how much it lost (``model.job_account``)."""
-    from .model import ranges
-
-    if not repaired:
-        return ""
-    lost = repaired["lost_after_cut"]
-    return (f"; --repair recovered {repaired['recovered']:,} events of rank(s) {ranges(repaired['ranks'])}, "
-            + ("the events after the cut are unknown (no whole rank to compare)" if lost is None else
-               f"about {lost:,} lost after the cut (the whole ranks' median count less those recovered)"))
 
 
 def _account_lines(account: dict[str, Any], verbose: bool) -> str:
     """Where every event read went: one line, or with ``verbose`` a table of the reasons; then a line for each
     anomaly."""
-    from .model import LEFT_OUT, anomaly_line
+    from .model import LEFT_OUT, anomaly_line, repair_line
 
     left = account["left_out"]
     line = (f"account: {account['read']:,} events read = {account['kept']:,} kept"
@@ -236,7 +224,8 @@ def _account_lines(account: dict[str, Any], verbose: bool) -> str:
             + (f"; {account['on_lanes']:,} kept slice{'s' if account['on_lanes'] > 1 else ''} on lanes"
                if account["on_lanes"] else "")
             + (f"; {account['ranks_not_read']:,} of the job's ranks not read (--ranks)"
-               if account.get("ranks_not_read") else "") + _repaired(account.get("repaired")))
+               if account.get("ranks_not_read") else "")
+            + (f"; {repair_line(account['repaired'])}" if account.get("repaired") else ""))
     odd = [anomaly_line(k, a) for k, a in account["anomalies"].items()]
     if not verbose:
         return "\n".join([line, *odd])

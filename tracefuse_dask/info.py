@@ -37,6 +37,7 @@ from .model import (
     anomaly_line,
     job_account,
     rank_account,
+    repair_line,
 )
 from .storage.files import read_bytes, retry_unreachable
 from .storage.inputs import expand_inputs, resolve_rank
@@ -388,6 +389,7 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(f"a merge with the default options keeps {a['kept']:,} of the {a['read']:,} events of the "
                      f"per-rank traces ({a['on_lanes']:,} slices on lanes); --json gives the reasons")
         lines += [anomaly_line(k, v) for k, v in a["anomalies"].items()]
+        lines += [repair_line(a["repaired"])] if a.get("repaired") else []
     lines += [f"ignored {path}" for path in report["ignored"]]
     lines += [f"skipped rank {sk['rank']}: {sk['reason']}" for sk in report["skipped"]]
     lines += [f"warning: {note}" for note in report["repaired"]]

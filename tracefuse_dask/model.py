@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import statistics
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -20,6 +21,7 @@ __all__ = [
     "MergeSummary",
     "PortableFilter",
     "anomaly_line",
+    "repair_line",
     "RankHeader",
     "RankResult",
     "RankSet",
@@ -392,8 +394,8 @@ def job_account(ranks: Mapping[str, Mapping[str, Any]], not_read: int | None = N
     ``--repair`` recovered a cut rank, what it recovered and, where whole ranks give the job's usual count, about
     how many events were lost after each cut (``lost_after_cut``: their median read less its recovered; None
     where no rank is whole). It sets each repaired rank's ``lost_after_cut`` too."""
-    whole = sorted(r["read"] for r in ranks.values() if "repaired" not in r)
-    usual = whole[len(whole) // 2] if whole else None  # the median (the upper one of an even count)
+    whole = [r["read"] for r in ranks.values() if "repaired" not in r]
+    usual = round(statistics.median(whole)) if whole else None
     cut = {int(q): r["repaired"] for q, r in ranks.items() if "repaired" in r}
     for got in cut.values():
         got["lost_after_cut"] = None if usual is None else max(usual - got["recovered"], 0)
@@ -416,7 +418,15 @@ def job_account(ranks: Mapping[str, Mapping[str, Any]], not_read: int | None = N
 
 def anomaly_line(name: str, anomaly: Mapping[str, Any]) -> str:
     """One of ``job_account``'s anomalies as a line of the merge's and ``info``'s output."""
-    return f"anomaly: {anomaly['count']:,} {LABELS[name]} in rank(s) {ranges(anomaly['ranks'])}: {anomaly['why']}"
+    return f"anomaly: {LABELS[name]}: {anomaly['count']:,} in rank(s) {ranges(anomaly['ranks'])}: {anomaly['why']}"
+
+
+def repair_line(repaired: Mapping[str, Any]) -> str:
+    """What ``--repair`` recovered of the cut ranks, and about how much it lost (``job_account``'s ``repaired``)."""
+    lost = repaired["lost_after_cut"]
+    return (f"--repair recovered {repaired['recovered']:,} events of rank(s) {ranges(repaired['ranks'])}, "
+            + ("the events after the cut are unknown (no whole rank to compare)" if lost is None else
+               f"about {lost:,} lost after the cut (the whole ranks' median count less those recovered)"))
 
 
 def ranges(values: list[int]) -> str:

@@ -1,5 +1,5 @@
 """What a rank's events show that its user should know (``ANOMALIES``), counted alike by the merge
-(``merge.lanes.rank_anomalies``, over the events it keeps) and the analysis (``analysis.per_rank.account``,
+(``merge.anomalies.rank_anomalies``, over the events it keeps) and the analysis (``analysis.per_rank.account``,
 over the slices it analyses)."""
 from __future__ import annotations
 

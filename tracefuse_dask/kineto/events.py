@@ -146,10 +146,13 @@ class RankEvents:
         td = type(dur)
         if (td is float or td is int) and 0 <= dur < MAX_US:
             return False
-        if (td is float or td is int) and -MAX_US < dur < 0 and ph == "X":
-            self.left_out["negative_dur"] += 1
-            return True
-        raise self._bad(i, f"has a bad dur={dur!r}; expected a finite number of µs >= 0")
+        if not ((td is float or td is int) and -MAX_US < dur < 0):
+            raise self._bad(i, f"has a bad dur={dur!r}; expected a finite number of µs >= 0")
+        if ph != "X":
+            raise self._bad(i, f"has a negative dur={dur!r} on a ph={ph!r} event; only a complete slice (X) may have "
+                               "one (it is then left out)")
+        self.left_out["negative_dur"] += 1
+        return True
 
     def _scan(self) -> None:
         """Validate the fields we read or rewrite, take exact ns times, classify pids."""
@@ -187,10 +190,7 @@ class RankEvents:
             if not (((tt is float or tt is int) and -MAX_US < ts < MAX_US) or (ts is None and ph == "M")):
                 raise self._bad(i, f"has ts={ts!r}; expected a number of µs within ±2**63 ns")
             if "dur" in ev and self._negative(i, ev["dur"], ph):
-                keep[i] = False  # no viewer draws it: left out, and named an anomaly (kineto.anomalies)
-                if link and anchors.setdefault((pid, tid, ts), i) != i:  # its flows go with it
-                    twins.setdefault((pid, tid, ts), []).append(i)
-                continue
+                keep[i] = False  # no viewer draws it: left out, an anomaly (kineto.anomalies); its flows go with it
             if type(pid) is str or pid < 0:
                 other.add(pid)
             elif ph == "M":  # a pid named, labelled or with named threads but no events still has a slot

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import os
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -20,7 +21,7 @@ from distributed import Client
 
 from ..cluster import connect
 from ..errors import MergeError, OutputExistsError
-from ..model import MergeSummary, RankResult, merge_account
+from ..model import LEFT_OUT, MergeSummary, RankResult, merge_account
 from ..storage.files import options_for, storage_errors
 from ..storage.inputs import expand_inputs
 from ..storage.runs import run_folder
@@ -131,5 +132,8 @@ def _what_happened(results: list[RankResult], notes: MergeNotes) -> None:
                            "'… · overlap' right after its own; --keep-overlaps leaves it where it was")
     read = sum(r.events_in for r in results)
     if read and all(r.events_in == sum(r.left_out.values()) for r in results):
-        notes.warnings.append(f"every one of the {read:,} events read was left out (the account says by what): "
-                              "check --keep, --steps, --window or filter_fn against the traces")
+        why: Counter[str] = sum((Counter(r.left_out) for r in results), Counter())
+        filters = {"keep", "steps", "window", "filter_fn"} & set(why)
+        notes.warnings.append(f"every one of the {read:,} events read was left out ("
+                              + ", ".join(f"{why[k]:,} {k}" for k in LEFT_OUT if why[k]) + ")"
+                              + ("; check --keep, --steps, --window or filter_fn against the traces" if filters else ""))

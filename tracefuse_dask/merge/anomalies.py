@@ -9,6 +9,7 @@ from operator import attrgetter, methodcaller
 from typing import Any
 
 import numpy as np
+from msgspec import UNSET
 
 from ..kineto.anomalies import WINDOW, count_anomalies
 from ..kineto.vocabulary import STEP, is_correlation_flow
@@ -37,8 +38,18 @@ def rank_anomalies(body: list[Any], s: Slices, device_pids: set[int], structs: b
     flows = list(compress(flows, map(linking.__contains__, map(cat, flows))))
     launched_at, device_start = _linked(flows, ph, attrgetter("id") if structs else methodcaller("get", "id"),
                                         column(flows, "ts", structs, shifted))
-    return count_anomalies(s.start, np.minimum(s.end, s.last), opens, closes, launched_at, device_start,
+    return count_anomalies(s.start, _ends(body, s, structs, shifted), opens, closes, launched_at, device_start,
                            _steps(s, device_pids, structs) if len(launched_at) else (), negative_dur)
+
+
+def _ends(body: list[Any], s: Slices, structs: bool, shifted: bool) -> np.ndarray:
+    """The slices' ends, where a ``B`` that no ``E`` closes ends as the analysis ends it: at the rank's last time
+    (the latest start or end of an event that is not metadata or a python_function)."""
+    if not any(t is None for *_, t in s.pairs):
+        return s.end
+    timed = [e for e in body if get(e, "ph") != "M" and get(e, "cat") != "python_function"]
+    last = int((column(timed, "ts", structs, shifted) + column(timed, "dur", structs)).max())
+    return np.where(s.end > s.last, last, s.end)
 
 
 def _linked(flows: list[Any], ph: Callable[[Any], Any], flow_id: Callable[[Any], Any],
@@ -47,9 +58,10 @@ def _linked(flows: list[Any], ph: Callable[[Any], Any], flow_id: Callable[[Any],
     its own (``at``, ns), a launch and the device work it links to. ``ph`` and ``flow_id`` read an event's."""
     try:
         ids = np.fromiter(map(flow_id, flows), dtype=np.int64, count=len(flows))
-    except (TypeError, ValueError, OverflowError):  # an id that is text, absent or beyond int64: numbered
+    except (TypeError, ValueError, OverflowError):  # an id that is text or beyond int64: numbered; absent: unpaired
         codes: dict[Any, int] = {}
-        ids = np.array([codes.setdefault(i, len(codes)) for i in map(flow_id, flows)], dtype=np.int64)
+        ids = np.array([-1 - k if i is None or i is UNSET else codes.setdefault(i, len(codes))
+                        for k, i in enumerate(map(flow_id, flows))], dtype=np.int64)
     starts = np.fromiter(map("s".__eq__, map(ph, flows)), dtype=bool, count=len(flows))
     s_ids, first = np.unique(ids[starts], return_index=True)
     if not len(s_ids):

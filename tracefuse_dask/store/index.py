@@ -167,6 +167,7 @@ def _index_data(task: RankTask, data: bytes, cut_gzip: bool, header: dict[str, A
         first, body, n_in, slots, keys = fast
         fields = joined(fields_of_dicts(first, [None] * len(first)), fields_of_structs(body, task.base_out))
         durs = {type(e.dur) for e in body}
+        negative = 0  # the fast path takes no negative duration
     else:
         doc, nbytes, note = decode_json(data, task.path, rank=task.rank, cut_gzip=cut_gzip, repair=task.repair)
         check_document(doc, who)
@@ -183,6 +184,7 @@ def _index_data(task: RankTask, data: bytes, cut_gzip: bool, header: dict[str, A
         fields = fields_of_dicts(merged, [None if (t := before.get(id(ev))) is None else to_ns(t) + task.base
                                           for ev in merged])
         durs = {type(ev["dur"]) for ev in merged if "dur" in ev}
+        negative = sel.left_out["negative_dur"]
         del doc, events, sel
     del data
     origins = {"rank": task.rank, "file": task.path, "base_ns": task.base, "base_time_ns": base_time, "header": header,
@@ -192,7 +194,7 @@ def _index_data(task: RankTask, data: bytes, cut_gzip: bool, header: dict[str, A
                # for an analysis's account of the trace (``source.read_part``): what it read, of which metadata
                # (which no part holds) and python_function events
                "events_in": n_in, "metadata_in": figures["events"] - sum(figures["categories"].values()),
-               "python_function_in": figures["categories"].get("python_function", 0)}
+               "python_function_in": figures["categories"].get("python_function", 0), "negative_dur_in": negative}
     tables = rank_tables(task.rank, fields)
     fs, root = fsspec.core.url_to_fs(store, **options_for(store, storage_options))
     written = 0

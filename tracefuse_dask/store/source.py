@@ -146,11 +146,13 @@ def _either(column: list[Any], kept: tuple[Any, ...]) -> list[Any]:
 
 def _not_stored(events: list[Event], origins: Mapping[str, Any]) -> dict[str, int]:
     """The events of the rank's trace that its part does not hold, by the analysis's reasons
-    (``analysis.schema.LEFT_OUT``): metadata, python_function events, and what the index's filters left out."""
+    (``analysis.schema.LEFT_OUT``): metadata, python_function events, slices with a negative duration, and what
+    the index's filters left out."""
     if "events_in" not in origins:  # a part an older version wrote: the account is of the events it holds
         return {}
     stored_pyfunc = sum(1 for e in events if e.cat == "python_function")
-    out = {"metadata": origins["metadata_in"], "python_function": origins["python_function_in"] - stored_pyfunc}
+    out = {"metadata": origins["metadata_in"], "python_function": origins["python_function_in"] - stored_pyfunc,
+           "negative_dur": origins.get("negative_dur_in", 0)}
     out["not_in_store"] = origins["events_in"] - len(events) - sum(out.values())
     return out
 
