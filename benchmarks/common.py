@@ -434,6 +434,21 @@ def empty(folder: str) -> None:
         shutil.rmtree(entry.path) if entry.is_dir() else os.remove(entry.path)
 
 
+def baseline_rows(shape: str, runs: dict[str, list[dict[str, Any]]], baseline: str, files: int, size: int,
+                  extra: Callable[[dict[str, Any]], list[str]] | None = None) -> list[str]:
+    """A Markdown row per checkout of ``against_baseline``'s ``runs``: the shape, the checkout, the files and their
+    MB, the best run's seconds, the speed against the baseline (``paired``), and ``extra``'s cells of the best
+    run."""
+    base = [r["seconds"] for r in runs[f"baseline {baseline}"]]
+    rows = []
+    for name, got in runs.items():
+        best = min(got, key=lambda r: r["seconds"])
+        cells = [shape, name, str(files), f"{size / 1e6:.0f}", f"{best['seconds']:.2f}",
+                 paired(base, [r["seconds"] for r in got]), *(extra(best) if extra else [])]
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
 def against_baseline(script: str, root: str, baseline: str, repeat: int,
                      args: list[str]) -> dict[str, list[dict[str, Any]]]:
     """Run ``script --child ARGS`` ``repeat`` times at the commit ``baseline`` (a temporary ``git worktree`` under

@@ -21,8 +21,8 @@ import statistics
 import sys
 import time
 
-from common import (against_baseline, check_real_shapes, cleanup, environment, make_real, make_root, paired, parser,
-                    write_report)
+from common import (against_baseline, baseline_rows, check_real_shapes, cleanup, environment, make_real, make_root,
+                    parser, write_report)
 
 COLUMNS = ["shape", "checkout", "ranks", "MB", "merge s (median of 3, best run)", "speed vs baseline"]
 
@@ -65,11 +65,7 @@ def main() -> None:
             folder, paths, size = make_real(shape, root, args.ranks, args.rank_mb)
             runs = against_baseline(__file__, root, args.baseline, args.repeat,
                                     [folder, os.path.join(root, "merged.json")])
-            base_times = [r["seconds"] for r in runs[f"baseline {args.baseline}"]]
-            for name, got in runs.items():
-                times = [r["seconds"] for r in got]
-                line = (f"| {shape} | {name} | {len(paths)} | {size / 1e6:.0f} | {min(times):.2f} | "
-                        f"{paired(base_times, times)} |")
+            for line in baseline_rows(shape, runs, args.baseline, len(paths), size):
                 lines.append(line)
                 print(line, flush=True)
     finally:

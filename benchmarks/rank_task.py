@@ -21,8 +21,8 @@ import json
 import sys
 import time
 
-from common import (against_baseline, check_real_shapes, cleanup, environment, make_real, make_root, paired, parser,
-                    write_report)
+from common import (against_baseline, baseline_rows, check_real_shapes, cleanup, environment, make_real, make_root,
+                    parser, write_report)
 
 COLUMNS = ["shape", "checkout", "ranks", "MB", "task s (best round)", "speed vs baseline", "op groups (modelled)",
            "launches"]
@@ -81,6 +81,12 @@ def _child(paths: list[str]) -> None:
     print(json.dumps({"seconds": seconds, **found}))
 
 
+def _found(best: dict) -> list[str]:
+    """The op groups (how many a model covers) and launches the best run found, where its checkout has them."""
+    return [f"{best['groups']:,} ({best['modelled']:,})" if "groups" in best else "-",
+            f"{best['launches']:,}" if "launches" in best else "-"]
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--child"]:
         return _child(sys.argv[2:])
@@ -101,13 +107,7 @@ def main() -> None:
         for shape in shapes:
             _, paths, size = make_real(shape, root, args.ranks, args.rank_mb)
             runs = against_baseline(__file__, root, args.baseline, args.repeat, paths)
-            base_times = [r["seconds"] for r in runs[f"baseline {args.baseline}"]]
-            for name, got in runs.items():
-                best = min(got, key=lambda r: r["seconds"])
-                groups = f"{best['groups']:,} ({best['modelled']:,})" if "groups" in best else "-"
-                launches = f"{best['launches']:,}" if "launches" in best else "-"
-                line = (f"| {shape} | {name} | {len(paths)} | {size / 1e6:.0f} | {best['seconds']:.2f} | "
-                        f"{paired(base_times, [r['seconds'] for r in got])} | {groups} | {launches} |")
+            for line in baseline_rows(shape, runs, args.baseline, len(paths), size, _found):
                 lines.append(line)
                 print(line, flush=True)
     finally:
