@@ -434,19 +434,41 @@ def empty(folder: str) -> None:
         shutil.rmtree(entry.path) if entry.is_dir() else os.remove(entry.path)
 
 
-def baseline_rows(shape: str, runs: dict[str, list[dict[str, Any]]], baseline: str, files: int, size: int,
-                  extra: Callable[[dict[str, Any]], list[str]] | None = None) -> list[str]:
-    """A Markdown row per checkout of ``against_baseline``'s ``runs``: the shape, the checkout, the files and their
-    MB, the best run's seconds, the speed against the baseline (``paired``), and ``extra``'s cells of the best
-    run."""
-    base = [r["seconds"] for r in runs[f"baseline {baseline}"]]
-    rows = []
-    for name, got in runs.items():
-        best = min(got, key=lambda r: r["seconds"])
-        cells = [shape, name, str(files), f"{size / 1e6:.0f}", f"{best['seconds']:.2f}",
-                 paired(base, [r["seconds"] for r in got]), *(extra(best) if extra else [])]
-        rows.append("| " + " | ".join(cells) + " |")
-    return rows
+def baseline_main(doc: str | None, script: str, prefix: str, columns: list[str], defaults: dict[str, Any],
+                  child_args: Callable[[str, list[str], str], list[str]],
+                  extra: Callable[[dict[str, Any]], list[str]] | None = None) -> None:
+    """The ``main`` of a benchmark of this checkout against a commit before a change: per shape, ``--ranks`` ranks
+    of ``--rank-mb`` MB (``make_real``), ``script --child`` run on them (``child_args(folder, paths, root)``) at
+    both checkouts, alternating (``against_baseline``), and a row per checkout: the shape, the checkout, the files
+    and their MB, the best run's seconds, the speed against the baseline (``paired``), and ``extra``'s cells of
+    the best run. ``defaults``: ``shapes``, ``ranks``, ``repeat``, ``baseline`` and its ``why``."""
+    ap = parser(doc)
+    ap.add_argument("--shapes", default=defaults["shapes"])
+    ap.add_argument("--ranks", type=int, default=defaults["ranks"])
+    ap.add_argument("--rank-mb", type=float, default=50)
+    ap.add_argument("--repeat", type=int, default=defaults["repeat"])
+    ap.add_argument("--baseline", default=defaults["baseline"],
+                    help=f"the commit before the change (default: {defaults['why']})")
+    args = ap.parse_args()
+    shapes = [s for s in args.shapes.split(",") if s]
+    check_real_shapes(shapes)
+    root = make_root(prefix, args.tmp_dir)
+    lines = [environment(), "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    print("\n".join(lines), flush=True)
+    try:
+        for shape in shapes:
+            folder, paths, size = make_real(shape, root, args.ranks, args.rank_mb)
+            runs = against_baseline(script, root, args.baseline, args.repeat, child_args(folder, paths, root))
+            base = [r["seconds"] for r in runs[f"baseline {args.baseline}"]]
+            for name, got in runs.items():
+                best = min(got, key=lambda r: r["seconds"])
+                cells = [shape, name, str(len(paths)), f"{size / 1e6:.0f}", f"{best['seconds']:.2f}",
+                         paired(base, [r["seconds"] for r in got]), *(extra(best) if extra else [])]
+                lines.append("| " + " | ".join(cells) + " |")
+                print(lines[-1], flush=True)
+    finally:
+        cleanup(root, args.keep)
+    write_report(args.out, lines)
 
 
 def against_baseline(script: str, root: str, baseline: str, repeat: int,

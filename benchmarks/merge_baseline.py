@@ -21,8 +21,7 @@ import statistics
 import sys
 import time
 
-from common import (against_baseline, baseline_rows, check_real_shapes, cleanup, environment, make_real, make_root,
-                    parser, write_report)
+from common import baseline_main
 
 COLUMNS = ["shape", "checkout", "ranks", "MB", "merge s (median of 3, best run)", "speed vs baseline"]
 
@@ -48,29 +47,9 @@ def _child(folder: str, out: str) -> None:
 def main() -> None:
     if sys.argv[1:2] == ["--child"]:
         return _child(*sys.argv[2:4])
-    ap = parser(__doc__)
-    ap.add_argument("--shapes", default="a100,h100")
-    ap.add_argument("--ranks", type=int, default=8)
-    ap.add_argument("--rank-mb", type=float, default=50)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--baseline", default="3fb2f81^", help="the commit before the change (default: before issue 48)")
-    args = ap.parse_args()
-    shapes = [s for s in args.shapes.split(",") if s]
-    check_real_shapes(shapes)
-    root = make_root("tracefuse-mergebase-", args.tmp_dir)
-    lines = [environment(), "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    print("\n".join(lines), flush=True)
-    try:
-        for shape in shapes:
-            folder, paths, size = make_real(shape, root, args.ranks, args.rank_mb)
-            runs = against_baseline(__file__, root, args.baseline, args.repeat,
-                                    [folder, os.path.join(root, "merged.json")])
-            for line in baseline_rows(shape, runs, args.baseline, len(paths), size):
-                lines.append(line)
-                print(line, flush=True)
-    finally:
-        cleanup(root, args.keep)
-    write_report(args.out, lines)
+    baseline_main(__doc__, __file__, "tracefuse-mergebase-", COLUMNS,
+                  {"shapes": "a100,h100", "ranks": 8, "repeat": 3, "baseline": "3fb2f81^", "why": "before issue 48"},
+                  lambda folder, paths, root: [folder, os.path.join(root, "merged.json")])
 
 
 if __name__ == "__main__":

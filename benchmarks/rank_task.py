@@ -21,8 +21,7 @@ import json
 import sys
 import time
 
-from common import (against_baseline, baseline_rows, check_real_shapes, cleanup, environment, make_real, make_root,
-                    parser, write_report)
+from common import baseline_main
 
 COLUMNS = ["shape", "checkout", "ranks", "MB", "task s (best round)", "speed vs baseline", "op groups (modelled)",
            "launches"]
@@ -90,29 +89,10 @@ def _found(best: dict) -> list[str]:
 def main() -> None:
     if sys.argv[1:2] == ["--child"]:
         return _child(sys.argv[2:])
-    ap = parser(__doc__)
-    ap.add_argument("--shapes", default="a100,h100")
-    ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--rank-mb", type=float, default=50)
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--baseline", default="fd1752a", help="the commit before the change (default: before the launch "
-                    "statistics, queue length and memory bandwidth)")
-    args = ap.parse_args()
-    shapes = [s for s in args.shapes.split(",") if s]
-    check_real_shapes(shapes)
-    root = make_root("tracefuse-ranktask-", args.tmp_dir)
-    lines = [environment(), "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    print("\n".join(lines), flush=True)
-    try:
-        for shape in shapes:
-            _, paths, size = make_real(shape, root, args.ranks, args.rank_mb)
-            runs = against_baseline(__file__, root, args.baseline, args.repeat, paths)
-            for line in baseline_rows(shape, runs, args.baseline, len(paths), size, _found):
-                lines.append(line)
-                print(line, flush=True)
-    finally:
-        cleanup(root, args.keep)
-    write_report(args.out, lines)
+    baseline_main(__doc__, __file__, "tracefuse-ranktask-", COLUMNS,
+                  {"shapes": "a100,h100", "ranks": 2, "repeat": 5, "baseline": "fd1752a",
+                   "why": "before the launch statistics, queue length and memory bandwidth"},
+                  lambda folder, paths, root: paths, _found)
 
 
 if __name__ == "__main__":

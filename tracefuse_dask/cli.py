@@ -208,8 +208,8 @@ def _tell_run(summary: MergeSummary, args: argparse.Namespace, verb: str, rows: 
     return 0
 
 
-_SHORT = {"python_function": "python_function", "negative_dur": "with a negative duration", "keep": "--keep", "steps": "--steps", "window": "--window",
-          "filter_fn": "filter_fn", "flow_end_left_out": "flows with an end left out",
+_SHORT = {"python_function": "python_function", "negative_dur": "with a negative duration", "keep": "--keep",
+          "steps": "--steps", "window": "--window", "filter_fn": "filter_fn", "flow_end_left_out": "flows with an end left out",
           "process_metadata": "process metadata", "thread_metadata": "thread metadata"}
 
 

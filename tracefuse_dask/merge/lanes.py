@@ -42,8 +42,8 @@ class Slices:
     """A rank's slices after the merge's rewrite, as the lanes and the anomalies read them (``slices``): its ``X``
     events, then its ``B``/``E`` pairs (``_pairs``: ``(B, E, start ns, end ns)``), with their times in ns.
     ``tie`` orders the slices that open at one time (complete ones, the longer first, then ``B`` events); ``last``
-    is the latest end of a closed slice, where a ``B`` that no ``E`` closes is taken to end for the anomalies;
-    ``marks`` holds the flow and instant events."""
+    is the latest end of a closed slice or start of a pair: a ``B`` that no ``E`` closes ends at ``last + 1``, after
+    every other slice (the anomalies end it as the analysis does); ``marks`` holds the flow and instant events."""
 
     x: list[Any]
     pairs: list[tuple[Any, Any, int, int | None]]
