@@ -10,11 +10,12 @@ import math
 
 import numpy as np
 import pytest
+from conftest import REAL_SETS, shared, shared_params
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import REAL_SETS, shared, shared_params
-from tracefuse_dask import analyze
+from tracefuse_dask import analyze, index_traces
+from tracefuse_dask.perf import has_model
 
 pytestmark = pytest.mark.integration
 
@@ -198,3 +199,101 @@ def test_a_groups_main_kernel_is_the_one_its_calls_spent_most_time_in():
     names = np.array(["a", "b", "a", "c", "e", "d"], dtype=object)
     dur = np.array([1, 5, 2, 3, 4, 4])
     assert _main_kernels(group, names, dur, 3) == ["b", "c", "d"]
+
+
+_AUTOGRAD_JOB = """
+import sys, torch, torch.nn.functional as F
+from torch.profiler import profile, ProfilerActivity
+torch.manual_seed(0)
+q, k, v = (torch.randn(2, 4, 64, 32, requires_grad=True) for _ in range(3))
+x, w = torch.randn(2, 3, 16, 16, requires_grad=True), torch.randn(8, 3, 3, 3, requires_grad=True)
+with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as p:
+    (F.scaled_dot_product_attention(q, k, v, is_causal=True).sum() + F.conv2d(x, w, padding=1).sum()).backward()
+p.export_chrome_trace(sys.argv[1])
+"""
+
+
+def _with_a_kernel_under_each_leaf_op(doc: dict) -> tuple[dict, list[dict]]:
+    """The real CPU trace with a launch and a 5 µs kernel (stream 7, correlation) under each CPU op that holds no
+    other, one kernel after the other; and those leaf ops."""
+    ops = sorted((e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "cpu_op"),
+                 key=lambda e: (e["ts"], -e["dur"]))
+    leaves = [e for e in ops if not any(o is not e and o["tid"] == e["tid"] and e["ts"] <= o["ts"] < e["ts"] + e["dur"]
+                                        for o in ops)]
+    added, free = [], 0.0
+    for c, leaf in enumerate(leaves, 1):
+        launch = leaf["ts"] + leaf["dur"] / 2
+        added.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": leaf["pid"],
+                      "tid": leaf["tid"], "ts": launch, "dur": 0, "args": {"correlation": c}})
+        start = max(free, launch + 1)
+        added.append({"ph": "X", "cat": "kernel", "name": f"kernel_{c}", "pid": 0, "tid": 7, "ts": start, "dur": 5.0,
+                      "args": {"device": 0, "stream": 7, "correlation": c}})
+        free = start + 5.0
+    return {**doc, "traceEvents": doc["traceEvents"] + added}, leaves
+
+
+def test_a_backward_op_without_a_model_is_modelled_through_its_forward_op(tmp_path, client):
+    """TraceLens's autograd link on a real torch trace (SDPA and a convolution, forward and backward, CPU), with a
+    kernel added under each leaf op: CPU's SDPA backward op has no model, so its autograd node takes the forward
+    op's backward (its shapes, flash, causal) with the kernels below it; the convolution's backward op has a model
+    of its own, which wins; a modelled copy inside the backward keeps its own row. Through the API, from an event
+    store and through the CLI."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    raw = tmp_path / "cpu.json"
+    subprocess.run([sys.executable, "-c", _AUTOGRAD_JOB, str(raw)], check=True, timeout=300, capture_output=True)
+    doc, leaves = _with_a_kernel_under_each_leaf_op(json.loads(raw.read_text()))
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "rank0.json").write_text(json.dumps(doc))
+    forward = next(e for e in doc["traceEvents"] if e.get("name") == "aten::_scaled_dot_product_flash_attention_for_cpu")
+    node = next(e for e in doc["traceEvents"] if e.get("name") == "ScaledDotProductFlashAttentionForCpuBackward0")
+    below = [e for e in leaves if e["tid"] == node["tid"] and node["ts"] <= e["ts"] < node["ts"] + node["dur"]]
+    copies = [e for e in below if has_model(e["name"])]  # aten::copy_: its own row
+    table = analyze(str(tmp_path / "job"), client=client).op_perf.set_index("name")
+    row = table.loc["ScaledDotProductFlashAttentionForCpuBackward0"]
+    assert (row["category"], row["context"]) == ("SDPA_bwd", "aten::_scaled_dot_product_flash_attention_for_cpu")
+    assert json.loads(row["input_dims"]) == forward["args"]["Input Dims"]
+    flops = 5 * 2 * 64 * 64 * 32 * (2 * 4) / 2  # recomputed QKᵀ, dV, dP, dQ, dK; causal
+    assert row["gflop"] == pytest.approx(flops / 1e9)
+    assert row["data_mib"] == pytest.approx(2 * (2 * 64 * 4 * 32 + 2 * 64 * 4 * 64 + 64 * 4 * 32) * 4 / 2**20)
+    assert row["kernel_us"] == 5.0 * (len(below) - len(copies)) and copies and len(below) > len(copies) + 5
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu_backward" not in table.index  # owned by the node
+    assert table.loc["aten::convolution_backward", "category"] == "CONV_bwd"  # its own model
+    assert "ConvolutionBackward0" not in table.index
+    assert table.loc["aten::_scaled_dot_product_flash_attention_for_cpu", "category"] == "SDPA_fwd"
+    index_traces(str(tmp_path / "job"), str(tmp_path / "store"), client=client)  # the store keeps the link
+    stored = analyze(str(tmp_path / "store"), client=client).op_perf.set_index("name")
+    assert stored.loc["ScaledDotProductFlashAttentionForCpuBackward0"].equals(row)
+    run = subprocess.run([sys.executable, "-m", "tracefuse_dask", "analyze", str(tmp_path / "job"), "-o",
+                          str(tmp_path / "report"), "--format", "csv"], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert run.returncode == 0, run.stderr
+    import pandas as pd
+    csv_rows = pd.read_csv(tmp_path / "report" / "op_perf.csv").set_index("name")
+    assert csv_rows.loc["ScaledDotProductFlashAttentionForCpuBackward0", "gflop"] == pytest.approx(flops / 1e9)
+
+
+def test_the_op_models_table_in_the_docs_is_the_code():
+    """docs/op_models.md (scripts/op_models_table.py, from TraceLens's torch_op_mapping) against tracefuse_dask.perf:
+    an op it calls modelled has a model, and the backward it names; one it calls not modelled or category only has
+    no model and, category only, TraceLens's category; every op we model is in it; and it covers TraceLens's map."""
+    import re
+    from pathlib import Path
+
+    from tracefuse_dask import perf
+
+    text = (Path(__file__).parents[1] / "docs" / "op_models.md").read_text()
+    rows = re.findall(r"^\| `([^`]+)` \| (.+) \|$", text, re.MULTILINE)
+    seen = {}
+    for name, rest in rows:
+        cells = [c.strip() for c in rest.split(" | ")]
+        ours, seen[name] = cells[-1], cells
+        assert perf.has_model(name) == ours.startswith("modelled"), name
+        assert perf.has_backward(name) == ("backward of an op linked to it" in ours), name
+        if ours == "category only":
+            assert perf.category(name) == cells[1], name
+    assert set(perf._MODELS) <= set(seen)
+    tracelens = [n for n, c in seen.items() if len(c) == 3]
+    assert len(tracelens) >= 290 and sum(c[-1].startswith("modelled") for c in seen.values()) >= 110

@@ -7,7 +7,13 @@ import json
 
 import pytest
 
-from tracefuse_dask.perf import category, work
+from tracefuse_dask.perf import (
+    backward_category,
+    backward_work,
+    category,
+    has_backward,
+    work,
+)
 from tracefuse_dask.perf.devices import detect, load_devices
 
 BF16, F32 = "c10::BFloat16", "float"
@@ -231,3 +237,98 @@ def test_a_vendor_gemm_with_linears_arguments():
     g = w("vllm::rocm_unquantized_gemm", [[32, 2880], [5120, 2880], [5120]], [BF16] * 3)
     assert (g.flops, g.bytes) == (2 * 32 * 5120 * 2880 + 32 * 5120, (32 * 2880 + 2880 * 5120 + 32 * 5120 + 5120) * 2)
     assert category("vllm::rocm_unquantized_gemm") == "GEMM"
+
+
+def test_nearest_upsampling_and_replication_padding():
+    x = [1, 512, 64, 64]  # an SD3.5 VAE decoder's upsample: 64x64 to 128x128, bf16
+    n_in, n_out = 512 * 64 * 64, 512 * 128 * 128
+    sized = w("aten::upsample_nearest2d", [x, [], [], []], [BF16, "ScalarList", "Scalar", "Scalar"],
+              ["", "[128, 128]", "", ""])
+    assert (sized.flops, sized.bytes, sized.unit) == (n_out, (n_in + n_out) * 2, "vector")
+    scaled = w("aten::upsample_nearest2d", [x, [], []], [BF16, "", "ScalarList"], ["", "", "[2.0, 2.0]"])
+    assert (scaled.flops, scaled.bytes) == (sized.flops, sized.bytes)  # the .vec overload: output size by factor
+    one = w("aten::upsample_nearest1d", [[2, 8, 10], [], []], [F32, "ScalarList", "Scalar"], ["", "[25]", ""])
+    assert (one.flops, one.bytes) == (2 * 8 * 25, (2 * 8 * 10 + 2 * 8 * 25) * 4)
+    assert w("aten::upsample_nearest2d", [x, [], []], [BF16, "", ""], ["", "", ""]) is None  # no size, no factor
+    pad = w("aten::replication_pad2d", [[1, 4, 10, 20], []], [F32, "ScalarList"], ["", "[1, 2, 3, 4]"])
+    out = 1 * 4 * (10 + 3 + 4) * (20 + 1 + 2)  # pairs innermost first: W gets 1 + 2, H gets 3 + 4
+    assert (pad.flops, pad.bytes) == (out, (4 * 10 * 20 + out) * 4)
+    assert category("aten::upsample_nearest3d") == "elementwise" == category("aten::replication_pad1d")
+
+
+def test_fused_rms_norms_and_aiters_group_norm():
+    n, c = 888 * 2880, 2880  # the shapes of the B200 trace's vLLM norms
+    rows = n // c
+    plain = rows * (2 * c + 2) + 2 * n
+    vllm = w("_C::rms_norm", [[888, 2880], [888, 2880], [2880], []], [BF16] * 3 + ["Scalar"])
+    assert (vllm.flops, vllm.bytes, vllm.precision) == (plain, 2 * n * 2 + c * 2, "bf16")
+    added = w("_C::fused_add_rms_norm", [[888, 2880], [888, 2880], [2880], []], [BF16] * 3 + ["Scalar"])
+    assert (added.flops, added.bytes) == (plain + n, 4 * n * 2 + c * 2)  # input, residual read; both written
+    aiter = w("aiter::rms_norm", [[888, 2880], [2880], [], []], [BF16, BF16, "Scalar", "Scalar"])
+    assert (aiter.flops, aiter.bytes) == (vllm.flops, vllm.bytes)
+    ck = w("aiter::rmsnorm2d_fwd_with_add_ck", [[888, 2880]] * 4 + [[2880], [], []], [BF16] * 5 + ["Scalar"] * 2)
+    assert (ck.flops, ck.bytes) == (added.flops, added.bytes)
+    quant = w("aiter::rmsnorm2d_fwd_with_dynamicquant_ck", [[888, 2880], [888, 2880], [888, 1], [2880], [], []],
+              ["c10::Float8_e4m3fnuz", BF16, F32, BF16, "Scalar", "Scalar"])
+    assert (quant.flops, quant.bytes) == (plain + 2 * n, n * 2 + c * 2 + n * 1 + rows * 4)
+    assert {category(o) for o in ("_C::rms_norm", "aiter::add_rmsnorm", "aiter::rmsnorm")} == {"RMSNorm"}
+    gn = w("aiter::_groupnorm_run", [[1, 512, 64, 64], [], [512], [512], []],
+           [BF16, "Scalar", BF16, BF16, "Scalar"], ["", "32", "", "", "1e-06"])
+    m = 512 * 64 * 64
+    assert (gn.flops, gn.bytes) == (512 * 6 + 3 * m + 2 * m, 2 * m * 2 + 6 * 512 * 2)  # as aten::group_norm
+    assert category("aiter::_groupnorm_run") == "NORM_fwd"
+    inst = w("aten::instance_norm", [[2, 8, 16, 16], [8], [8], [], [], [], [], [], []],
+             [F32] * 3 + [""] * 2 + ["Scalar"] * 4, ["", "", "", "", "", "True", "0.1", "1e-05", "False"])
+    k = 2 * 8 * 256
+    assert (inst.flops, inst.bytes) == (8 * 6 + 3 * k + 2 * k, 2 * k * 4 + 6 * 8 * 4)
+
+
+def test_flash_attention_varlen_forward_and_backward():
+    # 4 sequences packed into 1000 tokens, the longest 400: one of 400 and three of (1000 - 400) // 3 = 200
+    qkv = [[1000, 16, 128]] * 3
+    fwd = w("flash_attn::_flash_attn_varlen_forward", qkv + [[5], [5]] + [[]] * 5,
+            [BF16] * 3 + ["int", "int"] + ["Scalar"] * 5, [""] * 5 + ["400", "400", "0.0", "0.088", "True"])
+    per = 16 * 2 * 2 * 128  # QKᵀ and PV per query-key pair, all heads
+    assert fwd.flops == (400 * 400 * per + 3 * 200 * 200 * per) / 2  # causal halves each
+    assert (fwd.bytes, fwd.unit) == (4 * 1000 * 16 * 128 * 2, "matrix")  # q, k, v read and o written
+    bwd = w("flash_attn::_flash_attn_varlen_backward", [[1000, 16, 128]] * 5 + [[16, 1000]] + [[1000, 16, 128]] * 3
+            + [[5], [5]] + [[]] * 5, [BF16] * 5 + [F32] + [BF16] * 3 + ["int", "int"] + ["Scalar"] * 5,
+            [""] * 11 + ["400", "400", "0.0", "0.088", "False"])
+    assert bwd.flops == (400 * 400 + 3 * 200 * 200) * 16 * 2 * 128 * 5  # recompute, dV, dP, dQ, dK; not causal
+    assert bwd.bytes == 7 * 1000 * 16 * 128 * 2  # q, k, v, dO read; dq, dk, dv written
+    assert category("flash_attn::_flash_attn_varlen_backward") == "SDPA_bwd"
+
+
+def test_the_backward_of_a_forward_ops_model():
+    q = [2, 4, 64, 32]
+    args = (json.dumps([q, q, q, [], [], [], [], []]), json.dumps([F32] * 3 + ["Scalar"] * 5),
+            json.dumps(["", "", "", "", "", "0.0", "True", ""]))
+    assert has_backward("aten::_scaled_dot_product_efficient_attention")
+    bwd = backward_work("aten::_scaled_dot_product_efficient_attention", *args)
+    gemm = 2 * 4 * 2 * 64 * 64 * 32
+    assert bwd.flops == 4 * gemm / 2  # dV, dP, dQ, dK (not flash: no recompute), causal
+    assert bwd.bytes == 2 * (2 * 64 * 4 * 32 + 2 * 64 * 4 * 64 + 64 * 4 * 32) * 4
+    assert backward_category("aten::_scaled_dot_product_efficient_attention") == "SDPA_bwd"
+    x, wt = [8, 3, 32, 32], [16, 3, 3, 3]
+    conv = backward_work("aten::convolution", json.dumps([x, wt, [], [], [], [], [], [], []]),
+                         json.dumps([F32] * 2 + [""] * 7),
+                         json.dumps(["", "", "", "[1, 1]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1"]))
+    assert conv.flops == 8 * 3 * 32 * 32 * 2 * (16 * 9) + 16 * 3 * 3 * 3 * 2 * (8 * 32 * 32)  # as its own backward
+    assert not has_backward("aten::mm")  # TraceLens's GEMMs have none: MmBackward0 runs aten::mm, which has a model
+
+
+def test_aiter_and_flash_attention_3_read_their_own_argument_positions():
+    q = [2, 128, 8, 64]  # (batch, length, heads, head dim)
+    full = 2 * 8 * 2 * 2 * 128 * 128 * 64  # QKᵀ and PV
+    for name, causal_at in (("aiter::mha_fwd", 5), ("aiter::fmha_v3_fwd", 5), ("aiter::_flash_attn_forward", 5),
+                            ("aiter::wrapper_fmha_v3_fwd", 6), ("flash_attn_3::fwd", 24)):
+        concrete = [""] * (causal_at + 1)
+        assert w(name, [q] * 3, [BF16] * 3, concrete).flops == full, name  # not causal unless it says so
+        concrete[causal_at] = "True"
+        fwd = w(name, [q] * 3, [BF16] * 3, concrete)
+        assert (fwd.flops, fwd.bytes, category(name)) == (full / 2, 4 * 2 * 128 * 8 * 64 * 2, "SDPA_fwd"), name
+    for name, causal_at in (("aiter::mha_bwd", 8), ("aiter::_flash_attn_backward", 12),
+                            ("aiter::wrapper_fmha_v3_bwd", 9)):
+        concrete = [""] * causal_at + ["True"]
+        bwd = w(name, [q] * 4, [BF16] * 4, concrete)
+        assert (bwd.flops, category(name)) == (5 * full / 2 / 2, "SDPA_bwd"), name  # 5 GEMMs of half of fwd's

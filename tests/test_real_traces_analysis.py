@@ -7,8 +7,16 @@ import gzip
 from pathlib import Path
 
 import pytest
+from conftest import (
+    SHARED,
+    only_trace,
+    read_trace,
+    shape_problems,
+    shared,
+    shared_params,
+    write_trace,
+)
 
-from conftest import SHARED, only_trace, read_trace, shape_problems, shared, shared_params, write_trace
 from tracefuse_dask import analyze
 from tracefuse_dask.analysis.schema import Summary
 
@@ -99,7 +107,8 @@ def _launched_by_the_steps(events: list[dict]) -> tuple[set, int] | None:
 def independent_breakdown(path: Path) -> dict[str, float]:
     """GPU span, idle, compute and non-compute (µs) of one rank file, from its text: device work is a GPU
     category's event, or an event of another non-host category with an integer args.stream; HTA's kernel types
-    by name (^nccl.*Kernel communication, ^Memcpy|^Memset|^dma memory, *Sync not compute). Device work that no
+    by name (^nccl.*Kernel communication, ^Memcpy|^Memset|^dma memory, *Sync not compute), and symmetric memory's
+    collective kernels (multimem_all_reduce_kernel...) communication, as we count them. Device work that no
     host event of the profiled steps launched is left out, as HTA leaves it out (``_launched_by_the_steps``): in
     real/hta_negative_queue_length, 872 kernels, copies and sets run in step 550 that were queued before the host
     side of the trace begins (correlations 815091-824946; the first host correlation is 824968), and HTA's own
@@ -128,7 +137,8 @@ def independent_breakdown(path: Path) -> dict[str, float]:
             continue
         spans.append(span)
         name = e["name"]
-        if not re.match(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)", name) and not re.match(r"^dma", name):
+        if not re.match(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)", name) and not re.match(r"^dma", name) \
+                and not re.search(r"(multimem|one_shot|two_shot)_(all_reduce|all_gather|reduce_scatter)", name):
             compute.append(span)
     if not spans:
         return {}
@@ -230,6 +240,38 @@ def test_kernels_that_overrun_the_next_on_their_stream_are_clipped_in_the_kernel
     assert overruns > 10 and got.breakdown.iloc[0]["kernels_clipped"] == overruns
     assert got.summary["per_rank"]["0"]["kernels_clipped"] == overruns
     assert got.kernels["clipped_us"].sum() == pytest.approx(cut / 1e3, abs=1e-6)
+
+
+def test_symmetric_memory_collectives_are_communication(client, tmp_path):
+    """The B200 trace's 73 ``symm_mem::multimem_all_reduce_`` calls (vLLM's tensor-parallel all-reduce): each is a
+    collective call with its kernel, op, message size and stream, read from the trace here; their kernels are
+    communication in the breakdown and the kernel categories; op_perf leaves them out with the other collectives.
+    Through the API and the CLI."""
+    import json
+    import subprocess
+    import sys
+
+    path = only_trace("tracelens_b200")
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    calls = [e for e in doc["traceEvents"] if e.get("name") == "symm_mem::multimem_all_reduce_"]
+    kernels = {e["args"]["correlation"]: e for e in doc["traceEvents"]
+               if e.get("cat") == "kernel" and "multimem_all_reduce" in e["name"]}
+    assert len(calls) == len(kernels) == 73
+    got = analyze({0: str(path)}, client=client)
+    symm = got.collectives[got.collectives["name"] == "symm_mem::multimem_all_reduce_"]
+    assert len(symm) == 73 and set(symm["op"]) == {"allreduce"} and set(symm["stream"]) == {7}
+    assert sorted(symm["in_bytes"]) == sorted(e["args"]["Input Dims"][0][0] * 2 for e in calls)  # bf16
+    assert symm["gpu_start_ns"].notna().all() and symm["gpu_start_ns"].is_unique  # each call found its kernel
+    busy = sum(k["dur"] for k in kernels.values())  # one stream, one after the other
+    assert got.breakdown.iloc[0]["communication_us"] >= busy - 1e-6
+    assert "communication" in set(got.kernel_categories["category"])
+    assert not got.op_perf["name"].str.startswith("symm_mem::").any()
+    run = subprocess.run([sys.executable, "-m", "tracefuse_dask", "analyze", str(path.parent), "-o",
+                          str(tmp_path / "report"), "--format", "csv"], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert run.returncode == 0, run.stderr
+    table = (tmp_path / "report" / "collectives.csv").read_text()
+    assert table.count("symm_mem::multimem_all_reduce_") == 73
 
 
 def graph_launch_trace(doc: dict, *, by_flow: bool) -> dict:

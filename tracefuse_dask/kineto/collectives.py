@@ -13,7 +13,8 @@ from .vocabulary import COLLECTIVE_OP_PREFIXES
 
 __all__ = ["ITEMSIZE", "canonical_op", "group_members", "group_spec"]
 
-_OP_SUFFIX = re.compile(r"(base|single|intotensor|tensor|coalesced)$")
+_OP_SUFFIX = re.compile(r"(base|single|intotensor|tensor|coalesced|out)$")
+_SYMM_MEM_ALGORITHM = re.compile(r"^(multimem|oneshot|twoshot)+")  # symm_mem::multimem_all_reduce_: allreduce
 
 # bytes per element of each dtype name, as the profiler (c10 names) and torch (``torch.float32``) write them
 ITEMSIZE = {"float": 4, "float32": 4, "bfloat16": 2, "half": 2, "float16": 2, "double": 8, "float64": 8,
@@ -26,8 +27,9 @@ _OP_PREFIX = re.compile("^(" + "|".join(map(re.escape, COLLECTIVE_OP_PREFIXES)) 
 
 
 def canonical_op(name: str) -> str:
-    """One spelling per collective: ``c10d::allreduce_``, ``nccl:all_reduce`` and ``allreduce`` are ``allreduce``."""
-    s = _OP_PREFIX.sub("", name).lower().replace("_", "")
+    """One spelling per collective: ``c10d::allreduce_``, ``nccl:all_reduce``, ``symm_mem::multimem_all_reduce_``
+    and ``allreduce`` are ``allreduce``."""
+    s = _SYMM_MEM_ALGORITHM.sub("", _OP_PREFIX.sub("", name).lower().replace("_", ""))
     while (t := _OP_SUFFIX.sub("", s)) != s and t:
         s = t
     return s

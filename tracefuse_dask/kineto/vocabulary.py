@@ -8,7 +8,10 @@ its Kineto vintage or accelerator:
 - device work is what runs on a device stream: the GPU categories, and any event of a category that is not a
   host category and carries an integer ``args.stream`` (MTIA's ``mtia_ccp_events``), as HTA counts it;
 - collective kernels go by every name in use (``ncclKernel_*``, ``ncclDevKernel_*``, RCCL's ``rccl*``) or by
-  the ``Collective name`` that newer Kineto copies onto them.
+  the ``Collective name`` that newer Kineto copies onto them;
+- PyTorch's symmetric-memory collectives (``symm_mem::multimem_all_reduce_``, ``symm_mem::one_shot_all_reduce``,
+  ...) are collective calls, and their kernels (``multimem_all_reduce_kernel``, ``one_shot_all_reduce_kernel``,
+  ...) are communication, in the breakdown too: HTA 0.5.0 and TraceLens count those kernels as computation.
 """
 from __future__ import annotations
 
@@ -79,9 +82,11 @@ _CORRELATION_FLOWS = frozenset({"ac2g", "async", "async_cpu_to_gpu"})
 
 # The names a collective op goes by (``c10d::allreduce_``, ``nccl:all_reduce``); a call is a chain of those and
 # ``record_param_comms``.
-COLLECTIVE_OP_PREFIXES = ("c10d::", "nccl:", "rccl:", "gloo:")
+COLLECTIVE_OP_PREFIXES = ("c10d::", "nccl:", "rccl:", "gloo:", "symm_mem::")
 COLLECTIVE_CALL_PREFIXES = (*COLLECTIVE_OP_PREFIXES, "record_param_comms")
-_COMM_KERNEL = re.compile(r"nccl|rccl", re.IGNORECASE)
+# symmetric memory's collective kernels (torch/csrc/distributed/c10d/symm_mem): multimem_*, one_shot_*, two_shot_*
+_SYMM_MEM_KERNEL = r"(multimem|one_shot|two_shot)_(all_reduce|all_gather|reduce_scatter)\w*_kernel"
+_COMM_KERNEL = re.compile(r"nccl|rccl|" + _SYMM_MEM_KERNEL, re.IGNORECASE)
 _GRAPH_LAUNCH = re.compile(r"^(cuda|hip)GraphLaunch")
 # The runtime calls whose device work HTA 0.5.0's launch statistics count (``cuda_kernel_launch_stats``: kernel,
 # copy and set launches, MTIA's), and their ROCm counterparts, which it does not count.
@@ -121,6 +126,7 @@ _CATEGORY_RULES = [
 KERNEL_CATEGORIES = (*(name for name, _ in _CATEGORY_RULES), "other")  # every value of ``kernel_category``
 # HTA 0.5.0's kernel classes (hta/utils/utils.py), by name alone: where parity with HTA's breakdowns needs them.
 _HTA_COMM = re.compile(r"^nccl.*Kernel")
+_SYMM_MEM_COMM = re.compile(_SYMM_MEM_KERNEL)
 _HTA_MEMORY = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
 _HTA_NOT_COMPUTE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
 # HTA's consecutive_kernel_delay=30, compared with µs timestamps (its docstring says ns): shorter gaps between
@@ -209,8 +215,9 @@ def is_graph_launch(name: Any) -> bool:
 
 
 def kernel_type(name: str) -> str:
-    """HTA's kernel type of a device event's name: COMMUNICATION, MEMORY, COMPUTATION or OTHER."""
-    if _HTA_COMM.match(name):
+    """HTA's kernel type of a device event's name: COMMUNICATION, MEMORY, COMPUTATION or OTHER; symmetric memory's
+    collective kernels are COMMUNICATION here (HTA makes them COMPUTATION)."""
+    if _HTA_COMM.match(name) or _SYMM_MEM_COMM.search(name):
         return "COMMUNICATION"
     if _HTA_MEMORY.match(name):
         return "MEMORY"

@@ -16,7 +16,7 @@ from math import prod
 
 from .op import Op, Work, bpe, precision, shape
 
-__all__ = ["MODELS"]
+__all__ = ["BACKWARD", "MODELS"]
 
 
 def _tuple(text: str, n: int, default: int) -> tuple[int, ...]:
@@ -75,3 +75,6 @@ MODELS: dict[str, Callable[[Op], Work]] = {
     # grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, mask
     "aten::convolution_backward": lambda op: _conv(op, 1, True),
 }
+# A forward convolution's backward from its own args, for a backward op without a model of its own
+BACKWARD: dict[str, Callable[[Op], Work]] = {"aten::convolution": lambda op: _conv(op, 0, True),
+                                             "aten::_convolution": lambda op: _conv(op, 0, True)}

@@ -7,6 +7,13 @@ and bias when affine; the running statistics written in training). RMS norm: ``r
 ``n`` or ``2·n`` to apply it (and the weight). Backward: the gradient of the input and, when affine, of the
 weight (and bias). ``n`` counts the input's elements and ``C`` the elements a statistic spans.
 
+The fused RMS norms of ROCm's aiter and of vLLM (TraceLens's RMSNorm extensions, category ``RMSNorm``) take
+the RMS norm's formula over their input and weight: one with a residual add adds ``n`` FLOPs, reads the residual
+and writes the sum (``4·n`` elements moved with the input and the output); one with dynamic FP8 quantisation adds
+``2·n`` FLOPs and writes one byte per element and a 4-byte scale per row. vLLM's ``_C::rms_norm`` and
+``_C::fused_add_rms_norm`` are not in TraceLens; they take aiter's formulas on vLLM's argument order. aiter's
+``_groupnorm_run`` is read as ``aten::group_norm``, as TraceLens reads it.
+
 Where TraceLens tells an affine norm by ``Input Dims[i] is not None``, a trace records an absent tensor as
 ``[]``: here an empty shape means no weight, so a norm without one is not counted as affine. TraceLens reads batch
 norm's ``training`` as ``bool`` of its text, true for "False" too; here "True" is training. cuDNN's and MIOpen's
@@ -20,7 +27,7 @@ from math import prod
 
 from .op import Op, Work, bpe, nelems, precision, shape
 
-__all__ = ["MODELS"]
+__all__ = ["MODELS", "RMS_MODELS"]
 
 
 def _ints(text: str) -> list[int]:
@@ -113,6 +120,26 @@ def rms_norm(op: Op) -> Work:  # input, normalized_shape, weight, eps
     return Work(flops, moved, precision(op.type(0)), "vector")
 
 
+def _rms(n: int, channels: int, dtype: str | None, extra: str = "") -> Work:
+    """An affine RMS norm of ``n`` elements over ``channels``; ``extra``: "add" (a fused residual add) or "quant"
+    (a fused dynamic FP8 quantisation)."""
+    flops = n / channels * (2 * channels + 2) + 2 * n
+    size = bpe(dtype)
+    moved = None if size is None else 2 * n * size + channels * size
+    if extra == "add":
+        flops += n
+        moved = None if moved is None else moved + 2 * n * size
+    elif extra == "quant":
+        flops += 2 * n
+        moved = None if moved is None else n * size + channels * size + n + n // channels * 4
+    return Work(flops, moved, precision(dtype), "vector")
+
+
+def _fused_rms(x: int, weight: int, extra: str = "") -> Callable[[Op], Work]:
+    """A fused RMS norm whose input is argument ``x`` and weight argument ``weight``."""
+    return lambda op: _rms(nelems(shape(op.dims[x])), shape(op.dims[weight])[0], op.type(x), extra)
+
+
 def rms_norm_backward(op: Op) -> Work:  # grad_out, input, normalized_shape, rstd, weight, output_mask
     n, channels, affine = nelems(shape(op.dims[1])), prod(_ints(op.scalar(2))), _has(op, 4)
     mask = _bools(op.scalar(5))
@@ -122,6 +149,11 @@ def rms_norm_backward(op: Op) -> Work:  # grad_out, input, normalized_shape, rst
     size = bpe(op.type(1))
     moved = None if size is None else 3 * n * size + (2 * channels * size if affine else 0)
     return Work(flops, moved, precision(op.type(1)), "vector")
+
+
+def instance_norm(op: Op) -> Work:  # input, weight, bias, running_mean, running_var, use_input_stats, ...
+    dims = shape(op.dims[0])
+    return _forward(nelems(dims), dims[1], op.scalar(5) == "True", _has(op, 1), True, op.type(0))
 
 
 _FAMILIES = {"batch_norm": (batch_norm, batch_norm_backward), "layer_norm": (layer_norm, layer_norm_backward),
@@ -136,6 +168,25 @@ MODELS: dict[str, Callable[[Op], Work]] = {
     "aten::cudnn_batch_norm_backward": vendor_batch_norm_backward,
     "aten::miopen_batch_norm_backward": vendor_batch_norm_backward,
     "aten::_fused_rms_norm": rms_norm,
-    "aten::rms_norm_backward": rms_norm_backward,
-    "aten::_fused_rms_norm_backward": rms_norm_backward,
+    **{f"aten::{p}rms_norm_backward": rms_norm_backward for p in ("", "_fused_", "native_", "miopen_", "cudnn_")},
+    # TraceLens's vendor variants (no such ops in PyTorch today), read as the op they stand for
+    **{f"aten::{p}layer_norm": layer_norm for p in ("miopen_", "cudnn_")},
+    **{f"aten::{p}layer_norm_backward": layer_norm_backward for p in ("miopen_", "cudnn_")},
+    **{f"aten::{p}group_norm": group_norm for p in ("miopen_", "cudnn_")},
+    **{f"aten::{p}group_norm_backward": group_norm_backward for p in ("miopen_", "cudnn_")},
+    **{f"aten::{p}instance_norm": instance_norm for p in ("", "native_", "miopen_", "cudnn_")},
+    "aiter::_groupnorm_run": group_norm,
+}
+# TraceLens's RMSNorm extensions (category RMSNorm): each one's input and weight arguments
+RMS_MODELS: dict[str, Callable[[Op], Work]] = {
+    "aiter::rms_norm": _fused_rms(0, 1),  # input, weight, epsilon, ...
+    "aiter::rmsnorm2d_fwd_ck": _fused_rms(0, 1),
+    "aiter::rmsnorm": _fused_rms(1, 2),  # out, input, weight, epsilon
+    # out, input, residual_in, residual_out, weight, epsilon, ...
+    "aiter::rmsnorm2d_fwd_with_add_ck": _fused_rms(1, 4, "add"),
+    "aiter::add_rmsnorm": _fused_rms(1, 4, "add"),
+    # out, input, yscale, weight, epsilon, ...
+    "aiter::rmsnorm2d_fwd_with_dynamicquant_ck": _fused_rms(1, 3, "quant"),
+    "_C::rms_norm": _fused_rms(1, 2),  # vLLM: result, input, weight, epsilon
+    "_C::fused_add_rms_norm": _fused_rms(0, 2, "add"),  # vLLM: input, residual, weight, epsilon (in place)
 }

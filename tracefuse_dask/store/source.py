@@ -185,7 +185,8 @@ def rank_events(events: pa.Table, flows: pa.Table, origins: Mapping[str, Any]) -
         _either(col["group_size"], fields["group_size"]), _either(col["dtype"], fields["dtype"]),
         _either(col["in_nelems"], fields["in_nelems"]), _either(col["out_nelems"], fields["out_nelems"]),
         fields["seq"], fields["comms_id"], fields["memory_bw"], _raw(col["input_dims"], fields["input_dims"]),
-        _raw(col["input_types"], fields["input_types"]), _raw(col["concrete_inputs"], fields["concrete_inputs"]))]
+        _raw(col["input_types"], fields["input_types"]), _raw(col["concrete_inputs"], fields["concrete_inputs"]),
+        fields["sequence"])]
     for i, a in enumerate(rest):  # an event without args, or whose args is not an object
         if a is None:
             args[i] = None

@@ -24,9 +24,9 @@ CALL_COLUMNS = ["index", "op", "name", "pg_name", "pg_desc", "group_ranks", "gro
 def rank_collectives(model: RankModel, pg_config: Mapping[str, str]) -> pd.DataFrame:
     """One rank's collective calls, one row each, times in absolute ns.
 
-    A call is the outermost of a chain of ``c10d::*``, ``record_param_comms``, ``nccl:*``
-    and ``gloo:*`` events; its args are gathered over the chain, and its GPU times are those
-    of the NCCL/RCCL kernels launched inside it. A ``gloo:*`` annotation on its own runloop
+    A call is the outermost of a chain of ``c10d::*``, ``record_param_comms``, ``nccl:*``, ``gloo:*``
+    and ``symm_mem::*`` events; its args are gathered over the chain, and its GPU times are those
+    of the collective kernels launched inside it (``is_comm_kernel``). A ``gloo:*`` annotation on its own runloop
     thread is the execution of a ``c10d::*`` call, not a call, when the rank has ``c10d::*`` calls.
     Only the chains' events are read, not the whole rank's.
 
@@ -87,7 +87,7 @@ def rank_collectives(model: RankModel, pg_config: Mapping[str, str]) -> pd.DataF
         text = c.get("group_ranks")
         # Kineto writes the first 30 ranks of a bigger group and "...": then pg_config has them all
         ranks = group_spec(text) or pg_config.get(pg) or text
-        itemsize = ITEMSIZE.get(str(c.get("dtype", "")).lower())
+        itemsize = ITEMSIZE.get(str(c.get("dtype", "")).lower().removeprefix("c10::"))  # ``Input type``'s c10::
         in_n, out_n = c.get("in_nelems"), c.get("out_nelems")
         rows.append({
             "index": k, "op": op,

@@ -19,7 +19,7 @@ _ARG_KEYS = {"collective": "Collective name", "pg_name": "Process Group Name",
              "pg_desc": "Process Group Description", "group_ranks": "Process Group Ranks", "group_size": "Group size",
              "in_nelems": "In msg nelems", "out_nelems": "Out msg nelems", "seq": "Seq", "comms_id": "Comms Id",
              "input_dims": "Input Dims", "input_types": "Input type", "concrete_inputs": "Concrete Inputs",
-             "memory_bw": "memory bandwidth (GB/s)"}
+             "memory_bw": "memory bandwidth (GB/s)", "sequence": "Sequence number"}
 
 class Args(Struct, gc=False, rename=_ARG_KEYS):
     """The ``args`` keys the analysis reads; the decoder skips the others unread.
@@ -43,6 +43,7 @@ class Args(Struct, gc=False, rename=_ARG_KEYS):
     input_dims: Raw = Raw()  # empty when absent
     input_types: Raw = Raw()
     concrete_inputs: Raw = Raw()
+    sequence: Any = None  # autograd's sequence number: a forward op and its backward share it
 
 
 NO_ARGS = Args()

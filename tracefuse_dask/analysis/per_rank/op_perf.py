@@ -6,27 +6,86 @@ The ops are those TraceLens's unified perf report takes (``collect_unified_perf_
 outermost op above it that a model covers (``aten::_scaled_dot_product_flash_attention``, not the
 ``aten::_flash_attention_forward`` inside it), else the leaf op that launched it (those of ``kernel_launchers``).
 A call's kernel time is the busy time (the union) of its kernels, as TraceLens measures it. Collective calls
-(``record_param_comms``, ``nccl:*``) are left out, as TraceLens leaves them out by default.
+(``record_param_comms``, ``nccl:*``, ``symm_mem::*``) are left out, as TraceLens leaves them out by default.
+
+A backward op without a model of its own is modelled through its forward op where the trace links them
+(``backward_links``, TraceLens's autograd link): its row has its own name, the forward op's input columns, the
+forward op's name as its ``context``, and the backward of the forward op's model (``perf.backward_work``).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import defaultdict
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from ...kineto.vocabulary import is_collective_call
-from ...perf import category, work
+from ...perf import (
+    backward_category,
+    backward_work,
+    category,
+    has_backward,
+    has_model,
+    work,
+)
 from ...perf.devices import Device
 from ..schema import OP_PERF_COLUMNS
+from .model import RankModel
 
-__all__ = ["op_perf_table", "owners"]
+__all__ = ["backward_links", "op_perf_table", "owners"]
+
+_EVALUATE = "autograd::engine::evaluate_function: "
 
 
-def owners(leaf: np.ndarray, parent: list[int], modelled: np.ndarray) -> np.ndarray:
+def backward_links(model: RankModel, is_cpu_op: np.ndarray, leaf: np.ndarray) -> dict[int, int]:
+    """TraceLens's autograd link (``link_all_fwd_bwd_events``, ``_get_linked_fwd_event``): per tree position of a
+    backward op that its forward op's model covers, that forward op's event.
+
+    The backward op is the one CPU op under ``autograd::engine::evaluate_function: <name>`` that is named ``<name>``
+    and launched kernels (``leaf``: each kernel's leaf op position). Its forward op is, of the events with the same
+    ``Sequence number`` that start before the backward, the latest one whose model has a backward
+    (``perf.has_backward``). Two choices differ from TraceLens, which takes the latest event of that number on
+    another thread and links only when that event has a model: the ops inside a forward op can carry its number
+    (``aten::_efficient_attention_forward`` in ``aten::_scaled_dot_product_efficient_attention``), and on a CPU
+    device the backward runs on the forward's thread. Traces without autograd, or without such a forward op, cost
+    nothing."""
+    names, code, tree = model.names, model.name_code, model.tree
+    evaluate = {c for c, nm in enumerate(names) if str(nm).startswith(_EVALUATE)}
+    forward = {c for c, nm in enumerate(names) if has_backward(str(nm))}
+    if not evaluate or not forward:
+        return {}
+    groups: dict[Any, list[int]] = defaultdict(list)
+    for i, a in enumerate(model.args):
+        if a.sequence is not None:
+            groups[a.sequence].append(i)
+    under = np.cumsum(np.bincount(leaf[leaf >= 0] + 1, minlength=len(tree.order) + 1))  # kernels before a position
+    links: dict[int, int] = {}
+    for events in groups.values():
+        bwd = next((i for i in events if code[i] in evaluate), None)
+        if bwd is None or tree.pos[bwd] < 0:
+            continue
+        fwd = [i for i in events if code[i] in forward and model.start[i] < model.start[bwd]]
+        main = str(names[code[bwd]])[len(_EVALUATE):]
+        p = int(tree.pos[bwd])
+        ops = [q for q in range(p + 1, int(tree.stop[p])) if under[tree.stop[q]] > under[q]
+               and is_cpu_op[tree.order[q]] and str(names[code[tree.order[q]]]) == main]
+        if fwd and len(ops) == 1:
+            links[ops[0]] = max(fwd, key=lambda i: (model.start[i], i))
+    return links
+
+
+def owners(leaf: np.ndarray, parent: list[int], modelled: np.ndarray, stop: np.ndarray,
+           links: Mapping[int, int], own_backward: np.ndarray) -> np.ndarray:
     """Per kernel, the tree position of the op it counts for: the outermost ancestor of its leaf op (itself
-    included) that is ``modelled``, else the leaf (-1 stays -1)."""
+    included) that is ``modelled``, else the leaf (-1 stays -1).
+
+    A backward op of ``links`` then owns the kernels below it that no modelled op owns, unless an op below it has a
+    backward model of its own (``own_backward``: ``aten::_scaled_dot_product_flash_attention_backward`` under
+    ``ScaledDotProductFlashAttentionBackward0``). TraceLens links no op with a modelled op anywhere below it (a
+    modelled ``aten::copy_`` in the backward of CPU's attention is enough), and then gives every op below it the
+    forward's whole backward; here the copy keeps its own row and the backward op the rest."""
     memo: dict[int, int] = {}
     out = leaf.copy()
     for k, p in enumerate(leaf.tolist()):
@@ -41,6 +100,11 @@ def owners(leaf: np.ndarray, parent: list[int], modelled: np.ndarray) -> np.ndar
                 q = parent[q]
             memo[p] = owner
         out[k] = owner
+    for p in links:
+        inside = np.flatnonzero((leaf >= p) & (leaf < stop[p]))
+        if not own_backward[out[inside]].any():
+            inside = inside[~modelled[out[inside]]]
+            out[inside] = p
     return out
 
 
@@ -126,9 +190,11 @@ def _main_kernels(group: np.ndarray, names: np.ndarray, dur: np.ndarray, n: int)
 def _row(name: str, dims: str, types: str, concrete: str, context: str, n: int, busy_ns: int, main_kernel: str,
          first_kernel: str, device: Device | None) -> list[Any]:
     nan = float("nan")
-    w = work(name, dims, types, concrete, context)
-    row: list[Any] = [name, category(name, first_kernel), dims, types, concrete, context, n, busy_ns / 1e3,
-                      main_kernel]
+    if context and not has_model(name) and has_backward(context):  # a backward op through its forward op
+        w, cat = backward_work(context, dims, types, concrete), backward_category(context)
+    else:
+        w, cat = work(name, dims, types, concrete, context), category(name, first_kernel)
+    row: list[Any] = [name, cat, dims, types, concrete, context, n, busy_ns / 1e3, main_kernel]
     if w is None:
         return row + [nan] * 5 + [None, None, nan, nan, nan, nan, False, None]
     total_ns = busy_ns or nan

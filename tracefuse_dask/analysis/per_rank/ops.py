@@ -3,7 +3,7 @@ launch kernels, grouped by name and input shapes (``kernel_launchers``)."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from operator import attrgetter
 from typing import Any
 
@@ -100,10 +100,13 @@ def op_tables(model: RankModel, is_op: np.ndarray, is_cpu_op: np.ndarray) -> tup
     return ops, launchers, leaf[at]
 
 
-def op_keys(model: RankModel) -> Callable[[np.ndarray], list[tuple[str, str, str, str, str]]]:
+def op_keys(model: RankModel, through: Mapping[int, int]
+            ) -> Callable[[np.ndarray], list[tuple[str, str, str, str, str]]]:
     """Tree positions' op names, args as compact JSON text and context (``op_perf``'s groups), each distinct text
     converted once. The context is, for an op whose model reads it (``perf.needs_context``), the name of the
-    nearest enclosing event that the model's pattern matches (vLLM's batch annotation), else ""."""
+    nearest enclosing event that the model's pattern matches (vLLM's batch annotation); for a backward op modelled
+    through its forward op (``through``: position to the forward op's event), the forward op's name, and the args
+    are the forward op's; else ""."""
     order, parent, name_code, names, args = (model.tree.order, model.tree.parent, model.name_code, model.names,
                                              model.args)
     seen: dict[tuple[int, bytes, bytes, bytes, str], tuple[str, str, str, str, str]] = {}
@@ -119,9 +122,11 @@ def op_keys(model: RankModel) -> Callable[[np.ndarray], list[tuple[str, str, str
         return ""
 
     def keys_of(positions: np.ndarray) -> list[tuple[str, str, str, str, str]]:
-        at = order[positions].tolist()
-        codes = name_code[at].tolist()
-        contexts = [context(p) if c in contextual else "" for p, c in zip(positions.tolist(), codes)]
+        pos = positions.tolist()
+        codes = name_code[order[positions]].tolist()
+        contexts = [str(names[name_code[through[p]]]) if p in through else context(p) if c in contextual else ""
+                    for p, c in zip(pos, codes)]
+        at = [through.get(p, i) for p, i in zip(pos, order[positions].tolist())]  # whose args
         raws = zip(codes, [bytes(args[i].input_dims) for i in at], [bytes(args[i].input_types) for i in at],
                    [bytes(args[i].concrete_inputs) for i in at], contexts)
         out = []

@@ -41,7 +41,7 @@ from ...kineto.vocabulary import (
     on_device,
 )
 from ...model import MergeOptions
-from ...perf import has_model
+from ...perf import category, has_model
 from ...perf.devices import Device, detect
 from ..schema import Cutoffs, RankTables
 from .account import events_account
@@ -49,7 +49,7 @@ from .collectives import rank_collectives
 from .counters import LAUNCH_COLUMNS, launch_stats, memory_bw, memory_kind, queue_length
 from .decode import NO_ARGS, Args, Event, durations, events_decoder
 from .model import CallTree, GpuWork, RankModel, codes, factorized
-from .op_perf import op_perf_table, owners
+from .op_perf import backward_links, op_perf_table, owners
 from .ops import op_keys, op_tables
 from .sequences import SEQUENCE_COLUMNS, rank_sequences
 from .walker import rank_pieces
@@ -251,8 +251,13 @@ def analyze_events(events: list[Event], rank: int, path: str, steps: tuple[int, 
     device, called = detect(props, devices)
     launched = m.launch_pos >= 0
     modelled = np.array([has_model(nm) for nm in names], dtype=bool)[name_code] & is_cpu_op
-    tables["op_perf"] = op_perf_table(owners(leaf_at, tree.parent, modelled[tree.order]), g.start[launched],
-                                      g.end[launched], g.name[launched].tolist(), op_keys(m), device)
+    links = backward_links(m, is_cpu_op, leaf_at)
+    own_backward = np.array([has_model(nm) and category(nm).endswith("_bwd") for nm in names], dtype=bool)[
+        name_code] & is_cpu_op if links else modelled
+    tables["op_perf"] = op_perf_table(owners(leaf_at, tree.parent, modelled[tree.order], tree.stop, links,
+                                             own_backward[tree.order]),
+                                      g.start[launched], g.end[launched], g.name[launched].tolist(),
+                                      op_keys(m, links), device)
     tables["idle"] = _idle_table(g, m.start)
     tables["launch_stats"], tables["launch_worst"], tables["queue_length"], tables["memory_bw"] = _counter_tables(
         m, cutoffs)
