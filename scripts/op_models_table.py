@@ -31,17 +31,23 @@ calls and categories, and `gflop`, `data_mib` and `kernel_us` within 1%, for eve
 - **Triton's fp32 bytes**, **`aten::mean`'s `dim`**, **FlashAttention backward's causal flag**, **batch norm's
   `training`** and **a convolution's bias**: TraceLens misreads the argument; each module's docstring says how.
 - **Backward ops through their forward op** (TraceLens's autograd link): a backward op without a model of its own
-  (`aten::_efficient_attention_backward` under `ScaledDotProductEfficientAttentionBackward0`) takes the backward of
-  its forward op's model, with the forward op's shapes. Its row has the autograd node's name, the forward op's
-  inputs and the forward op's name as `context`. Only attention and convolution models have a backward, as in
-  TraceLens. We link a node to the latest op of its sequence number that has such a model, where TraceLens takes
-  the latest op of that number on another thread and links only if that op has a model (on a CPU device the
-  backward runs on the forward's thread; the op inside a forward op can carry its number). And a modelled op
-  below the node (a copy) keeps its own row; TraceLens then gives every op below the node the whole backward.
+  (CPU's `aten::_scaled_dot_product_flash_attention_for_cpu_backward` under
+  `ScaledDotProductFlashAttentionForCpuBackward0`) takes the backward of its forward op's model, with the forward
+  op's shapes. Its row has the autograd node's name, the forward op's inputs and the forward op's name as
+  `context`. Only attention and convolution models have a backward, as in TraceLens (whose norm models declare a
+  backward category, but their backward raises). We link a node to the latest op of its sequence number that has
+  such a model, where TraceLens takes the latest op of that number on another thread and links only if that op
+  has a model (on a CPU device the backward runs on the forward's thread; the op inside a forward op can carry its
+  number). And a modelled op below the node (a copy) keeps its own row; TraceLens then gives every op below the
+  node the whole backward.
 - **`aiter::_flash_attn_backward`**: TraceLens reads its `dout, q, k` as `q, k, v`; we read `q, k, v`.
 - **Nearest upsampling given scale factors** (the `.vec` overload): TraceLens's model fails; we take the size.
-- **Symmetric-memory collectives** (`symm_mem::*`): communication in the breakdown and the collectives tables, and
-  left out of `op_perf` with the other collectives. TraceLens and HTA count their kernels as computation.
+- **Symmetric-memory collectives** (`symm_mem::multimem_all_reduce_`, `one_shot_all_reduce`, `reduce_scatter_out`,
+  ...; not its helpers such as `memset32_`): communication in the breakdown and the collectives tables, and left
+  out of `op_perf` with the other collectives. TraceLens and HTA count their kernels as computation.
+- **Element sizes**: attention backward's bytes (aiter's, varlen's) are at Q's element size, TraceLens's at 2
+  bytes; the same for bf16 and fp16. Instance norm's `use_input_stats` is "True" or not, as batch norm's
+  `training`.
 
 ## TraceLens's ops
 
@@ -128,7 +134,11 @@ def main() -> None:
         sys.path.insert(0, args.tracelens)
         commit = args.commit or subprocess.run(["git", "-C", args.tracelens, "rev-parse", "--short", "HEAD"],
                                                capture_output=True, text=True, check=False).stdout.strip() or "a checkout"
-    from TraceLens.PerfModel import torch_op_mapping as mapping
+    try:
+        from TraceLens.PerfModel import torch_op_mapping as mapping
+    except ImportError as e:
+        sys.exit(f"op_models_table.py: cannot import TraceLens's torch_op_mapping ({e}); pass --tracelens with a "
+                 "checkout of AMD-AGI/TraceLens, in an environment with its dependencies, or install it")
 
     print(_INTRO.replace("{commit}", commit) + "\n".join(table(mapping)) + "\n\n## Modelled here, not by TraceLens\n\n" +
           "\n".join(ours_only(mapping)))

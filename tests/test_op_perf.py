@@ -297,3 +297,18 @@ def test_the_op_models_table_in_the_docs_is_the_code():
     assert set(perf._MODELS) <= set(seen)
     tracelens = [n for n, c in seen.items() if len(c) == 3]
     assert len(tracelens) >= 290 and sum(c[-1].startswith("modelled") for c in seen.values()) >= 110
+
+
+def test_a_linked_backward_op_takes_only_what_no_model_below_it_owns():
+    """``owners`` on a small tree: position 0 a backward node linked to its forward op, 1 and 2 ops below it, 3 a
+    leaf below 2. A modelled op below it with a backward model of its own (1: aten::..._backward) keeps the link off:
+    every kernel stays where it was. A modelled op without one (1: aten::copy_) keeps its kernels; the node takes
+    the rest. A node inside another's takes its own kernels, whichever order the links come in."""
+    from tracefuse_dask.analysis.per_rank.op_perf import owners
+
+    leaf, parent, stop = np.array([1, 3, 3, -1]), [-1, 0, 0, 2], np.array([4, 2, 4, 4])
+    modelled = np.array([False, True, False, False])
+    assert owners(leaf, parent, modelled, stop, {0: 9}, np.array([False, True, False, False])).tolist() == [1, 3, 3, -1]
+    assert owners(leaf, parent, modelled, stop, {0: 9}, np.zeros(4, bool)).tolist() == [1, 0, 0, -1]
+    for links in ({0: 9, 2: 8}, {2: 8, 0: 9}):
+        assert owners(leaf, parent, modelled, stop, links, np.zeros(4, bool)).tolist() == [1, 2, 2, -1]

@@ -272,10 +272,16 @@ def test_fused_rms_norms_and_aiters_group_norm():
               ["c10::Float8_e4m3fnuz", BF16, F32, BF16, "Scalar", "Scalar"])
     assert (quant.flops, quant.bytes) == (plain + 2 * n, n * 2 + c * 2 + n * 1 + rows * 4)
     assert {category(o) for o in ("_C::rms_norm", "aiter::add_rmsnorm", "aiter::rmsnorm")} == {"RMSNorm"}
-    gn = w("aiter::_groupnorm_run", [[1, 512, 64, 64], [], [512], [512], []],
-           [BF16, "Scalar", BF16, BF16, "Scalar"], ["", "32", "", "", "1e-06"])
+    x = [1, 512, 64, 64]
+    gn = w("aiter::_groupnorm_run", [x, [], [512], [512], []], [BF16, "Scalar", BF16, BF16, "Scalar"],
+           ["", "32", "", "", "1e-06"])
     m = 512 * 64 * 64
     assert (gn.flops, gn.bytes) == (512 * 6 + 3 * m + 2 * m, 2 * m * 2 + 6 * 512 * 2)  # as aten::group_norm
+    new = w("aiter::_groupnorm_run", [x, [4096], x, [], [512], [512], []],  # y, workspace, input, ...: aiter 2026
+            [BF16, "float", BF16, "Scalar", BF16, BF16, "Scalar"], ["", "", "", "32", "", "", "1e-06"])
+    assert (new.flops, new.bytes) == (gn.flops, gn.bytes)
+    no_weight = w("aiter::_groupnorm_run", [x, [4096], x, [], [], [], []], [BF16, "float", BF16] + ["Scalar"] * 4)
+    assert no_weight.bytes == 2 * m * 2 + 4 * 512 * 2  # mean, variance and the two running statistics
     assert category("aiter::_groupnorm_run") == "NORM_fwd"
     inst = w("aten::instance_norm", [[2, 8, 16, 16], [8], [8], [], [], [], [], [], []],
              [F32] * 3 + [""] * 2 + ["Scalar"] * 4, ["", "", "", "", "", "True", "0.1", "1e-05", "False"])
@@ -320,12 +326,14 @@ def test_the_backward_of_a_forward_ops_model():
 def test_aiter_and_flash_attention_3_read_their_own_argument_positions():
     q = [2, 128, 8, 64]  # (batch, length, heads, head dim)
     full = 2 * 8 * 2 * 2 * 128 * 128 * 64  # QKᵀ and PV
-    for name, causal_at in (("aiter::mha_fwd", 5), ("aiter::fmha_v3_fwd", 5), ("aiter::_flash_attn_forward", 5),
-                            ("aiter::wrapper_fmha_v3_fwd", 6), ("flash_attn_3::fwd", 24)):
+    for name, first, causal_at in (("aiter::mha_fwd", 0, 5), ("aiter::fmha_v3_fwd", 0, 5),
+                                   ("aiter::_flash_attn_forward", 0, 5), ("aiter::wrapper_fmha_v3_fwd", 1, 6),
+                                   ("flash_attn_3::fwd", 0, 24)):
+        dims = [[]] * first + [q] * 3  # aiter's wrapper_fmha_v3_fwd takes its output first
         concrete = [""] * (causal_at + 1)
-        assert w(name, [q] * 3, [BF16] * 3, concrete).flops == full, name  # not causal unless it says so
+        assert w(name, dims, [BF16] * len(dims), concrete).flops == full, name  # not causal unless it says so
         concrete[causal_at] = "True"
-        fwd = w(name, [q] * 3, [BF16] * 3, concrete)
+        fwd = w(name, dims, [BF16] * len(dims), concrete)
         assert (fwd.flops, fwd.bytes, category(name)) == (full / 2, 4 * 2 * 128 * 8 * 64 * 2, "SDPA_fwd"), name
     for name, causal_at in (("aiter::mha_bwd", 8), ("aiter::_flash_attn_backward", 12),
                             ("aiter::wrapper_fmha_v3_bwd", 9)):

@@ -10,8 +10,9 @@ its Kineto vintage or accelerator:
 - collective kernels go by every name in use (``ncclKernel_*``, ``ncclDevKernel_*``, RCCL's ``rccl*``) or by
   the ``Collective name`` that newer Kineto copies onto them;
 - PyTorch's symmetric-memory collectives (``symm_mem::multimem_all_reduce_``, ``symm_mem::one_shot_all_reduce``,
-  ...) are collective calls, and their kernels (``multimem_all_reduce_kernel``, ``one_shot_all_reduce_kernel``,
-  ...) are communication, in the breakdown too: HTA 0.5.0 and TraceLens count those kernels as computation.
+  ...; not its helpers, ``symm_mem::memset32_``) are collective calls, and their kernels
+  (``multimem_all_reduce_kernel``, ``multimem_one_shot_reduce_kernel``, ``one_shot_all_reduce_kernel``, ...) are
+  communication, in the breakdown too: HTA 0.5.0 and TraceLens count those kernels as computation.
 """
 from __future__ import annotations
 
@@ -84,8 +85,13 @@ _CORRELATION_FLOWS = frozenset({"ac2g", "async", "async_cpu_to_gpu"})
 # ``record_param_comms``.
 COLLECTIVE_OP_PREFIXES = ("c10d::", "nccl:", "rccl:", "gloo:", "symm_mem::")
 COLLECTIVE_CALL_PREFIXES = (*COLLECTIVE_OP_PREFIXES, "record_param_comms")
+# of the ``symm_mem::`` ops, the collectives (``multimem_all_reduce_``, ``one_shot_all_reduce_out``,
+# ``multimem_one_shot_reduce_out``, ``reduce_scatter_out``, ``all_to_all_vdev``), not the helpers (``memset32_``,
+# ``_async_input_mm``, ``fused_all_gather_matmul``)
+_SYMM_MEM_CALL = re.compile(r"symm_mem::(multimem_)?(one_shot_|two_shot_)?(all_reduce|all_gather|reduce_scatter|"
+                            r"all_to_all|reduce)")
 # symmetric memory's collective kernels (torch/csrc/distributed/c10d/symm_mem): multimem_*, one_shot_*, two_shot_*
-_SYMM_MEM_KERNEL = r"(multimem|one_shot|two_shot)_(all_reduce|all_gather|reduce_scatter)\w*_kernel"
+_SYMM_MEM_KERNEL = r"(multimem|one_shot|two_shot)_\w*?(all_reduce|all_gather|reduce_scatter|reduce)\w*_kernel"
 _COMM_KERNEL = re.compile(r"nccl|rccl|" + _SYMM_MEM_KERNEL, re.IGNORECASE)
 _GRAPH_LAUNCH = re.compile(r"^(cuda|hip)GraphLaunch")
 # The runtime calls whose device work HTA 0.5.0's launch statistics count (``cuda_kernel_launch_stats``: kernel,
@@ -190,6 +196,8 @@ def is_correlation_flow(cat: Any) -> bool:
 
 def is_collective_call(name: str) -> bool:
     """True for the names of the host events that make up a collective call."""
+    if name.startswith("symm_mem::"):
+        return _SYMM_MEM_CALL.match(name) is not None
     return name.startswith(COLLECTIVE_CALL_PREFIXES)
 
 

@@ -137,7 +137,7 @@ MODELS: dict[str, Callable[[Op], Work]] = {
     # ROCm's aiter and FlashAttention 3, (batch, length, heads, head dim); not causal when the trace does not say.
     # q, k, v, dropout_p, softmax_scale, causal, ...
     **dict.fromkeys(("aiter::_flash_attn_forward", "aiter::mha_fwd", "aiter::fmha_v3_fwd"), _fwd(0, _BNHD, 5, False)),
-    "aiter::wrapper_fmha_v3_fwd": _fwd(0, _BNHD, 6, False),
+    "aiter::wrapper_fmha_v3_fwd": _fwd(1, _BNHD, 6, False),  # out, q, k, v, dropout_p, softmax_scale, causal
     "flash_attn_3::fwd": _fwd(0, _BNHD, 24, False),
     # dout, q, k, v, ...: TraceLens reads aiter::_flash_attn_backward's dout, q, k as q, k, v (the same shapes
     # unless K and V have fewer heads than Q)
@@ -146,7 +146,7 @@ MODELS: dict[str, Callable[[Op], Work]] = {
     "aiter::wrapper_fmha_v3_bwd": _bwd(1, _BNHD, 9, True, False),
 }
 # A forward op's backward from the forward's own args (TraceLens's ``flops_bwd``, ``bytes_bwd``), for a backward op
-# that has no model of its own (``aten::_efficient_attention_backward`` under ``...EfficientAttentionBackward0``)
+# that has no model of its own (CPU's ``aten::_scaled_dot_product_flash_attention_for_cpu_backward``)
 BACKWARD: dict[str, Callable[[Op], Work]] = {
     "aten::_scaled_dot_product_flash_attention": _bwd(0, _BHND, 4, True),
     "aten::_scaled_dot_product_flash_attention_for_cpu": _bwd(0, _BHND, 4, True),
@@ -156,6 +156,6 @@ BACKWARD: dict[str, Callable[[Op], Work]] = {
     "flash_attn::_flash_attn_forward": _bwd(0, _BNHD, 5, True),
     "flash_attn::_flash_attn_varlen_forward": lambda op: _varlen(op, 0, 3, True),
     **dict.fromkeys(("aiter::_flash_attn_forward", "aiter::mha_fwd", "aiter::fmha_v3_fwd"), _bwd(0, _BNHD, 5, True, False)),
-    "aiter::wrapper_fmha_v3_fwd": _bwd(0, _BNHD, 6, True, False),
+    "aiter::wrapper_fmha_v3_fwd": _bwd(1, _BNHD, 6, True, False),
     "flash_attn_3::fwd": _bwd(0, _BNHD, 24, True, False),
 }

@@ -12,12 +12,13 @@ the RMS norm's formula over their input and weight: one with a residual add adds
 and writes the sum (``4·n`` elements moved with the input and the output); one with dynamic FP8 quantisation adds
 ``2·n`` FLOPs and writes one byte per element and a 4-byte scale per row. vLLM's ``_C::rms_norm`` and
 ``_C::fused_add_rms_norm`` are not in TraceLens; they take aiter's formulas on vLLM's argument order. aiter's
-``_groupnorm_run`` is read as ``aten::group_norm``, as TraceLens reads it.
+``_groupnorm_run`` is a group norm on either of aiter's argument orders (``input, num_groups, weight, bias, eps``;
+since 2026 ``y, workspace, input, ...``); TraceLens reads its first argument as the input, the same shape.
 
 Where TraceLens tells an affine norm by ``Input Dims[i] is not None``, a trace records an absent tensor as
 ``[]``: here an empty shape means no weight, so a norm without one is not counted as affine. TraceLens reads batch
-norm's ``training`` as ``bool`` of its text, true for "False" too; here "True" is training. cuDNN's and MIOpen's
-batch norm backward take inference statistics, as TraceLens takes them.
+norm's ``training`` and instance norm's ``use_input_stats`` as ``bool`` of their text, true for "False" too; here
+"True" is training. cuDNN's and MIOpen's batch norm backward take inference statistics, as TraceLens takes them.
 """
 from __future__ import annotations
 
@@ -151,6 +152,12 @@ def rms_norm_backward(op: Op) -> Work:  # grad_out, input, normalized_shape, rst
     return Work(flops, moved, precision(op.type(1)), "vector")
 
 
+def aiter_group_norm(op: Op) -> Work:  # [y, workspace,] input, num_groups, weight, bias, eps
+    at = 2 if len(op.dims) >= 7 else 0
+    dims = shape(op.dims[at])
+    return _forward(nelems(dims), dims[1], True, _has(op, at + 2), True, op.type(at))
+
+
 def instance_norm(op: Op) -> Work:  # input, weight, bias, running_mean, running_var, use_input_stats, ...
     dims = shape(op.dims[0])
     return _forward(nelems(dims), dims[1], op.scalar(5) == "True", _has(op, 1), True, op.type(0))
@@ -175,7 +182,7 @@ MODELS: dict[str, Callable[[Op], Work]] = {
     **{f"aten::{p}group_norm": group_norm for p in ("miopen_", "cudnn_")},
     **{f"aten::{p}group_norm_backward": group_norm_backward for p in ("miopen_", "cudnn_")},
     **{f"aten::{p}instance_norm": instance_norm for p in ("", "native_", "miopen_", "cudnn_")},
-    "aiter::_groupnorm_run": group_norm,
+    "aiter::_groupnorm_run": aiter_group_norm,
 }
 # TraceLens's RMSNorm extensions (category RMSNorm): each one's input and weight arguments
 RMS_MODELS: dict[str, Callable[[Op], Work]] = {

@@ -25,7 +25,7 @@ def rank_collectives(model: RankModel, pg_config: Mapping[str, str]) -> pd.DataF
     """One rank's collective calls, one row each, times in absolute ns.
 
     A call is the outermost of a chain of ``c10d::*``, ``record_param_comms``, ``nccl:*``, ``gloo:*``
-    and ``symm_mem::*`` events; its args are gathered over the chain, and its GPU times are those
+    and symmetric-memory collective events (``is_collective_call``); its args are gathered over the chain, and its GPU times are those
     of the collective kernels launched inside it (``is_comm_kernel``). A ``gloo:*`` annotation on its own runloop
     thread is the execution of a ``c10d::*`` call, not a call, when the rank has ``c10d::*`` calls.
     Only the chains' events are read, not the whole rank's.

@@ -8,12 +8,14 @@ outermost op above it that a model covers (``aten::_scaled_dot_product_flash_att
 A call's kernel time is the busy time (the union) of its kernels, as TraceLens measures it. Collective calls
 (``record_param_comms``, ``nccl:*``, ``symm_mem::*``) are left out, as TraceLens leaves them out by default.
 
-A backward op without a model of its own is modelled through its forward op where the trace links them
+A backward op without a model of its own (CPU's ``aten::_scaled_dot_product_flash_attention_for_cpu_backward``
+under ``ScaledDotProductFlashAttentionForCpuBackward0``) is modelled through its forward op where the trace links them
 (``backward_links``, TraceLens's autograd link): its row has its own name, the forward op's input columns, the
 forward op's name as its ``context``, and the backward of the forward op's model (``perf.backward_work``).
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -48,31 +50,33 @@ def backward_links(model: RankModel, is_cpu_op: np.ndarray, leaf: np.ndarray) ->
     ``Sequence number`` that start before the backward, the latest one whose model has a backward
     (``perf.has_backward``). Two choices differ from TraceLens, which takes the latest event of that number on
     another thread and links only when that event has a model: the ops inside a forward op can carry its number
-    (``aten::_efficient_attention_forward`` in ``aten::_scaled_dot_product_efficient_attention``), and on a CPU
+    (``aten::_scaled_dot_product_flash_attention_for_cpu`` in ``aten::scaled_dot_product_attention``), and on a CPU
     device the backward runs on the forward's thread. Traces without autograd, or without such a forward op, cost
     nothing."""
     names, code, tree = model.names, model.name_code, model.tree
-    evaluate = {c for c, nm in enumerate(names) if str(nm).startswith(_EVALUATE)}
-    forward = {c for c, nm in enumerate(names) if has_backward(str(nm))}
+    evaluate = [c for c, nm in enumerate(names) if str(nm).startswith(_EVALUATE)]
+    forward = [c for c, nm in enumerate(names) if has_backward(str(nm))]
     if not evaluate or not forward:
         return {}
-    groups: dict[Any, list[int]] = defaultdict(list)
-    for i, a in enumerate(model.args):
-        if a.sequence is not None:
-            groups[a.sequence].append(i)
+    start = model.start.tolist()
+    forwards: dict[Any, list[tuple[int, int]]] = defaultdict(list)  # (start, event) by sequence number
+    for i in np.flatnonzero(np.isin(code, forward)).tolist():
+        if model.args[i].sequence is not None:
+            forwards[model.args[i].sequence].append((start[i], i))
+    for candidates in forwards.values():
+        candidates.sort()
     under = np.cumsum(np.bincount(leaf[leaf >= 0] + 1, minlength=len(tree.order) + 1))  # kernels before a position
     links: dict[int, int] = {}
-    for events in groups.values():
-        bwd = next((i for i in events if code[i] in evaluate), None)
-        if bwd is None or tree.pos[bwd] < 0:
+    for bwd in np.flatnonzero(np.isin(code, evaluate)).tolist():
+        candidates, p = forwards.get(model.args[bwd].sequence, []), int(tree.pos[bwd])
+        k = bisect_left(candidates, (start[bwd], -1))  # the candidates that start before the backward
+        if not k or p < 0:
             continue
-        fwd = [i for i in events if code[i] in forward and model.start[i] < model.start[bwd]]
         main = str(names[code[bwd]])[len(_EVALUATE):]
-        p = int(tree.pos[bwd])
         ops = [q for q in range(p + 1, int(tree.stop[p])) if under[tree.stop[q]] > under[q]
                and is_cpu_op[tree.order[q]] and str(names[code[tree.order[q]]]) == main]
-        if fwd and len(ops) == 1:
-            links[ops[0]] = max(fwd, key=lambda i: (model.start[i], i))
+        if len(ops) == 1:
+            links[ops[0]] = candidates[k - 1][1]
     return links
 
 
@@ -100,8 +104,10 @@ def owners(leaf: np.ndarray, parent: list[int], modelled: np.ndarray, stop: np.n
                 q = parent[q]
             memo[p] = owner
         out[k] = owner
-    for p in links:
-        inside = np.flatnonzero((leaf >= p) & (leaf < stop[p]))
+    by_leaf = np.argsort(leaf, kind="stable")
+    sorted_leaf = leaf[by_leaf]
+    for p in sorted(links):  # outer first: a backward op inside another's keeps its own kernels
+        inside = by_leaf[np.searchsorted(sorted_leaf, p):np.searchsorted(sorted_leaf, stop[p])]
         if not own_backward[out[inside]].any():
             inside = inside[~modelled[out[inside]]]
             out[inside] = p
