@@ -26,6 +26,10 @@ lists every op TraceLens (commit {commit}) maps to a model or only to a category
 How the two agree is tested on TraceLens's own tables of two traces (`tests/test_op_perf.py`): the same groups,
 calls and categories, and `gflop`, `data_mib` and `kernel_us` within 1%, for every row TraceLens models.
 
+No op that TraceLens models and we do not appears in any of the shared real traces (`../shared/traces/real`, the
+same test checks it): none could be checked against a real call, so none was guessed. Each row says what it is
+and what a model of it needs.
+
 ## Where we differ from TraceLens, on purpose
 
 - **Triton's fp32 bytes**, **`aten::mean`'s `dim`**, **FlashAttention backward's causal flag**, **batch norm's
@@ -105,7 +109,7 @@ def table(mapping) -> list[str]:
     head = ["| op | TraceLens's model | TraceLens's category | tracefuse |", "|---|---|---|---|"]
     rows = []
     for name, cls in sorted(mapping.op_to_perf_model_class_map.items()):
-        ours = _ours(name) or f"not modelled: {_why(cls, name)}"
+        ours = _ours(name) or f"not modelled: {_why(cls, name)}; in no shared trace"
         rows.append(f"| `{name}` | `{cls.__name__}` | {mapping.get_perf_model_category(cls)} | {ours} |")
     for name, cat in sorted(mapping.CATEGORY_ONLY_OP_MAPPING.items()):
         if name in mapping.op_to_perf_model_class_map:

@@ -312,3 +312,15 @@ def test_a_linked_backward_op_takes_only_what_no_model_below_it_owns():
     assert owners(leaf, parent, modelled, stop, {0: 9}, np.zeros(4, bool)).tolist() == [1, 0, 0, -1]
     for links in ({0: 9, 2: 8}, {2: 8, 0: 9}):
         assert owners(leaf, parent, modelled, stop, links, np.zeros(4, bool)).tolist() == [1, 2, 2, -1]
+
+
+@pytest.mark.parametrize("real_set", shared_params(REAL_SETS))
+def test_no_op_that_we_leave_unmodelled_is_in_a_shared_trace(real_set, analysed):
+    """What docs/op_models.md says of every op TraceLens models and we do not: no shared real trace runs it."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "docs" / "op_models.md").read_text()
+    unmodelled = set(re.findall(r"^\| `([^`]+)` \| `[^`]+` \| [^|]+ \| not modelled", text, re.MULTILINE))
+    assert len(unmodelled) > 100
+    assert not unmodelled & set(analysed(real_set).ops["name"])
