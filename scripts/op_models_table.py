@@ -136,16 +136,17 @@ def main() -> None:
     commit = args.commit or "installed"
     if args.tracelens:
         sys.path.insert(0, args.tracelens)
-        commit = args.commit or subprocess.run(["git", "-C", args.tracelens, "rev-parse", "--short", "HEAD"],
-                                               capture_output=True, text=True, check=False).stdout.strip() or "a checkout"
+        head = subprocess.run(["git", "-C", args.tracelens, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=False).stdout.strip()
+        commit = args.commit or head or "a checkout"
     try:
         from TraceLens.PerfModel import torch_op_mapping as mapping
     except ImportError as e:
         sys.exit(f"op_models_table.py: cannot import TraceLens's torch_op_mapping ({e}); pass --tracelens with a "
                  "checkout of AMD-AGI/TraceLens, in an environment with its dependencies, or install it")
 
-    print(_INTRO.replace("{commit}", commit) + "\n".join(table(mapping)) + "\n\n## Modelled here, not by TraceLens\n\n" +
-          "\n".join(ours_only(mapping)))
+    print(_INTRO.replace("{commit}", commit) + "\n".join(table(mapping)) +
+          "\n\n## Modelled here, not by TraceLens\n\n" + "\n".join(ours_only(mapping)))
 
 
 if __name__ == "__main__":

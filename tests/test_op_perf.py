@@ -247,7 +247,8 @@ def test_a_backward_op_without_a_model_is_modelled_through_its_forward_op(tmp_pa
     doc, leaves = _with_a_kernel_under_each_leaf_op(json.loads(raw.read_text()))
     (tmp_path / "job").mkdir()
     (tmp_path / "job" / "rank0.json").write_text(json.dumps(doc))
-    forward = next(e for e in doc["traceEvents"] if e.get("name") == "aten::_scaled_dot_product_flash_attention_for_cpu")
+    forward = next(e for e in doc["traceEvents"]
+                   if e.get("name") == "aten::_scaled_dot_product_flash_attention_for_cpu")
     node = next(e for e in doc["traceEvents"] if e.get("name") == "ScaledDotProductFlashAttentionForCpuBackward0")
     below = [e for e in leaves if e["tid"] == node["tid"] and node["ts"] <= e["ts"] < node["ts"] + node["dur"]]
     copies = [e for e in below if has_model(e["name"])]  # aten::copy_: its own row

@@ -24,8 +24,8 @@ __all__ = ["Op", "Work", "backward_category", "backward_work", "category", "has_
 
 _FAMILIES = ((gemm.MODELS, "GEMM", "GEMM"), (attention.MODELS, "SDPA_fwd", "SDPA_bwd"), (vllm.MODELS, "SDPA_fwd", ""),
              (conv.MODELS, "CONV_fwd", "CONV_bwd"), (norm.MODELS, "NORM_fwd", "NORM_bwd"),
-             (norm.RMS_MODELS, "RMSNorm", ""), (softmax.MODELS, "softmax_fwd", "softmax_bwd"), (elementwise.MODELS, "elementwise", "elementwise"),
-             (reduce.MODELS, "reduce", "reduce"))
+             (norm.RMS_MODELS, "RMSNorm", ""), (softmax.MODELS, "softmax_fwd", "softmax_bwd"),
+             (elementwise.MODELS, "elementwise", "elementwise"), (reduce.MODELS, "reduce", "reduce"))
 _MODELS = {name: (bwd if "backward" in name.lower() or name.endswith("_bwd") else fwd, model)
            for models, fwd, bwd in _FAMILIES for name, model in models.items()}
 # the forward ops whose model has a backward (TraceLens's ``bwd_category`` and ``flops_bwd``), by category

@@ -155,7 +155,8 @@ BACKWARD: dict[str, Callable[[Op], Work]] = {
     "FlashAttnFunc": _bwd(0, _BNHD, 5, True),
     "flash_attn::_flash_attn_forward": _bwd(0, _BNHD, 5, True),
     "flash_attn::_flash_attn_varlen_forward": lambda op: _varlen(op, 0, 3, True),
-    **dict.fromkeys(("aiter::_flash_attn_forward", "aiter::mha_fwd", "aiter::fmha_v3_fwd"), _bwd(0, _BNHD, 5, True, False)),
+    **dict.fromkeys(("aiter::_flash_attn_forward", "aiter::mha_fwd", "aiter::fmha_v3_fwd"),
+                    _bwd(0, _BNHD, 5, True, False)),
     "aiter::wrapper_fmha_v3_fwd": _bwd(1, _BNHD, 6, True, False),
     "flash_attn_3::fwd": _bwd(0, _BNHD, 24, True, False),
 }
