@@ -51,8 +51,10 @@ def backward_links(model: RankModel, is_cpu_op: np.ndarray, leaf: np.ndarray) ->
     (``perf.has_backward``). Two choices differ from TraceLens, which takes the latest event of that number on
     another thread and links only when that event has a model: the ops inside a forward op can carry its number
     (``aten::_scaled_dot_product_flash_attention_for_cpu`` in ``aten::scaled_dot_product_attention``), and on a CPU
-    device the backward runs on the forward's thread. Traces without autograd, or without such a forward op, cost
-    nothing."""
+    device the backward runs on the forward's thread. Autograd counts sequence numbers per forward thread: with two
+    forward threads one number can name two forward ops, and the latest before the backward is taken (a backward
+    event's ``Fwd thread id`` is not a thread id the forward events carry). Traces without autograd, or without
+    such a forward op, cost nothing."""
     names, code, tree = model.names, model.name_code, model.tree
     evaluate = [c for c, nm in enumerate(names) if str(nm).startswith(_EVALUATE)]
     forward = [c for c, nm in enumerate(names) if has_backward(str(nm))]
