@@ -96,6 +96,19 @@ def shape_problems(value: Any, tp: Any, where: str = "summary") -> list[str]:
     return [] if ok else [f"{where}: {value!r} is not {tp.__name__}"]
 
 
+def interval_union(spans: list[tuple[Any, Any]]) -> Any:
+    """The length of the union of ``[start, end)`` spans, by a plain sweep: the tests' own, not the product's."""
+    total, end = 0, None
+    for a, b in sorted(spans):
+        if end is None or a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total
+
+
 def make_trace(rank: int | None, events: list[dict[str, Any]], *, base: int | None = BASE,
                world_size: int | None = None, **header: Any) -> dict[str, Any]:
     """A Kineto-shaped document around ``events``."""

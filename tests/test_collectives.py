@@ -11,6 +11,7 @@ from tracefuse_dask import analyze
 from tracefuse_dask.analysis.cross_rank.collectives import instance_metrics, match_collectives
 from tracefuse_dask.analysis.per_rank.rank import analyze_rank
 from tracefuse_dask.kineto.collectives import canonical_op, group_spec
+from tracefuse_dask.kineto.vocabulary import is_collective_call, is_comm_kernel, kernel_type
 from tracefuse_dask.synth import make_rank_trace
 
 HOST = 100
@@ -38,6 +39,28 @@ def nccl_call(ts, kernel_ts, kernel_dur, corr, *, seq=None, pg="0", nelems=1024,
         {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "pid": 0, "tid": 20,
          "ts": kernel_ts, "dur": kernel_dur, "args": {"stream": 20, "correlation": corr}},
     ]
+
+
+def test_symmetric_memorys_collectives_and_their_kernels():
+    """PyTorch's symm_mem collectives are collective calls, its helpers are not; their kernels (as
+    torch/csrc/distributed/c10d/symm_mem names them) are communication, in HTA's kernel types too."""
+    calls = ("multimem_all_reduce_", "multimem_one_shot_all_reduce", "multimem_one_shot_reduce_out",
+             "multimem_all_gather_out", "one_shot_all_reduce_out", "two_shot_all_reduce_", "reduce_scatter_out",
+             "all_to_all_vdev")
+    helpers = ("memset32_", "stream_write_value32_", "_async_input_mm", "get_remote_tensors",
+               "fused_all_gather_matmul", "nvshmem_put")
+    assert all(is_collective_call(f"symm_mem::{n}") for n in calls)
+    assert not any(is_collective_call(f"symm_mem::{n}") for n in helpers)
+    assert {canonical_op(f"symm_mem::{n}") for n in calls[:2]} == {"allreduce"}
+    assert canonical_op("symm_mem::multimem_one_shot_reduce_out") == "reduce"  # to one root
+    assert canonical_op("symm_mem::multimem_all_gather_out") == "allgather"
+    kernels = ("void (anonymous namespace)::multimem_all_reduce_kernel<c10::BFloat16, 16>(c10::BFloat16*)",
+               "void c10d::symmetric_memory::multimem_one_shot_reduce_kernel<float, 16>(float*)",
+               "one_shot_all_reduce_kernel<float>", "two_shot_all_reduce_kernel_inplace<float>",
+               "multimem_all_gather_kernel")
+    assert all(is_comm_kernel(k) and kernel_type(k) == "COMMUNICATION" for k in kernels)
+    for other in ("void at::native::reduce_kernel<512, 1>", "one_shot_gemm_kernel", "all_reduce_sum_kernel"):
+        assert not is_comm_kernel(other) and kernel_type(other) == "COMPUTATION"
 
 
 def test_canonical_op_names():

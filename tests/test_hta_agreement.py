@@ -28,7 +28,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from conftest import SHARED, shared
+from conftest import SHARED, interval_union, shared
 from tracefuse_dask import analyze
 from tracefuse_dask.storage.files import parse_json
 
@@ -47,16 +47,6 @@ def close(ours, theirs, rel=0.01, abs_=0.0):
     return ours == pytest.approx(theirs, rel=rel, abs=abs_)
 
 
-def union_us(spans: list[tuple[float, float]]) -> float:
-    total, reach = 0.0, None
-    for s, e in sorted(spans):
-        if reach is None or s >= reach:
-            total, reach = total + e - s, e
-        elif e > reach:
-            total, reach = total + e - reach, e
-    return total
-
-
 def read_differences(files: dict[int, Path]) -> tuple[set[str], dict[int, float]]:
     """The CPU ops that carry a stream (HTA counts them as kernels), and per rank the busy time of the
     symmetric-memory collective kernels (HTA's computation, our communication)."""
@@ -65,7 +55,7 @@ def read_differences(files: dict[int, Path]) -> tuple[set[str], dict[int, float]
         doc, _, _ = parse_json(str(p))
         names |= {ev["name"] for ev in doc["traceEvents"]
                   if ev.get("cat") == "cpu_op" and isinstance(ev.get("args"), dict) and "stream" in ev["args"]}
-        symm[r] = union_us([(ev["ts"], ev["ts"] + ev["dur"]) for ev in doc["traceEvents"]
+        symm[r] = interval_union([(ev["ts"], ev["ts"] + ev["dur"]) for ev in doc["traceEvents"]
                             if ev.get("cat") == "kernel" and re.search(r"(multimem|one_shot|two_shot)_all_reduce",
                                                                        ev.get("name", ""))])
     return names, symm

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import (
     SHARED,
+    interval_union,
     only_trace,
     read_trace,
     shape_problems,
@@ -75,18 +76,6 @@ _HOST_CATS = {"cpu_op", "user_annotation", "python_function", "cuda_runtime", "c
               "collective_comm", "trace", "ac2g", "fwdbwd", "async"}
 
 
-def _union(spans: list[tuple[int, int]]) -> int:
-    total, end = 0, None
-    for a, b in sorted(spans):
-        if end is None or a > end:
-            total += b - a
-            end = b
-        elif b > end:
-            total += b - end
-            end = b
-    return total
-
-
 def _launched_by_the_steps(events: list[dict]) -> tuple[set, int] | None:
     """HTA's filter of device work (``_filter_irrelevant_gpu_kernels``, ``include_last_profiler_step=True``), from
     the text: with two or more ``ProfilerStep#N``, the correlations of the host events that start by the end of the
@@ -143,7 +132,7 @@ def independent_breakdown(path: Path) -> dict[str, float]:
     if not spans:
         return {}
     total = max(b for _, b in spans) - min(a for a, _ in spans)
-    busy, comp = _union(spans), _union(compute)
+    busy, comp = interval_union(spans), interval_union(compute)
     return {"gpu_span_us": total / 1e3, "idle_us": (total - busy) / 1e3, "computation_us": comp / 1e3,
             "non_compute_us": (busy - comp) / 1e3}
 
