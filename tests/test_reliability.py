@@ -244,6 +244,17 @@ def test_a_killed_worker_is_retried_and_the_output_is_identical(tmp_path):
     assert (tmp_path / "faulty.json").read_bytes() == (tmp_path / "clean.json").read_bytes()
 
 
+def test_worker_programs_log_no_storage_request_their_client_library_abandoned(client):
+    """A storage killed mid-merge: a worker program's fsspec loop had asyncio log an aiohttp request abandoned under
+    it ("Task exception was never retrieved", with its traceback) on the run's stderr, before the run's one error
+    line (seen once in test_overlap's killed server). The workers' asyncio logger, as the command line's own, is
+    silent below CRITICAL; the run's error says what happened."""
+    import logging
+
+    levels = client.run(lambda: logging.getLogger("asyncio").getEffectiveLevel())
+    assert len(levels) == 2 and set(levels.values()) == {logging.CRITICAL}, levels
+
+
 @pytest.mark.parametrize("workers", [["--workers", "1"], []], ids=["worker-program", "in-process"])
 def test_sigterm_removes_temporaries_and_exits_nonzero(tmp_path, workers):
     inputs = tmp_path / "in"

@@ -110,8 +110,10 @@ class _WorkerProgram(Subprocess):
         super().__init__()
 
     async def _start(self) -> None:
-        # gcsfs and fsspec log the traceback of a storage request out of retries: the run's error says it
-        quiet = {f"logging.{name}": "critical" for name in ("distributed", "gcsfs", "fsspec")}
+        # gcsfs and fsspec log the traceback of a storage request out of retries, and asyncio a request that the
+        # storage's client library abandoned when the storage went away ("Task exception was never retrieved"): the
+        # run's error says it, as the command line's own process does (cli.main)
+        quiet = {f"logging.{name}": "critical" for name in ("distributed", "gcsfs", "fsspec", "asyncio")}
         with dask.config.set({**quiet, **_NO_PROFILER, **_NO_HTTP, **self.tls}):
             config = dask.config.serialize(dask.config.global_config)
         self.process = await asyncio.create_subprocess_exec(
