@@ -139,53 +139,52 @@ def _at_once(runs: dict[str, tuple[Proxy, list[str], float]], tmp_path: Path) ->
 
 
 @pytest.fixture(scope="module")
-def s3_stalls(gloo_on_s3, s3, tmp_path_factory):
-    """An S3 endpoint that accepts and never answers, as the input and as the output; and an answer that stops
-    halfway: the listing (a few kB) gets through, a rank's body (17 kB) stops after 10 kB."""
-    url, folder = gloo_on_s3
+def runs(gloo_on_s3, gloo_on_gcs, s3, gcs, tmp_path_factory):
+    """Every run of this module at once (they wait on their storage, not on the machine), each case: (the run,
+    seconds, bound, endpoint, out).
+
+    - S3: an endpoint that accepts and never answers, as the input and as the output; and an answer that stops
+      halfway: the listing (a few kB) gets through, a rank's body (17 kB) stops after 10 kB.
+    - GCS: the same silent endpoint and halfway answer, as the input.
+    - ``slow``: an S3 that keeps sending, at 5 kB/s."""
+    s3_url, folder = gloo_on_s3
+    gcs_url, _ = gloo_on_gcs
     silent, mute, half = Proxy(None), Proxy(None), Proxy(s3.ports["s3.port"], stall_after=10_000)
-    return _at_once({"input": (silent, [url, "-o", "OUT", "--storage-options", s3_options(s3, silent.url)], 20.0),
+    gcs_silent, gcs_half = Proxy(None), Proxy(gcs.port, stall_after=10_000)
+    slow = Proxy(s3.ports["s3.port"], rate=5_000)
+    return _at_once({"input": (silent, [s3_url, "-o", "OUT", "--storage-options", s3_options(s3, silent.url)], 20.0),
                      "output": (mute, [str(folder), "-o", "s3://stalls/out/m.json.gz", "--storage-options",
                                        s3_options(s3, mute.url)], 20.0),
-                     "halfway": (half, [url, "-o", "OUT", "--storage-options", s3_options(s3, half.url)], 20.0)},
-                    tmp_path_factory.mktemp("s3-stalls"))
+                     "halfway": (half, [s3_url, "-o", "OUT", "--storage-options", s3_options(s3, half.url)], 20.0),
+                     **{f"gcs-{stall}": (p, [gcs_url, "-o", "OUT", "--storage-options", gcs_options(p.url)], GCS_BOUND)
+                        for stall, p in (("silent", gcs_silent), ("halfway", gcs_half))},
+                     "slow": (slow, [s3_url, "-o", "OUT", "--storage-options", s3_options(s3, slow.url), "--workers",
+                                     "1"], 3.0)},
+                    tmp_path_factory.mktemp("stalls"))
 
 
 @pytest.mark.parametrize("case", ["input", "output", "halfway"])
-def test_an_s3_endpoint_that_stalls_fails_within_the_bound(case, s3_stalls):
-    assert_failed_in_time(*s3_stalls[case])
+def test_an_s3_endpoint_that_stalls_fails_within_the_bound(case, runs):
+    assert_failed_in_time(*runs[case])
 
 
-def test_a_slow_s3_that_keeps_sending_is_never_cut_off(gloo_on_s3, s3, tmp_path):
+def test_a_slow_s3_that_keeps_sending_is_never_cut_off(gloo_on_s3, runs, tmp_path):
     """At 5 kB/s each of the job's 17 kB ranks takes longer than the 3 s bound, and far longer than its wait for a
     byte (1 s): the run succeeds, with the bytes of a local merge."""
-    url, folder = gloo_on_s3
-    slow = Proxy(s3.ports["s3.port"], rate=5_000)
-    try:
-        assert stall_wait("s3", 3) == 1.0
-        done, took = tracefuse("merge", url, "-o", str(tmp_path / "slow.json.gz"), "--storage-options",
-                               s3_options(s3, slow.url), "--storage-timeout", "3", "--workers", "1")
-        assert done.returncode == 0, done.stderr
-        assert took > 4 * 17_000 / 5_000, took
-    finally:
-        slow.close()
+    _, folder = gloo_on_s3
+    assert stall_wait("s3", 3) == 1.0
+    done, took, _, _, out = runs["slow"]
+    assert done.returncode == 0, done.stderr
+    assert took > 4 * 17_000 / 5_000, took
     local, _ = tracefuse("merge", str(folder), "-o", str(tmp_path / "local.json.gz"))
     assert local.returncode == 0, local.stderr
-    assert (tmp_path / "slow.json.gz").read_bytes() == (tmp_path / "local.json.gz").read_bytes()
-
-
-@pytest.fixture(scope="module")
-def gcs_stalls(gloo_on_gcs, gcs, tmp_path_factory):
-    url, _ = gloo_on_gcs
-    proxies = {"silent": Proxy(None), "halfway": Proxy(gcs.port, stall_after=10_000)}
-    return _at_once({stall: (p, [url, "-o", "OUT", "--storage-options", gcs_options(p.url)], GCS_BOUND)
-                     for stall, p in proxies.items()}, tmp_path_factory.mktemp("gcs-stalls"))
+    assert out.read_bytes() == (tmp_path / "local.json.gz").read_bytes()
 
 
 @pytest.mark.parametrize("stall", ["silent", "halfway"])
-def test_a_gcs_endpoint_that_stalls_fails_within_the_bound(stall, gcs_stalls):
+def test_a_gcs_endpoint_that_stalls_fails_within_the_bound(stall, runs):
     """A server that accepts and never answers, and one whose listing gets through while a rank's body (17 kB)
     stops after 10 kB: one request series of gcsfs (six tries) fits the bound, and no second series follows it
     (fsspec's isdir would take the stall for "not a folder", the header pass for a damaged file, and ask again).
     As the input only: the output's requests are the ones the S3 test stalls, and a GCS test waits 45 s."""
-    assert_failed_in_time(*gcs_stalls[stall])
+    assert_failed_in_time(*runs[f"gcs-{stall}"])
