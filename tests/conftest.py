@@ -292,9 +292,11 @@ def _wait_http(url: str, proc: subprocess.Popen, seconds: float = 60) -> bool:
 
 
 def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 5 s: a SeaweedFS that was killed and started again under a test's clients took
+    over 15 s to end after SIGTERM (2 s otherwise), and a test's server has nothing left to keep."""
     proc.terminate()
     try:
-        proc.wait(15)
+        proc.wait(5)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()

@@ -40,11 +40,11 @@ EXISTS = "exists; pass --force"
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory) -> Path:
-    """16 ranks of about 5 MB each (gzip), from the real two-step A100 trace of a 128-rank NCCL job."""
+    """16 ranks of about 2 MB each (gzip), from the real two-step A100 trace of a 128-rank NCCL job."""
     source = shared("real", "hta_trace_filter", "sampled_rank-0.json.gz")
     out = tmp_path_factory.mktemp("job") / "traces"
     subprocess.run([sys.executable, str(SHARED.parent / "tools" / "make_dataset.py"), "--source", str(source),
-                    "--ranks", "16", "--mb-per-rank", "5", "--gzip", "--out", str(out)], check=True,
+                    "--ranks", "16", "--mb-per-rank", "2", "--gzip", "--out", str(out)], check=True,
                    capture_output=True, timeout=300)
     return out
 
@@ -259,10 +259,17 @@ def _folder(path: Path) -> dict[str, str]:
     return {name: sha(data) for name, data in files.items()}
 
 
+@pytest.fixture(scope="module")
+def report_alone(job, tmp_path_factory) -> Path:
+    """One run's report folder of the job, alone."""
+    alone = tmp_path_factory.mktemp("alone") / "report"
+    done = tracefuse("analyze", str(job), "-o", str(alone), "-q", "--workers", "1")
+    assert done.wait(300) == 0, done.stderr.read()
+    return alone
+
+
 @pytest.mark.parametrize("force", [False, True], ids=["fresh", "force"])
-def test_overlapping_analyses_of_one_report_folder(force, job, tmp_path):
-    alone = tmp_path / "alone"
-    assert tracefuse("analyze", str(job), "-o", str(alone), "-q", "--workers", "1").wait(300) == 0
+def test_overlapping_analyses_of_one_report_folder(force, job, report_alone, tmp_path):
     out = tmp_path / "report"
     if force:
         out.mkdir()
@@ -271,7 +278,7 @@ def test_overlapping_analyses_of_one_report_folder(force, job, tmp_path):
     cmd = ["analyze", str(job), "-o", str(out), "-q", "--workers", "1", *(["--force"] if force else [])]
     runs = overlapping([cmd] * 4, GAPS)
     assert_as_documented(runs, force)
-    assert _folder(out) == _folder(alone)
+    assert _folder(out) == _folder(report_alone)
     assert _leftovers_local(tmp_path) == []
 
 

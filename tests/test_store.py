@@ -127,12 +127,28 @@ def _same(got: pd.DataFrame, want: pd.DataFrame, what: str) -> None:
     assert got.values.tolist() == want.values.tolist(), what
 
 
-@pytest.mark.parametrize("name", JOBS)
-def test_sql_over_every_real_job_agrees_with_its_json(name, client, tmp_path):
+@pytest.fixture(scope="module")
+def indexed(client, tmp_path_factory):
+    """``indexed(name)``: the store of a shared job with the default options (made once, read by several tests)
+    and the index's summary."""
     import tracefuse_dask as tf
 
-    store = tmp_path / "store"
-    summary = tf.index_traces(str(_job(name)), str(store), client=client)
+    stores: dict[str, tuple[Path, object]] = {}
+
+    def store_of(name: str) -> tuple[Path, object]:
+        if name not in stores:
+            store = tmp_path_factory.mktemp("indexed") / name
+            stores[name] = store, tf.index_traces(str(_job(name)), str(store), client=client)
+        return stores[name]
+
+    return store_of
+
+
+@pytest.mark.parametrize("name", JOBS)
+def test_sql_over_every_real_job_agrees_with_its_json(name, indexed):
+    import tracefuse_dask as tf
+
+    store, summary = indexed(name)
     assert summary.status == "ok" and summary.events_out > 0
     want = _from_json(store)
     assert len(want["kernels"]) + len(want["cpu_ops"]) > 0, "a job with neither kernels nor CPU ops"
@@ -368,17 +384,17 @@ def test_the_readme_s_questions_in_sql_give_the_answers_it_shows(client, tmp_pat
 
 
 @pytest.mark.parametrize("name", shared_params(["hta_trace_filter", "tracelens_h100_qwen", "hta_mtia_inference"]))
-def test_the_merge_s_fast_and_general_paths_write_the_same_rows(name, client, tmp_path):
+def test_the_merge_s_fast_and_general_paths_write_the_same_rows(name, client, indexed, tmp_path):
     """A filter that keeps every event sends each rank down the merge's general path (dicts): its rows are the fast
     path's, column for column (``args`` the same JSON, written by another encoder)."""
     import tracefuse_dask as tf
 
-    tf.index_traces(str(_job(name)), str(tmp_path / "fast"), client=client)
-    tf.index_traces(str(_job(name)), str(tmp_path / "general"), client=client, filter_fn=lambda e: True)
+    stores = {"fast": indexed(name)[0], "general": tmp_path / "general"}
+    tf.index_traces(str(_job(name)), str(stores["general"]), client=client, filter_fn=lambda e: True)
     from tracefuse_dask.store.query import result
 
     def rows(store: str, sql: str) -> list[dict]:
-        got = result(str(tmp_path / store), sql).to_pylist()
+        got = result(str(stores[store]), sql).to_pylist()
         for row in got:
             if row.get("args") is not None:
                 row["args"] = orjson.loads(row["args"])
@@ -581,7 +597,7 @@ def test_a_store_s_ranks_analyse_as_the_json_s_and_it_merges_no_trace(client, tm
 
 
 @pytest.mark.parametrize("name", JOBS)
-def test_info_of_a_store_is_info_of_its_traces(name, client, tmp_path):
+def test_info_of_a_store_is_info_of_its_traces(name, client, indexed, tmp_path):
     """``info`` of a store, read from its manifest, gives what ``info`` gives of its traces, whichever of the
     merge's paths indexed them (``rewrite_ids`` takes the general one), and the same lines on the command line;
     but the account of a merge, which the index does not make (it places no slice on a lane)."""
@@ -593,12 +609,11 @@ def test_info_of_a_store_is_info_of_its_traces(name, client, tmp_path):
     assert want["account"]["read"] == want["events"]
     want = {**want, "account": None, "per_rank": [{k: v for k, v in r.items() if k != "account"}
                                                   for r in want["per_rank"]]}
-    for options in ({}, {"rewrite_ids": True}):
-        store = tmp_path / f"store-{len(options)}"
-        tf.index_traces(str(job), str(store), client=client, **options)
-        got = describe_traces(str(store))
-        assert got == want
-    done = tracefuse("info", str(store))
+    general = tmp_path / "store"
+    tf.index_traces(str(job), str(general), client=client, rewrite_ids=True)
+    for store in (indexed(name)[0], general):
+        assert describe_traces(str(store)) == want
+    done = tracefuse("info", str(general))
     lines = tracefuse("info", str(job)).stdout.splitlines()
     merge = [line for line in lines if line.startswith(("a merge with the default options keeps ", "anomaly: "))]
     assert merge[0].startswith("a merge") and done.stdout.splitlines() == [line for line in lines if line not in merge]
