@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -60,9 +61,23 @@ def assert_chain(path, steps):
         assert sum(s["by_kind"].values()) == pytest.approx(s["path_us"], abs=0.01)
 
 
+@pytest.fixture(scope="module")
+def analysed(client):
+    """``analysed(name)``: the analysis of a shared set with the default options, made once for the tests that read
+    it."""
+    done: dict[str, Any] = {}
+
+    def of(name: str) -> Any:
+        if name not in done:
+            done[name] = analyze(str(shared(*name.split("/"))), client=client)
+        return done[name]
+
+    return of
+
+
 @pytest.mark.parametrize("name", shared_params(MULTI_RANK[:2] + [f"real/{n}" for n in REAL_SETS]))
-def test_the_path_of_every_step_is_one_chain_as_long_as_the_step(name, client):
-    got = analyze(str(shared(*name.split("/"))), client=client)
+def test_the_path_of_every_step_is_one_chain_as_long_as_the_step(name, analysed):
+    got = analysed(name)
     assert_chain(got.critical_path, got.summary["critical_path"])
     assert set(got.critical_path["kind"]) <= set(KINDS)
 
@@ -110,8 +125,8 @@ def assert_path_meets_its_ranks(got):
 
 
 @pytest.mark.parametrize("name", shared_params([f"real/{n}" for n in REAL_SETS] + MULTI_RANK[:2]))
-def test_every_path_begins_on_its_ranks_own_start_of_the_step(name, client):
-    assert_path_meets_its_ranks(analyze(str(shared(*name.split("/"))), client=client))
+def test_every_path_begins_on_its_ranks_own_start_of_the_step(name, analysed):
+    assert_path_meets_its_ranks(analysed(name))
 
 
 @pytest.mark.skipif(not (SHARED.parent / "tools" / "make_dataset.py").is_file() or not (SHARED / "real").is_dir(),
