@@ -286,7 +286,7 @@ def anomalous_trace() -> dict[str, Any]:
     return make_trace(0, ev)
 
 
-def test_the_analysis_counts_each_anomaly_and_reason(tmp_path):
+def test_the_analysis_counts_each_anomaly_and_reason(client, tmp_path):
     """By hand: the kernel before its launch, the step without device work, the two slices outside the window
     (the op before it, the kernel that ends after it); the E that closed nothing, and --steps 3 leaving out steps 1
     and 2 (their step slices and step 1's launch and kernel) but not step 3's B/E pair."""
@@ -294,7 +294,7 @@ def test_the_analysis_counts_each_anomaly_and_reason(tmp_path):
 
     src = write_trace(tmp_path / "rank0.json", anomalous_trace())
     n = len(anomalous_trace()["traceEvents"])
-    account = analyze(str(src), workers=1).summary["account"]
+    account = analyze(str(src), client=client).summary["account"]
     r = account["ranks"]["0"]
     assert r["anomalies"] == {"outside_window": 2, "gpu_before_launch": 1, "steps_without_gpu": 1}
     assert r["left_out"] == {"metadata": 1, "not_slices": 2, "unopened_end": 1}
@@ -302,13 +302,13 @@ def test_the_analysis_counts_each_anomaly_and_reason(tmp_path):
     assert account["anomalies"]["steps_without_gpu"] == {
         "count": 1, "ranks": [0], "why": "a ProfilerStep#N that launched no kernel, memcpy or memset, in a rank "
                                          "that has some"}
-    stepped = analyze(str(src), workers=1, steps="3-3").summary["account"]["ranks"]["0"]
+    stepped = analyze(str(src), client=client, steps="3-3").summary["account"]["ranks"]["0"]
     assert stepped["left_out"]["steps"] == 5 and stepped["read"] == n
     assert stepped["anomalies"] == {"outside_window": 1}  # the early op is outside the steps too
     assert stepped["analysed"] == n - 4 - 5
 
 
-def test_the_merge_counts_each_anomaly_as_the_analysis_does(tmp_path):
+def test_the_merge_counts_each_anomaly_as_the_analysis_does(client, tmp_path):
     """The hand-built anomalies with the ac2g flows Kineto writes (the merge links a launch to its device work by
     them): the merge, on both rewrite paths, info and analyze count the same, and the merge prints each."""
     from tracefuse_dask.api import analyze
@@ -327,7 +327,7 @@ def test_the_merge_counts_each_anomaly_as_the_analysis_does(tmp_path):
     assert fast.account["ranks"]["0"]["anomalies"] == general.account["ranks"]["0"]["anomalies"] == want
     assert {k: a["count"] for k, a in fast.account["anomalies"].items()} == want
     assert describe_traces(str(src))["account"]["anomalies"] == fast.account["anomalies"]
-    assert analyze(str(src), workers=1).summary["account"]["ranks"]["0"]["anomalies"] == want
+    assert analyze(str(src), client=client).summary["account"]["ranks"]["0"]["anomalies"] == want
     p = subprocess.run([sys.executable, "-m", "tracefuse_dask", "merge", str(src), "-o", str(tmp_path / "o.json")],
                        capture_output=True, text=True, timeout=300, check=False)
     assert p.returncode == 0, p.stderr
@@ -336,7 +336,7 @@ def test_the_merge_counts_each_anomaly_as_the_analysis_does(tmp_path):
     assert "anomaly: slices outside the profiler's window: 2 in rank(s) 0: " in p.stderr
 
 
-def test_the_analysis_account_of_a_merged_trace_counts_what_the_split_left_out(tmp_path):
+def test_the_analysis_account_of_a_merged_trace_counts_what_the_split_left_out(client, tmp_path):
     """A merged trace, analysed per rank, goes through the general path: the python_function events it holds
     (--include-pyfunc) and its lanes' thread metadata (two ranks, each with two ops that cross) are counted as
     left out there, and the account adds up to the file's events."""
@@ -350,7 +350,7 @@ def test_the_analysis_account_of_a_merged_trace_counts_what_the_split_left_out(t
         write_trace(tmp_path / "in" / f"rank{r}.json", doc)
     summary = merge_traces(str(tmp_path / "in"), str(tmp_path / "m.json"), include_pyfunc=True)
     assert summary.on_lanes == 2
-    account = analyze(str(tmp_path / "m.json"), workers=1).summary["account"]
+    account = analyze(str(tmp_path / "m.json"), client=client).summary["account"]
     merged = read_trace(tmp_path / "m.json")["traceEvents"]
     assert account["read"] == len(merged) == account["analysed"] + sum(account["left_out"].values())
     assert account["left_out"]["python_function"] == 4
@@ -370,15 +370,15 @@ def test_analyze_prints_the_account_and_the_anomalies(tmp_path):
     assert "14 events read = 10 analysed" in html
 
 
-def test_an_analysis_of_a_store_accounts_for_the_trace_it_was_indexed_from(tmp_path):
+def test_an_analysis_of_a_store_accounts_for_the_trace_it_was_indexed_from(client, tmp_path):
     """A store indexed with --keep gpu holds the kernels and their flow ends alone: its analysis reads the trace's
     events as the trace's own analysis does, and counts what the store does not hold."""
     from tracefuse_dask.api import analyze, index_traces
 
     src = write_trace(tmp_path / "in" / "rank0.json", rank_trace())
     index_traces(str(src), str(tmp_path / "store"), keep="gpu")
-    r = analyze(str(tmp_path / "store"), workers=1).summary["account"]["ranks"]["0"]
-    trace = analyze(str(src), workers=1).summary["account"]["ranks"]["0"]
+    r = analyze(str(tmp_path / "store"), client=client).summary["account"]["ranks"]["0"]
+    trace = analyze(str(src), client=client).summary["account"]["ranks"]["0"]
     assert r["read"] == trace["read"] == len(rank_trace()["traceEvents"]) == 21
     # the two kernels are analysed; the trace's 7 metadata events and 2 python_function events are counted as the
     # trace's analysis counts them, and the 10 host events and flow events --keep gpu left out as not in the store
@@ -404,7 +404,7 @@ def test_info_gives_the_account_of_each_path_and_says_it(tmp_path):
            "--json gives the reasons" in p.stdout.splitlines()
 
 
-def test_edge_cases_of_the_analysis_account(tmp_path):
+def test_edge_cases_of_the_analysis_account(client, tmp_path):
     """A device B/E pair that nothing launched is two events left out; an M event of category python_function is
     metadata, in a trace and in its store alike; device work that no launch links to says nothing of its steps."""
     from tracefuse_dask.api import analyze, index_traces
@@ -425,14 +425,14 @@ def test_edge_cases_of_the_analysis_account(tmp_path):
                 {"ph": "M", "name": "thread_name", "cat": "python_function", "pid": 9, "tid": 9,
                  "args": {"name": "py"}}]
     src = write_trace(tmp_path / "a" / "rank0.json", make_trace(0, launched))
-    r = analyze(str(src), workers=1).summary["account"]["ranks"]["0"]
+    r = analyze(str(src), client=client).summary["account"]["ranks"]["0"]
     assert r["left_out"] == {"metadata": 1, "unlaunched_gpu": 2} and r["analysed"] == 4
     assert r["anomalies"] == {"steps_without_gpu": 1}
     index_traces(str(src), str(tmp_path / "store"))
-    assert analyze(str(tmp_path / "store"), workers=1).summary["account"]["ranks"]["0"] == r
+    assert analyze(str(tmp_path / "store"), client=client).summary["account"]["ranks"]["0"] == r
     unlinked = write_trace(tmp_path / "b" / "rank0.json", make_trace(0, [step(1, 100), kernel(120, None),
                                                                          step(2, 300), kernel(320, None)]))
-    assert analyze(str(unlinked), workers=1).summary["account"]["ranks"]["0"]["anomalies"] == {}
+    assert analyze(str(unlinked), client=client).summary["account"]["ranks"]["0"]["anomalies"] == {}
 
 
 def test_info_gives_no_account_where_the_merge_would_refuse_the_traces(tmp_path):
@@ -444,7 +444,7 @@ def test_info_gives_no_account_where_the_merge_would_refuse_the_traces(tmp_path)
     assert report["account"] is None and all(r["account"]["read"] == 21 for r in report["per_rank"])
 
 
-def test_a_negative_duration_is_left_out_and_named_an_anomaly(tmp_path):
+def test_a_negative_duration_is_left_out_and_named_an_anomaly(client, tmp_path):
     """A complete slice with a negative duration, and the flow that binds to it: the merge, info and analyze leave
     the slice out (its flow with it in the merge) and count it as a reason and as an anomaly; the rest merges."""
     from tracefuse_dask.api import analyze
@@ -465,7 +465,7 @@ def test_a_negative_duration_is_left_out_and_named_an_anomaly(tmp_path):
     assert not [e for e in merged["traceEvents"] if e.get("name") in ("neg", "fwdbwd")]
     report = describe_traces(str(bad))
     assert report["account"] == summary.account
-    r = analyze(str(bad), workers=1).summary["account"]["ranks"]["0"]
+    r = analyze(str(bad), client=client).summary["account"]["ranks"]["0"]
     assert r["left_out"]["negative_dur"] == 1 and r["anomalies"] == {"negative_dur": 1}
     assert r["read"] == len(doc["traceEvents"]) == r["analysed"] + sum(r["left_out"].values())
 
@@ -522,7 +522,7 @@ def test_a_negative_slice_leaves_its_twins_flow_where_it_was(tmp_path):
         assert [e["pid"] for e in out if e["ph"] == "f"] == [kernel]
 
 
-def test_flows_without_ids_link_nothing_and_an_open_b_ends_where_the_analysis_ends_it(tmp_path):
+def test_flows_without_ids_link_nothing_and_an_open_b_ends_where_the_analysis_ends_it(client, tmp_path):
     """Flows without an id pair with nothing (no anomaly from them), and a B that no E closes ends at the rank's
     last time, an instant after the window's end included: the merge and analyze count alike."""
     from tracefuse_dask.api import analyze
@@ -535,11 +535,11 @@ def test_flows_without_ids_link_nothing_and_an_open_b_ends_where_the_analysis_en
            {"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "pid": 9, "tid": 9, "ts": 4500}]
     src = write_trace(tmp_path / "in" / "rank0.json", make_trace(0, ev))
     merged = merge_traces(str(src), str(tmp_path / "o.json")).account["ranks"]["0"]["anomalies"]
-    assert merged == analyze(str(src), workers=1).summary["account"]["ranks"]["0"]["anomalies"] == {
+    assert merged == analyze(str(src), client=client).summary["account"]["ranks"]["0"]["anomalies"] == {
         "outside_window": 1}
 
 
-def test_an_event_store_keeps_the_negative_durations_account(tmp_path):
+def test_an_event_store_keeps_the_negative_durations_account(client, tmp_path):
     """Analysing the store of a trace with a negative-duration slice gives the trace's account: the reason and
     the anomaly, not 'not in the event store'."""
     from tracefuse_dask.api import analyze, index_traces
@@ -547,6 +547,6 @@ def test_an_event_store_keeps_the_negative_durations_account(tmp_path):
     ev = _launch(1, 220, 240) + [{"ph": "X", "cat": "cpu_op", "name": "neg", "pid": 9, "tid": 9, "ts": 300, "dur": -5}]
     src = write_trace(tmp_path / "in" / "rank0.json", make_trace(0, ev))
     index_traces(str(src), str(tmp_path / "store"))
-    of_trace = analyze(str(src), workers=1).summary["account"]["ranks"]["0"]
+    of_trace = analyze(str(src), client=client).summary["account"]["ranks"]["0"]
     assert of_trace["left_out"]["negative_dur"] == 1 and of_trace["anomalies"] == {"negative_dur": 1}
-    assert analyze(str(tmp_path / "store"), workers=1).summary["account"]["ranks"]["0"] == of_trace
+    assert analyze(str(tmp_path / "store"), client=client).summary["account"]["ranks"]["0"] == of_trace
