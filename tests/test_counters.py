@@ -95,7 +95,7 @@ def test_bad_cutoffs_say_which_and_what_to_give():
 
 
 @pytest.mark.integration
-def test_a_rank_whose_kernels_wait_long_for_their_launches_is_named(tmp_path, capsys):
+def test_a_rank_whose_kernels_wait_long_for_their_launches_is_named(tmp_path, capsys, client):
     """Eight ranks launch the same 40 kernels; rank 5's start 400 µs after their calls, the others' after 10 µs, and
     rank 5's queue grows longer. The CLI's summary and summary.json name rank 5 for both."""
     for r in range(8):
@@ -105,7 +105,8 @@ def test_a_rank_whose_kernels_wait_long_for_their_launches_is_named(tmp_path, ca
             t = 100 + i * 20
             events += [launch("cudaLaunchKernel", t, 4, i + 1), kernel(t + 4 + wait + 15 * i * (r == 5), 5, i + 1)]
         write_trace(tmp_path / "job" / f"rank{r}.json", make_trace(r, events, world_size=8))
-    code = main(["analyze", str(tmp_path / "job"), "-o", str(tmp_path / "report"), "--workers", "1"])
+    code = main(["analyze", str(tmp_path / "job"), "-o", str(tmp_path / "report"), "--scheduler",
+                 client.scheduler.address])
     err = capsys.readouterr().err
     assert code == 0, err
     summary = json.loads((tmp_path / "report" / "summary.json").read_text())
@@ -114,7 +115,7 @@ def test_a_rank_whose_kernels_wait_long_for_their_launches_is_named(tmp_path, ca
     assert launches["launches"] == 320 and launches["launch_delay_outliers"] == 40
     assert any(n.startswith("rank 5's median_launch_delay_us is") for n in summary["outliers"])
     assert "launches: 320 launches on 8 rank(s)" in err and "rank(s) 5 stand out by median launch delay" in err
-    again = analyze(str(tmp_path / "job"), workers=1, cutoffs=Cutoffs(launch_delay_us=1000))
+    again = analyze(str(tmp_path / "job"), client=client, cutoffs=Cutoffs(launch_delay_us=1000))
     assert again.summary["launches"]["launch_delay_outliers"] == 0
 
 
@@ -148,7 +149,7 @@ def independent_sequences(doc: dict, operator: str) -> dict[str, int]:
 
 
 @pytest.mark.integration
-def test_frequent_kernel_sequences_across_ranks_match_the_rule_written_out(tmp_path, capsys):
+def test_frequent_kernel_sequences_across_ranks_match_the_rule_written_out(tmp_path, capsys, client):
     """The A100 set's optimizer steps: each rank's sequences are those the rule gives on its raw events, and the
     summary counts them over both ranks."""
     from conftest import read_trace, shape_problems, shared
@@ -156,11 +157,11 @@ def test_frequent_kernel_sequences_across_ranks_match_the_rule_written_out(tmp_p
     from tracefuse_dask.analysis.schema import Summary
 
     job = shared("real", "hta_trace_filter")
-    code = main(["analyze", str(job), "-o", str(tmp_path / "report"), "--workers", "1",
+    code = main(["analyze", str(job), "-o", str(tmp_path / "report"), "--scheduler", client.scheduler.address,
                  "--kernel-sequences", "Optimizer.step"])
     err = capsys.readouterr().err
     assert code == 0, err
-    a = analyze(str(job), workers=1, kernel_sequences="Optimizer.step")
+    a = analyze(str(job), client=client, kernel_sequences="Optimizer.step")
     expected_total: dict[str, int] = {}
     for r, path in enumerate(sorted(p for p in job.iterdir() if ".json" in p.name)):
         want = independent_sequences(read_trace(path), "Optimizer.step")
@@ -180,11 +181,11 @@ def test_frequent_kernel_sequences_across_ranks_match_the_rule_written_out(tmp_p
     assert summary["kernel_sequences"] == json.loads(json.dumps(s))
 
 
-def test_the_examples_kernels_start_after_their_launch_returns(tmp_path):
+def test_the_examples_kernels_start_after_their_launch_returns(tmp_path, client):
     """``tracefuse example``'s launch latency is an idle A100's (2-6 µs after the call returns), never 0: its
     launches line reads as a real job's."""
     from tracefuse_dask.synth import write_example
 
     write_example(str(tmp_path / "job"), ranks=2, rank_bytes=200_000)
-    launches = analyze(str(tmp_path / "job"), workers=1).summary["launches"]
+    launches = analyze(str(tmp_path / "job"), client=client).summary["launches"]
     assert 2 <= launches["median_launch_delay_us"] <= 6, launches

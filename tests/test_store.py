@@ -162,7 +162,7 @@ def test_sql_over_every_real_job_agrees_with_its_json(name, indexed):
 def test_the_command_line_indexes_and_answers_in_every_format(tmp_path):
     job = _job("gloo_4ranks")
     store = tmp_path / "store"
-    done = tracefuse("index", str(job), "-o", str(store), "--workers", "1", "--summary-json")
+    done = tracefuse("index", str(job), "-o", str(store), "--summary-json")
     assert "indexed 4 ranks" in done.stderr and f"wrote {store}" in done.stderr
     summary = json.loads(done.stdout)
     manifest = orjson.loads((store / "tracefuse-store.json").read_bytes())
@@ -185,7 +185,7 @@ def test_the_command_line_indexes_and_answers_in_every_format(tmp_path):
 ])
 def test_bad_sql_gets_one_line_with_duckdb_s_message_and_the_tables(sql, says, tmp_path):
     store = tmp_path / "store"
-    tracefuse("index", str(_job("gloo_2ranks_tb_nostraggler")), "-o", str(store), "-q", "--workers", "1")
+    tracefuse("index", str(_job("gloo_2ranks_tb_nostraggler")), "-o", str(store), "-q")
     done = tracefuse("sql", str(store), sql, check=False)
     assert done.returncode == 1 and done.stdout == ""
     (line,) = done.stderr.splitlines()
@@ -194,7 +194,7 @@ def test_bad_sql_gets_one_line_with_duckdb_s_message_and_the_tables(sql, says, t
 
 def test_a_query_s_own_bad_file_is_not_blamed_on_the_store(tmp_path):
     store = tmp_path / "store"
-    tracefuse("index", str(_job("gloo_2ranks_tb_nostraggler")), "-o", str(store), "-q", "--workers", "1")
+    tracefuse("index", str(_job("gloo_2ranks_tb_nostraggler")), "-o", str(store), "-q")
     done = tracefuse("sql", str(store), f"SELECT * FROM read_parquet('{tmp_path}/nowhere.parquet')", check=False)
     assert done.returncode == 1 and "the query failed" in done.stderr and "part of the store" not in done.stderr
 
@@ -203,7 +203,7 @@ def test_what_is_not_a_store_or_another_version_says_how_to_make_or_rebuild_it(t
     store = tmp_path / "store"
     done = tracefuse("sql", str(store), "SELECT 1", check=False)
     assert done.returncode == 1 and f"tracefuse index INPUT... -o {store}" in done.stderr
-    tracefuse("index", str(_job("gloo_2ranks_tb_nostraggler")), "-o", str(store), "-q", "--workers", "1")
+    tracefuse("index", str(_job("gloo_2ranks_tb_nostraggler")), "-o", str(store), "-q")
     manifest = orjson.loads((store / "tracefuse-store.json").read_bytes())
     (store / "tracefuse-store.json").write_bytes(orjson.dumps({**manifest, "schema_version": 99}))
     done = tracefuse("sql", str(store), "SELECT 1", check=False)
@@ -233,15 +233,15 @@ def test_skip_if_unchanged_indexes_only_the_ranks_whose_input_changed(tmp_path):
     job = tmp_path / "job"
     shutil.copytree(_job("gloo_4ranks"), job)
     store = tmp_path / "store"
-    tracefuse("index", str(job), "-o", str(store), "-q", "--workers", "1")
+    tracefuse("index", str(job), "-o", str(store), "-q")
     before = _files(store)
-    done = tracefuse("index", str(job), "-o", str(store), "--skip-if-unchanged", "--workers", "1")
+    done = tracefuse("index", str(job), "-o", str(store), "--skip-if-unchanged")
     assert done.stderr.startswith("unchanged:") and _files(store) == before
     rank2 = job / "rank2.json.gz"
     doc = read_trace(rank2)
     doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("name") != "aten::add_"]
     rank2.write_bytes(gzip.compress(orjson.dumps(doc)))
-    done = tracefuse("index", str(job), "-o", str(store), "--skip-if-unchanged", "--workers", "1")
+    done = tracefuse("index", str(job), "-o", str(store), "--skip-if-unchanged")
     assert "kept the parts of 3 ranks whose inputs did not change" in done.stderr
     after = _files(store)
     changed = {k.split("/")[1] for k in set(before) ^ set(after) if k.startswith("parts/")}
@@ -262,10 +262,10 @@ def test_a_truncated_rank_is_named_or_repaired(tmp_path):
     bad.write_bytes(raw[: len(raw) * 2 // 3])  # cut in the middle of its events
     gz.unlink()
     store = tmp_path / "store"
-    done = tracefuse("index", str(job), "-o", str(store), "--workers", "1", check=False)
+    done = tracefuse("index", str(job), "-o", str(store), check=False)
     assert done.returncode == 1 and str(bad) in done.stderr and "--repair" in done.stderr
     assert "Traceback" not in done.stderr and not (store / "tracefuse-store.json").exists()
-    done = tracefuse("index", str(job), "-o", str(store), "--workers", "1", "--repair")
+    done = tracefuse("index", str(job), "-o", str(store), "--repair")
     assert "recovered" in done.stderr or "repair" in done.stderr
     import tracefuse_dask as tf
 
@@ -278,7 +278,7 @@ def test_a_missing_or_foreign_part_gets_a_clear_error_and_the_next_run_cleans_up
     from tracefuse_dask.errors import StoreError
 
     job, store = _job("gloo_4ranks"), tmp_path / "store"
-    tracefuse("index", str(job), "-o", str(store), "-q", "--workers", "1")
+    tracefuse("index", str(job), "-o", str(store), "-q")
     (part,) = [p for p in (store / "parts").iterdir() if p.name.startswith("000001-")]
     (part / "events.parquet").write_bytes(b"not parquet at all")
     with pytest.raises(StoreError, match="could not be read|the query failed") as e:
@@ -292,7 +292,7 @@ def test_a_missing_or_foreign_part_gets_a_clear_error_and_the_next_run_cleans_up
     (stale / "events.parquet").write_bytes(b"a dead run's")
     mine = store / "parts" / "notes.txt"  # not a part: somebody's, left alone
     mine.write_text("keep me")
-    tracefuse("index", str(job), "-o", str(store), "-q", "--workers", "1", "--force")
+    tracefuse("index", str(job), "-o", str(store), "-q", "--force")
     assert not stale.exists() and mine.read_text() == "keep me"
     assert tf.query(str(store), "SELECT count(DISTINCT rank) AS n FROM events").n[0] == 4
 
@@ -413,9 +413,9 @@ def test_a_folder_that_is_not_a_store_is_refused_and_what_is_in_it_stays(tmp_pat
     folder = tmp_path / "proj"
     (folder / "parts").mkdir(parents=True)
     (folder / "parts" / "notes.txt").write_text("precious")
-    done = tracefuse("index", str(_job("hta_cpu_only")), "-o", str(folder), "--workers", "1", check=False)
+    done = tracefuse("index", str(_job("hta_cpu_only")), "-o", str(folder), check=False)
     assert done.returncode == 1 and "is not a tracefuse store" in done.stderr and "--force" in done.stderr
-    tracefuse("index", str(_job("hta_cpu_only")), "-o", str(folder), "-q", "--workers", "1", "--force")
+    tracefuse("index", str(_job("hta_cpu_only")), "-o", str(folder), "-q", "--force")
     assert (folder / "parts" / "notes.txt").read_text() == "precious" and (folder / "tracefuse-store.json").exists()
     file = tmp_path / "a-file"
     file.write_text("x")
@@ -434,9 +434,9 @@ def test_a_run_that_ends_after_another_finished_leaves_that_run_s_parts(tmp_path
 
     job, store = tmp_path / "job", tmp_path / "store"
     shutil.copytree(_job("gloo_4ranks"), job)
-    tracefuse("index", str(job), "-o", str(store), "-q", "--workers", "1")
+    tracefuse("index", str(job), "-o", str(store), "-q")
     old = orjson.loads((store / "tracefuse-store.json").read_bytes())
-    tracefuse("index", str(job), "-o", str(store), "-q", "--workers", "1", "--force", "--include-pyfunc")
+    tracefuse("index", str(job), "-o", str(store), "-q", "--force", "--include-pyfunc")
     new = orjson.loads((store / "tracefuse-store.json").read_bytes())
     assert {r["part"] for r in old["ranks"]}.isdisjoint(r["part"] for r in new["ranks"])
     with run_folder(str(store), None) as tmp_dir:  # a run that started from the old manifest, and failed
@@ -448,13 +448,13 @@ def test_skip_if_unchanged_rebuilds_a_part_that_is_gone(tmp_path):
     import tracefuse_dask as tf
 
     store = tmp_path / "store"
-    tracefuse("index", str(_job("gloo_4ranks")), "-o", str(store), "-q", "--workers", "1")
+    tracefuse("index", str(_job("gloo_4ranks")), "-o", str(store), "-q")
     before = tf.query(str(store), QUERIES["cpu_ops"])
     (part,) = [p for p in (store / "parts").iterdir() if p.name.startswith("000002-")]
     shutil.rmtree(part)
     (other,) = [p for p in (store / "parts").iterdir() if p.name.startswith("000003-")]
     (other / "flows.parquet").unlink()  # a part that lost one of its files
-    done = tracefuse("index", str(_job("gloo_4ranks")), "-o", str(store), "--workers", "1", "--skip-if-unchanged")
+    done = tracefuse("index", str(_job("gloo_4ranks")), "-o", str(store), "--skip-if-unchanged")
     assert "kept the parts of 2 ranks" in done.stderr and part.exists() and (other / "flows.parquet").exists()
     _same(tf.query(str(store), QUERIES["cpu_ops"]), before, "after the rebuild")
     _same(tf.query(str(store), "SELECT rank, count(*) AS n FROM flows GROUP BY rank ORDER BY rank").iloc[:, :1],
@@ -465,7 +465,7 @@ def test_answers_keep_exact_ns_and_every_format_writes_sums(tmp_path):
     import tracefuse_dask as tf
 
     store = tmp_path / "store"
-    tracefuse("index", str(_job("gloo_4ranks")), "-o", str(store), "-q", "--workers", "1")
+    tracefuse("index", str(_job("gloo_4ranks")), "-o", str(store), "-q")
     sql = "SELECT ts_ns, step FROM events ORDER BY ts_ns NULLS FIRST, name LIMIT 40"
     got = tf.query(str(store), sql)
     from tracefuse_dask.store.query import result
@@ -489,7 +489,7 @@ def test_an_id_beyond_int64_stays_in_args(tmp_path):
     first.setdefault("args", {})["External id"] = 2**63 + 5
     (tmp_path / "job").mkdir()
     (tmp_path / "job" / "rank0.json").write_text(json.dumps(doc))  # orjson writes no int beyond 64 bits
-    tracefuse("index", str(tmp_path / "job"), "-o", str(tmp_path / "store"), "-q", "--workers", "1")
+    tracefuse("index", str(tmp_path / "job"), "-o", str(tmp_path / "store"), "-q")
     row = tf.query(str(tmp_path / "store"),
                    "SELECT external_id, args FROM events WHERE args LIKE '%9223372036854775813%'")
     assert len(row) == 1 and pd.isna(row.external_id[0])
