@@ -321,8 +321,10 @@ class S3Server:
         (self.root / "data").mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "AWS_ACCESS_KEY_ID": S3_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET}
         for _ in range(3):
-            args = [weed, "mini", f"-dir={self.root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-                    "-master.telemetry=false"] + [f"-{k}={v}" for k, v in self.ports.items()]
+            # its logs and WebDAV's chunk cache in its folder, not in /tmp (three files and a folder a server)
+            args = [weed, f"-logdir={self.root}", "mini", f"-dir={self.root / 'data'}", "-ip=127.0.0.1",
+                    "-ip.bind=127.0.0.1", "-master.telemetry=false", f"-webdav.cacheDir={self.root}"] + \
+                [f"-{k}={v}" for k, v in self.ports.items()]
             self.proc = subprocess.Popen(args, stdout=open(self.root / "weed.log", "ab"), stderr=subprocess.STDOUT,
                                          env=env)
             if _wait_http(self.url, self.proc):
@@ -345,6 +347,9 @@ class S3Server:
         if self.proc is not None:
             _stop(self.proc)
             self.proc = None
+        for port in self.ports.values():  # weed's sockets, always in /tmp, some left by an exit however clean
+            for socket_file in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
+                socket_file.unlink(missing_ok=True)
 
     @property
     def options(self) -> dict[str, Any]:
