@@ -175,7 +175,7 @@ def test_one_of_several_kernels_of_one_template_made_slower_is_named_exactly(whi
     groups = [r for r in s["regressions"] if r["what"] == "op group" and r["rank"] == -1]
     assert groups and all(r["new_kernel"] == kernel and r["delta_pct"] == pytest.approx(30, abs=2) for r in groups)
     if which == "the shared set":  # through the CLI: exit code 3, the kernel named first
-        run = subprocess.run([sys.executable, "-m", "tracefuse_dask", "diff", "--workers", "1", str(base), str(new),
+        run = subprocess.run([sys.executable, "-m", "tracefuse_dask", "diff", str(base), str(new),
                               "-o", str(tmp_path / "cli"), "--fail-above", "10%"], capture_output=True, text=True,
                              timeout=300, check=False)
         assert run.returncode == 3, run.stderr
@@ -354,7 +354,7 @@ def test_bad_sides_say_which_run_and_leave_nothing(client, tmp_path):
 
 def test_the_cli_exit_codes(a100_kernel, tmp_path):
     base, new, kernel = a100_kernel
-    cmd = [sys.executable, "-m", "tracefuse_dask", "diff", "--workers", "1"]
+    cmd = [sys.executable, "-m", "tracefuse_dask", "diff"]
     same = subprocess.run([*cmd, str(base), str(base), "-o", str(tmp_path / "same"), "--fail-above", "10%"],
                           capture_output=True, text=True, timeout=300, check=False)
     assert same.returncode == 0, same.stderr
