@@ -37,18 +37,11 @@ def test_version(capsys):
     assert capsys.readouterr().out.strip() == f"tracefuse {__version__}"
 
 
-@pytest.fixture
-def on_cluster(client) -> list[str]:
-    """The options that run a command on the session's cluster: worker programs, as ``--workers 1`` gives, without
-    a cluster started for each command."""
-    return ["--scheduler", client.scheduler.address]
-
-
 @pytest.mark.integration
-def test_merge_cli_prints_summary_json(tmp_path, capsys, on_cluster):
+def test_merge_cli_prints_summary_json(tmp_path, capsys, client):
     out = tmp_path / "merged.json.gz"
     code = main(["merge", str(shared("gloo_2ranks_tb_nostraggler")), "-o", str(out), "--summary-json",
-                 *on_cluster, "--include-pyfunc", "--keep", "cpu,comm"])
+                 "--scheduler", client.scheduler.address, "--include-pyfunc", "--keep", "cpu,comm"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     summary = json.loads(captured.out)
@@ -59,8 +52,8 @@ def test_merge_cli_prints_summary_json(tmp_path, capsys, on_cluster):
 
 
 @pytest.mark.integration
-def test_info_json(capsys, on_cluster):
-    assert main(["info", str(shared("gloo_4ranks")), "--json", *on_cluster]) == 0
+def test_info_json(capsys, client):
+    assert main(["info", str(shared("gloo_4ranks")), "--json", "--scheduler", client.scheduler.address]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["ranks"] == [0, 1, 2, 3] and report["world_size"] == 4
     assert report["per_rank"][2]["flows"]["ids"] == 20 and report["categories"]["cpu_op"] > 0
@@ -68,35 +61,35 @@ def test_info_json(capsys, on_cluster):
 
 
 @pytest.mark.integration
-def test_info_table(capsys, on_cluster):
-    assert main(["info", str(shared("real", "hta_trace_filter")), *on_cluster]) == 0
+def test_info_table(capsys, client):
+    assert main(["info", str(shared("real", "hta_trace_filter")), "--scheduler", client.scheduler.address]) == 0
     out = capsys.readouterr().out
     assert "2 files, ranks [0, 1], world size 128" in out
 
 
 @pytest.mark.integration
-def test_info_gives_the_rank_merge_would_use(tmp_path, capsys, on_cluster):
+def test_info_gives_the_rank_merge_would_use(tmp_path, capsys, client):
     """A bad distributedInfo.rank gives way to the file's name, as in merge; a file nothing gives a rank is '?'."""
     ev = {"ph": "X", "cat": "cpu_op", "name": "a", "pid": 7, "tid": 7, "ts": 1.0, "dur": 1.0}
     doc = make_trace(None, [ev])
     write_trace(tmp_path / "job" / "rank5.json", {**doc, "distributedInfo": {"rank": -1, "world_size": 8}})
     write_trace(tmp_path / "job" / "trace.json", doc)
-    assert main(["info", str(tmp_path / "job"), "--json", *on_cluster]) == 0
+    assert main(["info", str(tmp_path / "job"), "--json", "--scheduler", client.scheduler.address]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [(r["rank"], r["world_size"]) for r in report["per_rank"]] == [(5, 8), (None, None)]
-    assert main(["info", str(tmp_path / "job"), *on_cluster]) == 0
+    assert main(["info", str(tmp_path / "job"), "--scheduler", client.scheduler.address]) == 0
     assert "    ?" in capsys.readouterr().out
 
 
 @pytest.mark.integration
-def test_info_of_a_merged_trace_describes_each_rank(tmp_path, capsys, on_cluster):
+def test_info_of_a_merged_trace_describes_each_rank(tmp_path, capsys, client):
     folder = shared("real", "hta_trace_filter")
-    assert main(["info", str(folder), "--json", *on_cluster]) == 0
+    assert main(["info", str(folder), "--json", "--scheduler", client.scheduler.address]) == 0
     inputs = json.loads(capsys.readouterr().out)
     merged = tmp_path / "merged.json.gz"
-    assert main(["merge", str(folder), "-o", str(merged), *on_cluster, "-q"]) == 0
+    assert main(["merge", str(folder), "-o", str(merged), "--scheduler", client.scheduler.address, "-q"]) == 0
     capsys.readouterr()
-    assert main(["info", str(merged), "--json", *on_cluster]) == 0
+    assert main(["info", str(merged), "--json", "--scheduler", client.scheduler.address]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["files"] == 1 and report["ranks"] == [0, 1] and report["world_size"] == 128
     assert report["bytes"] == merged.stat().st_size and report["span_ms"] == inputs["span_ms"]
@@ -105,14 +98,14 @@ def test_info_of_a_merged_trace_describes_each_rank(tmp_path, capsys, on_cluster
         assert after["bytes"] is None  # a merged rank has no size of its own; the file's is in the total
         assert after["categories"] == before["categories"]  # the rank's own events, and only those
         assert after["end_ns"] - after["start_ns"] == before["end_ns"] - before["start_ns"]
-    assert main(["info", str(merged), *on_cluster]) == 0
+    assert main(["info", str(merged), "--scheduler", client.scheduler.address]) == 0
     assert "(from sampled_rank-1.json.gz)" in capsys.readouterr().out
     # in a folder beside the per-rank files it merged, it is skipped, as merge skips it
     job = tmp_path / "job"
     job.mkdir()
     for f in [*folder.iterdir(), merged]:
         (job / f.name).write_bytes(f.read_bytes())
-    assert main(["info", str(job), "--json", *on_cluster]) == 0
+    assert main(["info", str(job), "--json", "--scheduler", client.scheduler.address]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert listed["ranks"] == [0, 1] and listed["files"] == 2
     assert [s for s in listed["ignored"] if "merged.json.gz" in s]

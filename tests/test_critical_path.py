@@ -8,6 +8,7 @@ traces in ``test_critical_path_syncs.py``.
 """
 from __future__ import annotations
 
+import functools
 import gzip
 import html
 import json
@@ -15,7 +16,6 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -65,14 +65,7 @@ def assert_chain(path, steps):
 def analysed(client):
     """``analysed(name)``: the analysis of a shared set with the default options, made once for the tests that read
     it."""
-    done: dict[str, Any] = {}
-
-    def of(name: str) -> Any:
-        if name not in done:
-            done[name] = analyze(str(shared(*name.split("/"))), client=client)
-        return done[name]
-
-    return of
+    return functools.cache(lambda name: analyze(str(shared(*name.split("/"))), client=client))
 
 
 @pytest.mark.parametrize("name", shared_params(MULTI_RANK[:2] + [f"real/{n}" for n in REAL_SETS]))

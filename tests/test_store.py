@@ -6,6 +6,7 @@ clear error."""
 from __future__ import annotations
 
 import collections
+import functools
 import gzip
 import json
 import os
@@ -133,13 +134,10 @@ def indexed(client, tmp_path_factory):
     and the index's summary."""
     import tracefuse_dask as tf
 
-    stores: dict[str, tuple[Path, object]] = {}
-
+    @functools.cache
     def store_of(name: str) -> tuple[Path, object]:
-        if name not in stores:
-            store = tmp_path_factory.mktemp("indexed") / name
-            stores[name] = store, tf.index_traces(str(_job(name)), str(store), client=client)
-        return stores[name]
+        store = tmp_path_factory.mktemp("indexed") / name
+        return store, tf.index_traces(str(_job(name)), str(store), client=client)
 
     return store_of
 
