@@ -26,9 +26,9 @@ lists every op TraceLens (commit {commit}) maps to a model or only to a category
 How the two agree is tested on TraceLens's own tables of two traces (`tests/test_op_perf.py`): the same groups,
 calls and categories, and `gflop`, `data_mib` and `kernel_us` within 1%, for every row TraceLens models.
 
-No op that TraceLens models and we do not appears in any of the shared real traces (`../shared/traces/real`, the
-same test checks it): none could be checked against a real call, so none was guessed. Each row says what it is
-and what a model of it needs.
+No op that TraceLens models and we do not appears in any of the real traces of the project's real-trace test
+corpus (the same test checks it): none could be checked against a real call, so none was guessed. Each row says
+what it is and what a model of it needs.
 
 ## Where we differ from TraceLens, on purpose
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the project with its test extras (in .venv unless a virtualenv is active) and run the full test suite.
+# Install the project with its test and docs extras (in .venv unless a virtualenv is active) and run the full test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${VIRTUAL_ENV:-}" ]; then
@@ -7,8 +7,8 @@ if [ -z "${VIRTUAL_ENV:-}" ]; then
   # shellcheck disable=SC1091
   . .venv/bin/activate
 fi
-echo "scripts/test.sh: installing the project and its test extras into $VIRTUAL_ENV (a few minutes the first time)" >&2
-python -m pip install --quiet --disable-pip-version-check -e ".[test]"
+echo "scripts/test.sh: installing the project and its test and docs extras into $VIRTUAL_ENV (a few minutes the first time)" >&2
+python -m pip install --quiet --disable-pip-version-check -e ".[test,docs]"
 # Composer's own trace merger, the reference of tests/test_composer.py. Its dependencies pin an old torch (gigabytes);
 # the test loads only composer/profiler/json_trace_merger.py, which imports nothing but the standard library.
 python -m pip install --quiet --disable-pip-version-check --no-deps "composer==0.32.1" 2>/dev/null

@@ -352,6 +352,16 @@ def test_bad_sides_say_which_run_and_leave_nothing(client, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_run_without_steps_is_one_line_that_says_what_to_profile(tmp_path, capsys):
+    """collective_trace logs alone hold no step: the diff says so and how to fix it, exit 1, no traceback."""
+    logs = Path(__file__).parent / "data" / "collective_trace" / "collective_trace.log-*"
+    assert main(["diff", str(logs), str(logs), "-o", str(tmp_path / "out"), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and not (tmp_path / "out").exists()
+    assert err.startswith("error: the base run has no step times: its traces hold no ProfilerStep#N") and \
+        "torch.profiler recorded its steps" in err
+
+
 def test_the_cli_exit_codes(a100_kernel, tmp_path):
     base, new, kernel = a100_kernel
     cmd = [sys.executable, "-m", "tracefuse_dask", "diff"]

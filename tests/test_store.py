@@ -360,27 +360,6 @@ def test_docs_dask_example_gives_sql_s_p99_kernel_time_per_rank(client, tmp_path
         in (Path(__file__).parents[1] / "docs" / "store.md").read_text()
 
 
-def test_the_readme_s_questions_in_sql_give_the_answers_it_shows(client, tmp_path):
-    """Each ``$ tracefuse sql ...`` of the README's "Questions in SQL", run as written on the stores it names,
-    prints what the README shows under it."""
-    import shlex
-
-    import tracefuse_dask as tf
-
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    block = re.search(r"## Questions in SQL.*?\n```\n(.*?)```", readme, re.S).group(1)
-    tf.index_traces(str(_job("hta_trace_filter")), str(tmp_path / "filter.store"), client=client)
-    tf.index_traces(str(_job("gloo_4ranks")), str(tmp_path / "gloo.store"), client=client)
-    asked = re.findall(r"^\$ (tracefuse sql .*?\")\n(.*?)(?:\n\n|\Z)", block, re.S | re.M)
-    assert len(asked) == 5
-    for command, shown in asked:
-        args = shlex.split(command)[1:]
-        done = subprocess.run([sys.executable, "-m", "tracefuse_dask", *args], capture_output=True, text=True,
-                              cwd=tmp_path, timeout=120)
-        assert done.returncode == 0, done.stderr
-        assert done.stdout.rstrip("\n") == shown.rstrip("\n"), command
-
-
 @pytest.mark.parametrize("name", shared_params(["hta_trace_filter", "tracelens_h100_qwen", "hta_mtia_inference"]))
 def test_the_merge_s_fast_and_general_paths_write_the_same_rows(name, client, indexed, tmp_path):
     """A filter that keeps every event sends each rank down the merge's general path (dicts): its rows are the fast

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from ...errors import TraceFormatError
 from ..schema import MEANS, OP_PERF_COLUMNS
 from .identity import group_label, name_key
 
@@ -34,8 +35,12 @@ class Side:
         # holds the device work that runs on into the next step (duration_us); a report before host_us: that
         self.steps_us = [float(p.get("host_us", p["duration_us"])) for p in s.get("critical_path") or []]
         if not self.steps_us:
-            raise ValueError(f"the {label} run has no step times (its analysis found no critical path: no host "
-                             "events?)")
+            inputs = s.get("inputs") or []
+            where = f" ({inputs[0]}{f' and {len(inputs) - 1} more' if len(inputs) > 1 else ''})" if inputs else ""
+            raise TraceFormatError(f"the {label} run{where} has no step times: its traces hold no ProfilerStep#N "
+                                   "with host events (collective_trace logs alone have none), so there is nothing "
+                                   "to compare step by step; diff two runs whose torch.profiler recorded its steps "
+                                   "(a schedule, with prof.step() called each step)")
         self.n_steps = len(self.steps_us)
         self.spread_pct = step_spread(self.steps_us)
         by_step = a.breakdown_by_step
