@@ -600,7 +600,7 @@ class TraceFuse:
     max_workers
         Worker processes of the embedded cluster (``workers`` of ``merge_traces``).
     **merge_options
-        Passed to :func:`merge_traces`: ``client``, ``storage_options``,
+        Passed to ``merge_traces``: ``client``, ``storage_options``,
         ``rewrite_ids`` (TraceLens-style offsets of ``External id``/``correlation``), ...
 
     Examples
