@@ -334,9 +334,17 @@ class S3Server:
         else:
             raise RuntimeError(f"weed mini exited three times at start-up; see {self.root / 'weed.log'}")
         deadline = time.monotonic() + 60
-        while True:  # the S3 gateway answers before the filer behind it is ready
-            try:
-                self.fs().ls("")
+        # The S3 gateway answers before the filer behind it is ready, and lists before its volume server has
+        # registered, when a write waits for a volume (a restarted server: the first run's PUT hung past a 10 s bound
+        # in CI): ready once an object is written and read back.
+        while True:
+            try:  # short waits, so that a try that hangs is tried again within the deadline
+                fs = self.fs(config_kwargs={"connect_timeout": 2, "read_timeout": 5, "retries": {"max_attempts": 1}})
+                if not fs.exists("readiness-probe"):
+                    fs.mkdir("readiness-probe")
+                fs.pipe("readiness-probe/ready", b"ready")
+                assert fs.cat("readiness-probe/ready") == b"ready"
+                fs.rm("readiness-probe", recursive=True)
                 return
             except Exception:
                 if time.monotonic() > deadline:
@@ -355,10 +363,10 @@ class S3Server:
     def options(self) -> dict[str, Any]:
         return {"key": S3_KEY, "secret": S3_SECRET, "client_kwargs": {"endpoint_url": self.url}}
 
-    def fs(self):
+    def fs(self, **kwargs: Any):
         import s3fs
 
-        return s3fs.S3FileSystem(skip_instance_cache=True, **self.options)
+        return s3fs.S3FileSystem(skip_instance_cache=True, **self.options, **kwargs)
 
     def bucket(self, name: str) -> str:
         fs = self.fs()
