@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install the project with its test and docs extras (in .venv unless a virtualenv is active) and run the full test suite.
+# Install the project with its test and docs extras (in .venv unless a virtualenv is active) and run the full
+# test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${VIRTUAL_ENV:-}" ]; then
