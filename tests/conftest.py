@@ -7,6 +7,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -291,14 +292,24 @@ def _wait_http(url: str, proc: subprocess.Popen, seconds: float = 60) -> bool:
             time.sleep(0.1)
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def stop_process(proc: subprocess.Popen) -> None:
     """SIGTERM, then SIGKILL after 5 s: a SeaweedFS that was killed and started again under a test's clients took
-    over 15 s to end after SIGTERM (2 s otherwise), and a test's server has nothing left to keep."""
-    proc.terminate()
+    over 15 s to end after SIGTERM (2 s otherwise), and a test's server has nothing left to keep. A process started
+    in a session of its own (``start_new_session``: a shell and what it started) is signalled with its group."""
+    group = os.getpgid(proc.pid) == proc.pid if proc.poll() is None else False
+
+    def signal_it(sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            if group:
+                os.killpg(proc.pid, sig)
+            else:
+                proc.send_signal(sig)
+
+    signal_it(signal.SIGTERM)
     try:
         proc.wait(5)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        signal_it(signal.SIGKILL)
         proc.wait()
 
 
@@ -353,7 +364,7 @@ class S3Server:
 
     def stop(self) -> None:
         if self.proc is not None:
-            _stop(self.proc)
+            stop_process(self.proc)
             self.proc = None
         for port in self.ports.values():  # weed's sockets, always in /tmp, some left by an exit however clean
             for socket_file in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
@@ -407,7 +418,7 @@ class GCSServer:
 
     def stop(self) -> None:
         if self.proc is not None:
-            _stop(self.proc)
+            stop_process(self.proc)
             self.proc = None
 
     @property

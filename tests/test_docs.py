@@ -21,12 +21,12 @@ import doctest
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -74,16 +74,6 @@ def _servers_env(text: str, request: pytest.FixtureRequest) -> dict[str, str]:
     return env
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-        if proc.poll() is None:
-            os.killpg(proc.pid, sig)
-            try:
-                proc.wait(wait)
-            except subprocess.TimeoutExpired:
-                continue
-
-
 @pytest.mark.integration
 @pytest.mark.parametrize("page", GUIDE, ids=[p.stem for p in GUIDE])
 def test_the_user_guide_runs_as_written(page, tmp_path, monkeypatch, request):
@@ -120,7 +110,7 @@ def test_the_user_guide_runs_as_written(page, tmp_path, monkeypatch, request):
                     f"{page.name}: `{command}` printed\n{done.stdout}\nwhere the page shows\n{shown}"
     finally:
         for proc in background:
-            _stop(proc)
+            stop_process(proc)
 
 
 def shown_commands(text: str) -> list[list[str]]:
@@ -159,22 +149,9 @@ def test_every_command_shown_but_not_run_parses(doc):
             pytest.fail(f"{doc.name}: `tracefuse {' '.join(args)}` does not parse (above)")
 
 
-def _described(page: str, section: str) -> dict[str, set[str]]:
-    """``{### heading name: {the first cell of each table row under it}}`` within one ``## `` section of a page."""
-    text = (DOCS / page).read_text()
-    part = re.search(rf"^## {re.escape(section)}\n(.*?)(?=^## |\Z)", text, re.MULTILINE | re.DOTALL)
-    assert part, f"docs/{page} has no section '## {section}'"
-    found: dict[str, set[str]] = {}
-    for heading, body in re.findall(r"^### `([^`]+)`\n(.*?)(?=^### |\Z)", part.group(1), re.MULTILINE | re.DOTALL):
-        found[heading] = set(re.findall(r"^\| `([^`]+)` \|", body, re.MULTILINE))
-    return found
-
-
-def _summary_fields() -> set[str]:
-    text = (DOCS / "reference" / "outputs.md").read_text()
-    part = re.search(r"^## `summary\.json`\n(.*?)(?=^## |\Z)", text, re.MULTILINE | re.DOTALL)
-    assert part, "docs/reference/outputs.md has no section '## `summary.json`'"
-    return set(re.findall(r"^\| `([^`]+)` \|", part.group(1), re.MULTILINE))
+def _rows(text: str) -> set[str]:
+    """The first cell of each table row, ``| `name` | ...``."""
+    return set(re.findall(r"^\| `([^`]+)` \|", text, re.MULTILINE))
 
 
 @pytest.mark.integration
@@ -190,15 +167,18 @@ def test_every_table_column_and_summary_field_an_analysis_writes_is_described(tm
     assert main(["example", str(tmp_path / "traces"), "--straggler", "5"]) == 0
     assert main(["analyze", str(tmp_path / "traces"), "-o", str(tmp_path / "report"), "-q",
                  "--kernel-sequences", "aten::linear"]) == 0
-    described = _described("reference/outputs.md", "Analysis tables")
+    sections = _sections(DOCS / "reference" / "outputs.md")
+    described = {heading: _rows(body) for heading, body in
+                 re.findall(r"^### `([^`]+)`\n(.*?)(?=^### |\Z)", sections["analysis-tables"],
+                            re.MULTILINE | re.DOTALL)}
     written = sorted((tmp_path / "report").glob("*.parquet"))
     assert len(written) > 20
     for table in written:
         assert table.stem in described, f"the {table.stem} table is not described in docs/reference/outputs.md"
         missing = set(pq.read_schema(table).names) - described[table.stem]
         assert not missing, f"columns of {table.stem} not described in docs/reference/outputs.md: {sorted(missing)}"
-    keys = set(json.loads((tmp_path / "report" / "summary.json").read_text()))
-    assert not keys - _summary_fields(), f"summary.json fields not described: {sorted(keys - _summary_fields())}"
+    undescribed = set(json.loads((tmp_path / "report" / "summary.json").read_text())) - _rows(sections["summaryjson"])
+    assert not undescribed, f"summary.json fields not described: {sorted(undescribed)}"
 
 
 QUESTIONS = {  # a new user's question: (the README's link target, what the page must say in that section)

@@ -35,9 +35,7 @@ class Side:
         # holds the device work that runs on into the next step (duration_us); a report before host_us: that
         self.steps_us = [float(p.get("host_us", p["duration_us"])) for p in s.get("critical_path") or []]
         if not self.steps_us:
-            inputs = s.get("inputs") or []
-            where = f" ({inputs[0]}{f' and {len(inputs) - 1} more' if len(inputs) > 1 else ''})" if inputs else ""
-            raise TraceFormatError(f"the {label} run{where} has no step times: its traces hold no ProfilerStep#N "
+            raise TraceFormatError(f"the {label} run has no step times: its traces hold no ProfilerStep#N "
                                    "with host events (collective_trace logs alone have none), so there is nothing "
                                    "to compare step by step; diff two runs whose torch.profiler recorded its steps "
                                    "(a schedule, with prof.step() called each step)")
