@@ -245,6 +245,12 @@ def test_small_input(files, small):
     assert small_input(files) is small
 
 
+def test_small_input_counts_a_cost_per_file():
+    files = [InputFile("a.json", 1000)] * 64
+    assert small_input(files, per_file=SMALL_INPUT_BYTES // 64 - 1000)
+    assert not small_input(files, per_file=SMALL_INPUT_BYTES // 64 - 999)
+
+
 def test_gzipped_ranks_are_grouped_by_the_trace_they_hold(client, tmp_path):
     """Eight gzipped ranks of about 4 MB of trace each (300 kB on disk) share tasks as 4 MB plain ranks would,
     not as 300 kB ones: by their size on disk all eight were one task, and one worker did the whole merge."""

@@ -68,6 +68,18 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def assert_same(got: bytes, want: bytes) -> None:
+    """Outputs compared as bytes; a mismatch says where they first differ (after gzip's decompression), not what
+    pytest's diff of megabytes would take minutes to say."""
+    if got == want:
+        return
+    text = [gzip.decompress(b) if b[:2] == b"\x1f\x8b" else b for b in (got, want)]
+    at = next((i for i, (a, b) in enumerate(zip(*text)) if a != b), min(map(len, text)))
+    raise AssertionError(f"{len(got):,} bytes ({len(text[0]):,} as JSON), not {len(want):,} ({len(text[1]):,}); "
+                         f"first difference at {at:,}: {text[0][max(0, at - 150):at + 150]!r} "
+                         f"where {text[1][max(0, at - 150):at + 150]!r} was expected")
+
+
 def overlapping(commands: list[list[str]], gaps: list[float]) -> list[dict]:
     """Start each command ``gaps[k]`` seconds after the first; each run's exit code, stderr, start and end."""
     runs, t0 = [], time.monotonic()
@@ -163,7 +175,7 @@ def test_overlapping_merges_on_local_disk(n, gaps, force, job, reference, tmp_pa
     runs = overlapping([cmd] * n, gaps)
     poll.stop.set()
     assert_as_documented(runs, force)
-    assert sha(out.read_bytes()) == sha(reference)
+    assert_same(out.read_bytes(), reference)
     assert not poll.bad, f"a reader saw a partial output: {poll.bad}"
     assert _leftovers_local(out.parent) == []
 
@@ -191,7 +203,7 @@ def test_overlapping_merges_on_s3(n, gaps, force, job, reference, s3, bucket_nam
     poll.stop.set()
     assert_as_documented(runs, force)
     fs.invalidate_cache()
-    assert sha(fs.cat(f"{bucket_name}/out/merged.json.gz")) == sha(reference)
+    assert_same(fs.cat(f"{bucket_name}/out/merged.json.gz"), reference)
     assert not poll.bad, f"a reader saw a partial output: {poll.bad}"
     left = _leftovers_s3(fs, bucket_name)
     assert not left, (left[:20], [r["err"] for r in runs])
@@ -212,7 +224,7 @@ def test_overlapping_runs_of_other_inputs_leave_the_last_to_finish(job, tmp_path
     last = "all" if runs[0]["end"] > runs[1]["end"] else "half"
     assert sha(out.read_bytes()) in {sha(v) for v in alone.values()}
     if abs(runs[0]["end"] - runs[1]["end"]) > 0.5:  # closer ends may swap between the rename and the exit
-        assert sha(out.read_bytes()) == sha(alone[last])
+        assert_same(out.read_bytes(), alone[last])
 
 
 def test_overlapping_scheduled_runs_with_skip_if_unchanged(job, reference, tmp_path):
@@ -222,7 +234,7 @@ def test_overlapping_scheduled_runs_with_skip_if_unchanged(job, reference, tmp_p
     cmd = ["merge", str(job), "-o", str(out), "-q", "--workers", "1", "--skip-if-unchanged"]
     runs = overlapping([cmd] * 4, GAPS)
     assert [r["code"] for r in runs] == [0] * 4, [r["err"] for r in runs]
-    assert sha(out.read_bytes()) == sha(reference)
+    assert_same(out.read_bytes(), reference)
     manifest = orjson.loads((tmp_path / "merged.json.gz.manifest.json").read_bytes())
     assert manifest["output_bytes"] == len(reference) and len(manifest["inputs"]) == 16
     again = tracefuse("merge", str(job), "-o", str(out), "--workers", "1", "--skip-if-unchanged")
@@ -468,7 +480,7 @@ def test_a_crashed_run_s_leftovers_on_s3_are_cleaned_by_the_next_run(job, refere
     assert _leftovers_s3(fs, bucket_name)
     assert tracefuse(*cmd).wait(300) == 0
     fs.invalidate_cache()
-    assert sha(fs.cat(f"{bucket_name}/out/merged.json.gz")) == sha(reference)
+    assert_same(fs.cat(f"{bucket_name}/out/merged.json.gz"), reference)
     assert not (left := _leftovers_s3(fs, bucket_name)), left[:20]
 
 
@@ -528,7 +540,7 @@ def test_a_storage_server_killed_mid_merge_ends_the_run_in_seconds(own_s3, job, 
     local = tmp_path / "local.json"
     assert tracefuse("merge", str(job), "-o", str(local), "-q", "--workers", "1").wait(300) == 0
     fs.invalidate_cache()
-    assert sha(fs.cat("traces/out/merged.json")) == sha(local.read_bytes())
+    assert_same(fs.cat("traces/out/merged.json"), local.read_bytes())
 
 
 def test_an_input_storage_that_goes_away_leaves_no_local_temporaries(own_s3, tmp_path):
@@ -575,5 +587,5 @@ def test_a_storage_server_restarted_mid_merge_is_not_noticed(own_s3, job, tmp_pa
     fs = own_s3.fs()
     local = tmp_path / "local.json"
     assert tracefuse("merge", str(job), "-o", str(local), "-q", "--workers", "1").wait(300) == 0
-    assert sha(fs.cat("traces/out/merged.json")) == sha(local.read_bytes())
+    assert_same(fs.cat("traces/out/merged.json"), local.read_bytes())
     assert not (left := _leftovers_s3(fs, "traces")), left[:20]

@@ -225,8 +225,8 @@ def _analyze_command(sub: Any) -> None:
                         "version; otherwise analyse again (implies --force)")
     a.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary on stderr")
     a.add_argument("-v", "--verbose", action="store_true", help="log what happens on stderr")
-    _add_cluster_args(a, "; without it, inputs of up to 64 MiB of trace run in this process, unless "
-                         "--critical-path-trace is given")
+    _add_cluster_args(a, "; without it, inputs of up to 64 MiB of trace, each file counted 1 MiB more, run in "
+                         "this process, unless --critical-path-trace is given")
 
 
 def _diff_command(sub: Any) -> None:

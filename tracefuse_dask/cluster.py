@@ -152,9 +152,10 @@ def _embedded(n: int, in_process: bool) -> SpecCluster:
 SMALL_INPUT_BYTES = 64 * 2**20  # of trace: what the embedded cluster runs in this process (``small_input``)
 
 
-def small_input(files: Sequence[InputFile]) -> bool:
-    """True when ``files`` hold at most ``SMALL_INPUT_BYTES`` of trace (``InputFile.trace_bytes``); a file of
-    unknown size is never small.
+def small_input(files: Sequence[InputFile], per_file: int = 0) -> bool:
+    """True when ``files`` hold at most ``SMALL_INPUT_BYTES`` of trace (``InputFile.trace_bytes``), each counted
+    ``per_file`` bytes more (what a task's work on a file costs whatever its size); a file of unknown size is never
+    small.
 
     Small inputs are merged and analysed in threads of this process: two worker programs cost 0.5-1 s to
     start and 0.2 s to stop on 2 cores, the in-process cluster 0.05 s in all. Measured on 2 cores (8 ranks,
@@ -165,7 +166,7 @@ def small_input(files: Sequence[InputFile]) -> bool:
     sizes = [f.trace_bytes for f in files]
     if None in sizes:
         return False
-    return sum(sizes) <= SMALL_INPUT_BYTES
+    return sum(sizes) + per_file * len(sizes) <= SMALL_INPUT_BYTES
 
 
 @contextlib.contextmanager
@@ -178,6 +179,7 @@ def connect(
     timeout: float = 10.0,
     in_process: bool = False,
     inputs: Sequence[InputFile] | None = None,
+    per_file: int = 0,
 ) -> Iterator[Client]:
     """Yield a Dask client: the one given, an existing cluster's, or an embedded cluster's.
 
@@ -186,7 +188,7 @@ def connect(
     ``workers`` single-threaded worker processes (default: one per core) on 127.0.0.1, without
     a dashboard, is started, its workers awaited, and closed on exit. Its workers are threads of
     this process with ``in_process`` (what ``memory://`` paths need), and when ``workers`` is not
-    given and the job's ``inputs`` are small (``small_input``).
+    given and the job's ``inputs`` are small (``small_input``, each file counted ``per_file`` bytes more).
 
     Raises
     ------
@@ -220,7 +222,7 @@ def connect(
             yield c
         return
     n = workers or os.cpu_count() or 1
-    in_process = in_process or (workers is None and inputs is not None and small_input(inputs))
+    in_process = in_process or (workers is None and inputs is not None and small_input(inputs, per_file))
     # Its logs silenced here rather than by the cluster (silence_logs), which gives distributed's handlers their
     # level back before its close is over: an in-process worker whose stream to the scheduler is closed under it
     # then logged a traceback.
