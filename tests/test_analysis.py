@@ -380,6 +380,25 @@ def test_1024_ranks_run_in_batches_and_reduce_to_small_tables(client, tmp_path, 
     assert {**one_a_task.summary, "seconds": 0} == {**batched.summary, "seconds": 0}
 
 
+@pytest.mark.integration
+def test_many_small_ranks_start_worker_programs_and_few_run_in_this_process(tmp_path, monkeypatch):
+    """Each file counts ``_FILE_COST`` more in the choice of threads or worker programs: 64 ranks of a few kB
+    (64 MiB with that cost) start worker programs, 8 run in threads of this process."""
+    import tracefuse_dask.cluster
+
+    started = []
+    embedded = tracefuse_dask.cluster._embedded
+    monkeypatch.setattr(tracefuse_dask.cluster, "_embedded", lambda n, in_process: started.append(in_process)
+                        or embedded(n, in_process))
+    for n in (8, 64):
+        for r in range(n):
+            events = [x("ProfilerStep#1", 0, 100, cat="user_annotation"), x("aten::mm", 10, 20), launch(12, 2, 1),
+                      kernel("gemm_kernel", 20, 30, 7, 1)]
+            write_trace(tmp_path / str(n) / f"rank{r}.json", make_trace(r, events, world_size=n))
+        assert analyze(str(tmp_path / str(n))).breakdown["rank"].tolist() == list(range(n))
+    assert started == [True, False]
+
+
 def test_a_reduce_task_without_ranks_gives_no_segments(client, tmp_path, monkeypatch):
     """65 tasks, one a file: the second reduce task holds only a JSON file without traceEvents (ignored), so its
     critical path segments have no rows, nor any column but ``rank``; the path's walks come from the first."""
