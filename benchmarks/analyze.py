@@ -13,6 +13,11 @@ HTA 0.5.0 with pandas 3 fails (``TypeError: Invalid value ... for dtype 'int16'`
 are all below 32768 while it has more events than that, as the synthetic ranks of 20 MB do; with pandas 2.2.3 it
 only warns, so give ``--hta-python`` a venv with ``HolisticTraceAnalysis==0.5.0 pandas==2.2.3 numpy==2.2.6``.
 
+A second table times the whole process as a user runs it, on the same datasets: ``tracefuse analyze FOLDER -o
+OUT`` with its default outputs (every table, ``report.html``, ``summary.json``; its imports, its embedded cluster's
+start and stop) against the HTA script's process, each from its start to its exit, with the CPU it used (its
+children's included) and its peak memory.
+
 Each dataset runs ``--repeat`` rounds, tracefuse then HTA in each, and the speedup is the median (range) of the
 rounds' own ratios, so that a slow or fast spell of the machine cancels out. About 2 minutes on 2 cores with
 the defaults; each 8 × 50 MB real shape adds about 3 minutes (HTA takes 15-45 s a round there).
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import multiprocessing
 import os
 import sys
@@ -35,6 +41,7 @@ from common import (
     REAL_SHAPES,
     SHARED,
     Table,
+    TimedProcess,
     TreeRSS,
     at_least_one,
     check_real_shapes,
@@ -58,6 +65,8 @@ REAL_TRACES = os.path.join(SHARED, "traces", "real", "hta_trace_filter")
 AGREE = {"gpu_span_us": "kernel_time(us)", "idle_us": "idle_time(us)", "computation_us": "compute_time(us)"}
 ANALYZE_COLUMNS = ["dataset", "ranks", "MB", "tracefuse s", "HTA s", "speedup", "tracefuse Δ peak RSS MiB",
                    "HTA Δ peak RSS MiB", "tracefuse peak RSS MiB", "HTA peak RSS MiB", "agree", "note"]
+WHOLE_COLUMNS = ["dataset", "ranks", "MB", "tracefuse s", "tracefuse CPU", "HTA s", "HTA CPU", "speedup",
+                 "tracefuse peak RSS MiB", "HTA peak RSS MiB", "agree", "note"]
 
 
 def _kineto_rank(path: str) -> None:
@@ -163,6 +172,69 @@ def analyze_row(args: argparse.Namespace, client: Any, name: str, folder: str, h
     return cells(ranks, tf, ht, speedup, "yes" if ok else "no", note), ok
 
 
+WHOLE_HEADER = (
+    "The whole process, as a user runs it: `tracefuse analyze FOLDER -o OUT --force -q` (its default outputs: every "
+    "table, report.html and summary.json; the embedded cluster it starts and stops) against HTA's script, each a "
+    "fresh process timed from its start to its exit (imports included). CPU = the CPU seconds of the process and "
+    "the children it waited for (worker programs, HTA's fork pool) over its wall seconds, of its best round; peak "
+    "RSS = its process tree's, the largest of the rounds. The two alternate in each round; speedup = the median "
+    "(range) of the rounds' HTA s / tracefuse s; agree as above, from the report folder's breakdown.parquet.")
+
+
+def whole_process_row(args: argparse.Namespace, name: str, folder: str, out: str, hta: bool) -> tuple[str, bool]:
+    """``tracefuse analyze FOLDER -o OUT`` (its default outputs: every table, ``report.html``, ``summary.json``) and
+    HTA's script, each a fresh process timed from its start to its exit, as a user runs them: the table row, and
+    whether both ran and agree."""
+    import pandas as pd
+
+    raw, _ = folder_sizes(folder)
+    cells = {"dataset": name, "MB": f"{raw / MB:.{0 if raw >= 10 * MB else 1}f}"}
+
+    def line() -> str:
+        return "| " + " | ".join(cells.get(c, "–") for c in WHOLE_COLUMNS) + " |"
+
+    command = [os.path.join(os.path.dirname(sys.executable), "tracefuse"), "analyze", folder, "-o", out, "--force",
+               "-q"]
+    tf: list[TimedProcess] = []
+    ht: list[TimedProcess] = []
+    failed = None if hta else f"HTA skipped: no HTA at {args.hta_python}"
+    report: dict[str, Any] = {}
+    for _ in range(args.repeat):  # alternated, as in ``analyze_row``
+        os.sync()
+        tf.append(TimedProcess())
+        proc = tf[-1](command, capture_output=True, text=True)
+        if proc.returncode:
+            cells["note"] = f"FAILED: tracefuse analyze: {' '.join(proc.stderr.split())[-300:]}"
+            return line(), False
+        if failed is None:
+            with open(os.path.join(out, "summary.json")) as f:
+                summary = json.load(f)
+            ht.append(TimedProcess())
+            try:
+                report = run_hta(args.hta_python, folder, files=dict(zip(summary["ranks"], summary["inputs"])),
+                                 run=ht[-1])
+            except (RuntimeError, ValueError) as e:
+                failed = f"FAILED: HTA: {e}"
+
+    def fmt(runs: list[TimedProcess]) -> list[str]:
+        best = min(runs, key=lambda r: r.seconds)
+        mem = max(r.mem.peak - r.mem.baseline for r in runs)
+        return [f"{best.seconds:.2f}", f"{100 * best.cpu / best.seconds:.0f}%", f"{mem / 2**20:,.0f}"]
+
+    breakdown = pd.read_parquet(os.path.join(out, "breakdown.parquet"))
+    cells["ranks"] = str(len(breakdown))
+    cells["tracefuse s"], cells["tracefuse CPU"], cells["tracefuse peak RSS MiB"] = fmt(tf)
+    ok = failed is None
+    if failed is None:
+        cells["HTA s"], cells["HTA CPU"], cells["HTA peak RSS MiB"] = fmt(ht)
+        cells["speedup"] = paired([r.seconds for r in ht], [r.seconds for r in tf])
+        ok, gap = agreement(breakdown, report["ranks"])
+        cells["agree"], cells["note"] = "yes" if ok else "no", gap
+    else:
+        cells["note"] = failed
+    return line(), ok or not hta
+
+
 def main(argv: list[str] | None = None) -> int:
     """The analysis benchmark: one row per dataset; 1 if a row failed or disagrees."""
     ap = parser(__doc__)
@@ -240,9 +312,16 @@ def main(argv: list[str] | None = None) -> int:
                 line, row_ok = analyze_row(args, client, name, folder, hta is not None)
                 table.emit(line)
                 ok = ok and row_ok
+        print(f"\n{WHOLE_HEADER}\n", flush=True)
+        whole = Table(WHOLE_COLUMNS)
+        print("\n".join(whole.lines), flush=True)
+        for name, folder in datasets:
+            line, row_ok = whole_process_row(args, name, folder, os.path.join(root, "report"), hta is not None)
+            whole.emit(line)
+            ok = ok and row_ok
     finally:
         cleanup(root, args.keep)
-    write_report(args.out, [header, *table.lines])
+    write_report(args.out, [header, *table.lines, "", WHOLE_HEADER, "", *whole.lines])
     return 0 if ok else 1
 
 

@@ -16,6 +16,7 @@ import math
 import os
 import platform
 import re
+import resource
 import shlex
 import shutil
 import statistics
@@ -245,16 +246,17 @@ def hta_versions(python: str) -> str | None:
     return f"HolisticTraceAnalysis {hta}, pandas {pandas}"
 
 
-def run_hta(python: str, folder: str, ranks: int | None = None,
-            files: dict[int, str] | None = None) -> dict[str, Any]:
-    """``hta_breakdown.py`` on ``folder`` in a fresh process of ``python``; its JSON report.
+def run_hta(python: str, folder: str, ranks: int | None = None, files: dict[int, str] | None = None,
+            run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> dict[str, Any]:
+    """``hta_breakdown.py`` on ``folder`` in a fresh process of ``python``, started by ``run`` (``subprocess.run``'s
+    arguments; ``TimedProcess`` times it whole); its JSON report.
 
     With ``ranks``, it is an error when HTA did not load that many ranks; with ``files`` (``{rank: file}``), HTA
     loads those files as those ranks.
     """
     extra = [json.dumps({str(r): p for r, p in files.items()})] if files else []
-    proc = subprocess.run([python, os.path.join(HERE, "hta_breakdown.py"), folder, *extra], capture_output=True,
-                          text=True, env={**os.environ, "HTA_DISABLE_NS_ROUNDING": "1"})
+    proc = run([python, os.path.join(HERE, "hta_breakdown.py"), folder, *extra], capture_output=True,
+               text=True, env={**os.environ, "HTA_DISABLE_NS_ROUNDING": "1"})
     if proc.returncode:
         last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
         raise RuntimeError(f"hta_breakdown.py: {last}")
@@ -266,6 +268,26 @@ def run_hta(python: str, folder: str, ranks: int | None = None,
 
 # ---------------------------------------------------------------------------------------------------------
 # Measuring
+
+class TimedProcess:
+    """``subprocess.run`` timed as a user's command is, from its start to its exit: ``seconds`` (wall), ``cpu``
+    (the CPU seconds of the process and of the children it waited for, such as worker programs and fork pools:
+    ``RUSAGE_CHILDREN``) and ``mem`` (``TreeRSS`` of this process's tree while it ran; its ``peak - baseline`` is the
+    command's)."""
+
+    seconds = cpu = 0.0
+    mem: TreeRSS
+
+    def __call__(self, *args: Any, **kwargs: Any) -> subprocess.CompletedProcess:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        with TreeRSS() as self.mem:
+            t = time.perf_counter()
+            proc = subprocess.run(*args, **kwargs)
+            self.seconds = time.perf_counter() - t
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+        return proc
+
 
 Measured = tuple[list[float], TreeRSS, Any]
 

@@ -93,7 +93,8 @@ def test_the_merge_benchmark_measures_each_real_shape_against_its_own_floor(tmp_
 @pytest.mark.integration
 @needs_real_shapes
 def test_the_analysis_benchmark_analyses_each_real_shape(tmp_path):
-    """A row per dataset with tracefuse's time and memory; without HTA its columns say why they are empty."""
+    """A row per dataset with tracefuse's time and memory, in the cluster and as a whole process; without HTA its
+    columns say why they are empty."""
     out = tmp_path / "report.md"
     done = subprocess.run([sys.executable, str(BENCHMARKS / "analyze.py"), "--ranks", "2", "--rank-mb", "0.3",
                            "--shapes", "a100,b200", "--real", str(tmp_path / "none"),
@@ -103,10 +104,13 @@ def test_the_analysis_benchmark_analyses_each_real_shape(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [line.split(" | ") for line in out.read_text().splitlines() if line.startswith("| ") and " 2×" in line]
     # a real shape's files are plain .json; one source window per rank is more than 0.3 MB (make_dataset.py)
-    assert [r[0].split(" (")[0] for r in rows] == ["| synthetic 2×0.3 MB", "| a100 2×0.3 MB", "| b200 2×0.3 MB"]
-    for cells in rows:
+    assert [r[0].split(" (")[0] for r in rows] == ["| synthetic 2×0.3 MB", "| a100 2×0.3 MB", "| b200 2×0.3 MB"] * 2
+    for cells in rows[:3]:
         assert cells[1] == "2" and re.fullmatch(r"\d+\.\d\d", cells[3]), cells  # both ranks analysed, timed
         assert cells[4] == "–" and "HTA skipped" in cells[-1], cells
+    for cells in rows[3:]:  # the whole process: its seconds and its CPU; HTA's columns empty
+        assert cells[1] == "2" and re.fullmatch(r"\d+\.\d\d", cells[3]) and re.fullmatch(r"\d+%", cells[4]), cells
+        assert cells[5] == "–" and "HTA skipped" in cells[-1], cells
     assert [p.name for p in tmp_path.iterdir()] == ["report.md"]
 
 

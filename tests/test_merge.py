@@ -29,6 +29,7 @@ from tracefuse_dask.cluster import (
     biggest_first,
     connect,
     flat,
+    gathered,
     outcomes,
     small_input,
 )
@@ -175,6 +176,32 @@ def test_a_cancelled_task_is_reported_as_cancelled():
         assert got[0] == ([("ok", None)], None) and isinstance(got[1][1], CancelledError)
         with pytest.raises(CancelledError):
             flat(got)
+
+
+def test_gathered_gives_the_results_in_order_as_they_finish_and_stops_at_a_failure():
+    """The analysis's results (megabytes a rank) are fetched as their tasks finish, in any order, and come back in
+    the tasks' order; a failed task ends the wait with its error, as gather's does, not after the slow ones."""
+    import time
+
+    from distributed import Client, LocalCluster
+
+    def late(value, seconds):
+        time.sleep(seconds)
+        return value
+
+    def bad():
+        raise ValueError("rank 3: bad trace")
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, \
+            Client(cluster, set_as_default=False) as c:
+        futures = [c.submit(late, "first", 1.5, pure=False), c.submit(late, "second", 0, pure=False)]
+        assert gathered(c, futures) == ["first", "second"]
+        futures = [c.submit(late, "slow", 60, pure=False), c.submit(bad, pure=False)]
+        start = time.monotonic()
+        with pytest.raises(ValueError, match="rank 3: bad trace"):
+            gathered(c, futures, show_progress=True)
+        assert time.monotonic() - start < 30
+        futures[0].cancel()
 
 
 def _request(**changes):

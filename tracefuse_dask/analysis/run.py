@@ -2,20 +2,17 @@
 client's reduce (``reduce``); the report folder (``folder``)."""
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import re
-import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict
 from typing import Any
 
 import pandas as pd
-from distributed import progress
 
-from ..cluster import batches, connect
+from ..cluster import batches, connect, gathered, progress_bar
 from ..errors import MergeError
 from ..kineto.document import paused_gc
 from ..model import DEFAULT_RANK_REGEX, InputFile, parse_steps, rank_subset
@@ -200,11 +197,10 @@ def _map(c: Any, files: list[InputFile], request: AnalyzeRequest,
     critical path's segments that stay on the cluster (None: they are in the results)."""
     costs = [None if f.trace_bytes is None else f.trace_bytes + _FILE_COST for f in files]
     futures = c.map(analyze_files, [files[b.start:b.stop] for b in batches(costs)], request=request, pure=False)
-    if show_progress:
-        with contextlib.redirect_stdout(sys.stderr):
-            progress(futures, scheduler=c.scheduler.address)
     if len(futures) <= _COMBINE:
-        return c.gather(futures), None
+        return gathered(c, futures, show_progress), None
+    if show_progress:
+        progress_bar(c, futures)
     reduced = [c.submit(combine, futures[i:i + _COMBINE], coded=True, pure=False)
                for i in range(0, len(futures), _COMBINE)]
     del futures  # each file's result is freed once its reduce task has it

