@@ -19,8 +19,9 @@ start and stop) against the HTA script's process, each from its start to its exi
 children's included) and its peak memory.
 
 Each dataset runs ``--repeat`` rounds, tracefuse then HTA in each, and the speedup is the median (range) of the
-rounds' own ratios, so that a slow or fast spell of the machine cancels out. About 2 minutes on 2 cores with
-the defaults; each 8 × 50 MB real shape adds about 3 minutes (HTA takes 15-45 s a round there).
+rounds' own ratios, so that a slow or fast spell of the machine cancels out. ``--ranks 8 --rank-mb 50 --shapes
+a100,h100 --repeat 3`` took 33 minutes on 2 cores (both tables, the datasets built; HTA takes 20-45 s a round on
+8 × 50 MB).
 """
 from __future__ import annotations
 
