@@ -34,6 +34,7 @@ from perfetto_rules import assert_perfetto_rules, lane_owners, load_exact, ns
 
 from tracefuse_dask import MergeError, analyze, merge_traces
 from tracefuse_dask.analysis.cross_rank.critical_path import _runs
+from tracefuse_dask.analysis.per_rank.model import sorted_codes
 from tracefuse_dask.analysis.per_rank.walker import _short_runs, _used_texts
 from tracefuse_dask.analysis.report.marks import WHAT_IF_TID
 from tracefuse_dask.analysis.report.text import answers
@@ -461,6 +462,15 @@ def test_short_segments_are_joined_under_the_ops_they_ran_in_and_their_time_by_k
         for w in (0, 1, 2):
             assert sum(b - a for x, k, *_, a, b in got if (x, k) == (w, kind)) == \
                 sum(b - a for x, k, *_, a, b in segs if (x, k) == (w, kind))
+
+
+@pytest.mark.parametrize("values", [[], [7], [5, -3, 5, 9, -3, 0, 2**40, 9], list(range(50, 0, -1)) * 3])
+def test_sorted_codes_are_np_unique_with_its_inverse(values):
+    """The labels' numbering by hashing gives what ``np.unique(return_inverse=True)`` gives, in its dtype."""
+    values = np.array(values, dtype=np.int64)
+    want, want_at = np.unique(values, return_inverse=True)
+    got, got_at = sorted_codes(values)
+    assert got.dtype == want.dtype and got.tolist() == want.tolist() and got_at.tolist() == want_at.tolist()
 
 
 def test_a_walks_rows_are_a_slice_when_together_and_every_row_when_not():
