@@ -550,18 +550,7 @@ def _segments(w: _Walker, walks: list[tuple[list[Any], int]], start: np.ndarray,
     total = int(size.sum())
     kind, name, src, t0, t1 = (np.empty(total, dtype=np.int64) for _ in range(5))
     if len(runs):
-        item, (i, s, t) = np.flatnonzero(is_run), runs.T
-        n = i - s
-        first = np.repeat(offset[item], n)
-        step = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)  # 0, 1, ... within each run
-        rows, k, cap = first + step, np.repeat(i, n) - step, np.repeat(t, n)
-        # a state's segment starts at the earliest time of the run so far: its own, unless times along the tour dip
-        begin = np.minimum(w.tour_t[k - 1], cap)
-        if ((np.diff(begin) > 0) & (step[1:] > 0)).any():
-            begin = pd.Series(begin).groupby(np.repeat(np.arange(len(n)), n)).cummin().to_numpy()
-        stop = np.concatenate([[0], begin[:-1]])
-        stop[step == 0] = cap[step == 0]
-        kind[rows], name[rows], src[rows], t0[rows], t1[rows] = w.own_kind[k], w.own_name[k], w.own_src[k], begin, stop
+        _expand_runs(w, runs, offset[is_run], (kind, name, src, t0, t1))
     if len(single_rows):
         at = offset[~is_run]
         kind[at], name[at], src[at], t0[at], t1[at] = single_rows.T
@@ -587,6 +576,25 @@ def _segments(w: _Walker, walks: list[tuple[list[Any], int]], start: np.ndarray,
     return pd.DataFrame({"walk": walk, "kind": kind, "name": name, "start_ns": t0 + base, "end_ns": t1 + base,
                          "pid": pid, "tid": tid, "event_ns": np.where(has, start[event], NO_EVENT), "category": category},
                         columns=SEGMENT_COLUMNS)
+
+
+def _expand_runs(w: _Walker, runs: np.ndarray, offset: np.ndarray, into: tuple[np.ndarray, ...]) -> None:
+    """Each run along a thread's tour ``(i, s, t)`` (``_Walker.walk``) as its states' segments, written into the
+    segment columns ``into`` (kind, name, source, start, end) from the run's ``offset`` on. Its own function: the
+    expansion's arrays, as long as a rank's walks (the analysis's peak memory), are freed once it returns."""
+    i, s, t = runs.T
+    n = i - s
+    first = np.repeat(offset, n)
+    step = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)  # 0, 1, ... within each run
+    rows, k, cap = first + step, np.repeat(i, n) - step, np.repeat(t, n)
+    # a state's segment starts at the earliest time of the run so far: its own, unless times along the tour dip
+    begin = np.minimum(w.tour_t[k - 1], cap)
+    if ((np.diff(begin) > 0) & (step[1:] > 0)).any():
+        begin = pd.Series(begin).groupby(np.repeat(np.arange(len(n)), n)).cummin().to_numpy()
+    stop = np.concatenate([[0], begin[:-1]])
+    stop[step == 0] = cap[step == 0]
+    kind, name, src, t0, t1 = into
+    kind[rows], name[rows], src[rows], t0[rows], t1[rows] = w.own_kind[k], w.own_name[k], w.own_src[k], begin, stop
 
 
 def _text_codes(w: _Walker, values: np.ndarray, has: np.ndarray) -> np.ndarray:
