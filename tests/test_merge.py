@@ -192,6 +192,20 @@ def test_gathered_gives_the_results_in_order_as_they_finish_and_stops_at_a_failu
     def bad():
         raise ValueError("rank 3: bad trace")
 
+    def fetched_meanwhile():  # whether this worker sent a result to the client while this task still ran
+        from distributed import get_worker
+
+        start = time.monotonic()
+        while time.monotonic() - start < 20:
+            if get_worker().transfer_outgoing_count_total:
+                return True
+            time.sleep(0.05)
+        return False
+
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0") as cluster, \
+            Client(cluster, set_as_default=False) as c:
+        futures = [c.submit(fetched_meanwhile, pure=False), c.submit(late, "done", 0.5, pure=False)]
+        assert gathered(c, futures) == [True, "done"]  # gather would fetch "done" only after both had finished
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, \
             Client(cluster, set_as_default=False) as c:
         futures = [c.submit(late, "first", 1.5, pure=False), c.submit(late, "second", 0, pure=False)]
