@@ -399,6 +399,39 @@ def test_many_small_ranks_start_worker_programs_and_few_run_in_this_process(tmp_
     assert started == [True, False]
 
 
+def test_an_analysis_lets_its_own_worker_programs_go_before_its_reduce_and_keeps_a_callers(tmp_path, monkeypatch):
+    """Once the map's results are in, the worker programs of the cluster ``analyze`` started are asked to stop, and
+    exit while the client reduces; a cluster the caller gives (diff's, for its other run) keeps its workers."""
+    import time
+
+    import distributed
+
+    import tracefuse_dask.analysis.run
+    from tracefuse_dask.cluster import connect
+
+    for r in range(2):
+        events = [x("ProfilerStep#1", 0, 100, cat="user_annotation"), x("aten::mm", 10, 20), launch(12, 2, 1),
+                  kernel("gemm_kernel", 20, 30, 7, 1)]
+        write_trace(tmp_path / f"rank{r}.json", make_trace(r, events, world_size=2))
+    at_reduce = []
+    reduce_ranks = tracefuse_dask.analysis.run.reduce_ranks
+
+    def reduce_once_they_are_gone(*args, **kwargs):
+        c, deadline = distributed.default_client(), time.monotonic() + 30
+        while c.scheduler_info()["workers"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        at_reduce.append(len(c.scheduler_info()["workers"]))
+        return reduce_ranks(*args, **kwargs)
+
+    monkeypatch.setattr(tracefuse_dask.analysis.run, "reduce_ranks", reduce_once_they_are_gone)
+    assert len(analyze(str(tmp_path), workers=2).breakdown) == 2 and at_reduce == [0]
+    monkeypatch.setattr(tracefuse_dask.analysis.run, "reduce_ranks", reduce_ranks)
+    with connect(workers=2) as c:
+        for _ in range(2):
+            assert len(analyze(str(tmp_path), client=c).breakdown) == 2
+            assert len(c.scheduler_info()["workers"]) == 2
+
+
 def test_a_reduce_task_without_ranks_gives_no_segments(client, tmp_path, monkeypatch):
     """65 tasks, one a file: the second reduce task holds only a JSON file without traceEvents (ignored), so its
     critical path segments have no rows, nor any column but ``rank``; the path's walks come from the first."""

@@ -246,8 +246,10 @@ def test_report_renders_offline_in_chromium(browser, tmp_path):
         images: document.images.length,
         bars: document.querySelectorAll('.js-plotly-plot .barlayer .point path').length,
         ticks: Array.from(document.querySelectorAll('.ytick text')).map(t => t.textContent),
-        text: document.body.innerText}""")
+        text: document.body.innerText,
+        looks: Array.from(document.querySelectorAll('.js-plotly-plot')).map(p => p._fullLayout.plot_bgcolor)}""")
     tables = len(rows_of(page))
+    assert dom["looks"] == ["white"] * 5  # each drawn with plotly_white, which the page gives once
     assert dom["scripts"] == ["application/json"] * (5 + tables) + ["js", "js", "module"] and dom["images"] == 0
     assert dom["bars"] >= 3 * 4 + 2 * 4 + len(KERNELS) + len(OPS)
     assert HOSTILE_OP in dom["text"] and "rank 3's idle_us is 3.9× the median" in dom["text"]

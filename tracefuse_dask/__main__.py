@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import sys
+from .cli import run
 
-from .cli import main
-
-sys.exit(main())
+run()

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import logging
 import os
 import signal
 import sys
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .cli_options import build_parser as _parser
 from .errors import TraceFuseError
@@ -94,6 +95,15 @@ def _handle_errors(debug: bool) -> Iterator[None]:
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
+
+
+def run() -> NoReturn:
+    """The ``tracefuse`` program, and ``python -m tracefuse_dask``: ``main``, then the process exits with its code."""
+    code = main()
+    # Whatever is left goes with the process: its objects are moved out of the cyclic collector's sight, whose passes
+    # over them as the interpreter exits took 0.2-0.3 s once pandas and distributed are imported (0.05 s frozen).
+    gc.freeze()
+    sys.exit(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

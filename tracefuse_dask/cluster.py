@@ -104,6 +104,7 @@ class _WorkerProgram(Subprocess):
     def __init__(self, scheduler: str, name: str, worker_kwargs: dict, security: Security) -> None:
         self.scheduler = scheduler
         self.stop_timeout = _WORKER_STOP_TIMEOUT
+        self.asked_to_stop = False
         self.spec = {"cls": "distributed.Worker", "opts": {**worker_kwargs, "name": name}}
         # the job's TLS credentials, as Dask's config names them: the worker's Security() reads them there
         self.tls = {"distributed.comm.require-encryption": True, "distributed.comm.tls.ca-file": security.tls_ca_file,
@@ -124,11 +125,18 @@ class _WorkerProgram(Subprocess):
                                            "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)},
         )
 
-    async def close(self) -> None:
-        # SIGTERM first: 'dask spec' then closes its worker, which says goodbye to the scheduler. The base class
-        # kills at once, and the scheduler would log each broken connection, traceback included.
-        if self.process and self.process.returncode is None:
+    def let_go(self) -> None:
+        """Ask the program to stop (SIGTERM: 'dask spec' then closes its worker, which says goodbye to the
+        scheduler), once, without waiting for it; on the cluster's event loop."""
+        if self.process and self.process.returncode is None and not self.asked_to_stop:
+            self.asked_to_stop = True
             self.process.terminate()
+
+    async def close(self) -> None:
+        # SIGTERM first: the base class kills at once, and the scheduler would log each broken connection,
+        # traceback included.
+        if self.process and self.process.returncode is None:
+            self.let_go()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.process.wait(), self.stop_timeout)
         await super().close()
@@ -246,6 +254,16 @@ def connect(
                 if isinstance(w, _WorkerProgram):
                     w.stop_timeout = _WORKER_ABANDON_TIMEOUT
             raise
+
+
+def let_go(c: Client) -> None:
+    """The caller of ``connect`` runs no more tasks: an embedded cluster's worker programs are asked to stop now,
+    without waiting, so that they exit on the other cores while the caller goes on (an analysis's reduce and report),
+    and the close at the end of ``connect`` finds them gone. Nothing happens to any other cluster."""
+    cluster = getattr(c, "cluster", None)
+    programs = [w for w in getattr(cluster, "workers", {}).values() if isinstance(w, _WorkerProgram)]
+    if programs:
+        cluster.loop.add_callback(lambda: [w.let_go() for w in programs])
 
 
 _TLS_FILES = (("tls_ca_file", "--tls-ca-file", "ca-file"), ("tls_client_cert", "--tls-cert", "client.cert"),

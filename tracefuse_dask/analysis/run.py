@@ -8,11 +8,12 @@ import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict
+from functools import partial
 from typing import Any
 
 import pandas as pd
 
-from ..cluster import batches, connect, gathered, progress_bar
+from ..cluster import batches, connect, gathered, let_go, progress_bar
 from ..errors import MergeError
 from ..kineto.document import paused_gc
 from ..model import DEFAULT_RANK_REGEX, InputFile, parse_steps, rank_subset
@@ -154,14 +155,13 @@ def analyze(
         results, segments_of = _map(c, files, request, show_progress)
         if store_output is not None:
             store_output.parts.extend(p for r in results for p in r["parts"])
-        if segments_of is not None:  # the segments are on the cluster: the reduce asks it for the path's
-            with paused_gc():
-                analysis = reduce_ranks(results, segments_of, ignored, request)
-    if segments_of is None:  # the reduce needs no cluster
         with paused_gc():
-            results = [combine(results)]
-            segments = results[0]["tables"].pop("path_segments")
-            analysis = reduce_ranks(results, lambda wanted: walks_in(segments, wanted), ignored, request)
+            if segments_of is None:  # the segments are in the results: the rest needs no cluster
+                if client is None:  # nor any other task: a caller's client may have more (diff's other run)
+                    let_go(c)
+                results = [combine(results)]
+                segments_of = partial(walks_in, results[0]["tables"].pop("path_segments"))
+            analysis = reduce_ranks(results, segments_of, ignored, request)
     analysis.summary["seconds"] = round(time.perf_counter() - started, 3)
     analysis.made_from = made_from
     if out_dir is not None:
