@@ -399,9 +399,11 @@ def test_many_small_ranks_start_worker_programs_and_few_run_in_this_process(tmp_
     assert started == [True, False]
 
 
+@pytest.mark.integration
 def test_an_analysis_lets_its_own_worker_programs_go_before_its_reduce_and_keeps_a_callers(tmp_path, monkeypatch):
     """Once the map's results are in, the worker programs of the cluster ``analyze`` started are asked to stop, and
-    exit while the client reduces; a cluster the caller gives (diff's, for its other run) keeps its workers."""
+    exit while the client reduces; a cluster the caller gives (diff's, for its other run) keeps its workers, and so
+    does its own when the reduce still needs it (over ``_COMBINE`` tasks: the segments stay on the cluster)."""
     import time
 
     import distributed
@@ -429,7 +431,13 @@ def test_an_analysis_lets_its_own_worker_programs_go_before_its_reduce_and_keeps
     with connect(workers=2) as c:
         for _ in range(2):
             assert len(analyze(str(tmp_path), client=c).breakdown) == 2
-            assert len(c.scheduler_info()["workers"]) == 2
+            assert not any(w.asked_to_stop for w in c.cluster.workers.values())
+    let_go = []
+    monkeypatch.setattr(tracefuse_dask.analysis.run, "let_go", let_go.append)
+    monkeypatch.setattr(tracefuse_dask.analysis.run, "_COMBINE", 1)
+    monkeypatch.setattr(tracefuse_dask.analysis.run, "batches", lambda s: [range(i, i + 1) for i in range(len(s))])
+    a = analyze(str(tmp_path), workers=2)
+    assert len(a.breakdown) == 2 and a.summary["critical_path"] and let_go == []
 
 
 def test_a_reduce_task_without_ranks_gives_no_segments(client, tmp_path, monkeypatch):
