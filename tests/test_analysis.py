@@ -338,14 +338,14 @@ def test_analyze_from_s3_to_s3(client, s3, example, bucket_name):
 
 @pytest.mark.integration
 def test_1024_ranks_run_in_batches_and_reduce_to_small_tables(client, tmp_path, monkeypatch):
-    """Small files share tasks as the merge's do, each counted ``_FILE_COST`` bytes more: 4 files of a few kB a task,
+    """Small files share tasks as the merge's do, each counted ``FILE_COST`` bytes more: 4 files of a few kB a task,
     so that both workers have work. Over ``_COMBINE`` tasks (64), the per-rank tables are joined on the cluster:
     1,024 files make 4 reduce tasks; one file a task (the batches patched in this client, which builds the graph)
     with ``_COMBINE`` 8, 128 files make 16. Under it, the client joins them, and the tables are the same."""
     from distributed import get_task_stream
 
     import tracefuse_dask.analysis.run
-    from tracefuse_dask.analysis.run import _FILE_COST
+    from tracefuse_dask.analysis import FILE_COST
     from tracefuse_dask.cluster import batches
 
     for n in (1024, 128):
@@ -364,7 +364,7 @@ def test_1024_ranks_run_in_batches_and_reduce_to_small_tables(client, tmp_path, 
         assert a.rank_stats.set_index("metric").loc["gpu_span_us", "outlier_ranks"] == [17]
         return {k: len(v) for k, v in keys.items()}, a
 
-    costs = [p.stat().st_size + _FILE_COST for p in (tmp_path / "1024").iterdir()]
+    costs = [p.stat().st_size + FILE_COST for p in (tmp_path / "1024").iterdir()]
     assert [len(b) for b in batches(costs)] == [4] * 256
     assert run(1024)[0] == {"analyze_files": 256, "combine": 4, "without_segments": 4, "segments_in": 4}
     tasks, batched = run(128)
@@ -382,7 +382,7 @@ def test_1024_ranks_run_in_batches_and_reduce_to_small_tables(client, tmp_path, 
 
 @pytest.mark.integration
 def test_many_small_ranks_start_worker_programs_and_few_run_in_this_process(tmp_path, monkeypatch):
-    """Each file counts ``_FILE_COST`` more in the choice of threads or worker programs: 64 ranks of a few kB
+    """Each file counts ``FILE_COST`` more in the choice of threads or worker programs: 64 ranks of a few kB
     (64 MiB with that cost) start worker programs, 8 run in threads of this process."""
     import tracefuse_dask.cluster
 

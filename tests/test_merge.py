@@ -24,17 +24,16 @@ from tracefuse_dask import (
     merge_traces,
 )
 from tracefuse_dask.cluster import (
-    SMALL_INPUT_BYTES,
     batches,
     biggest_first,
     connect,
     flat,
     gathered,
     outcomes,
-    small_input,
 )
 from tracefuse_dask.merge import assemble, plan, tasks
 from tracefuse_dask.model import InputFile
+from tracefuse_dask.programs import SMALL_INPUT_BYTES, small_input
 
 pytestmark = pytest.mark.integration
 

@@ -78,7 +78,7 @@ def merge_traces(
         ``DASK_SCHEDULER_ADDRESS`` name a cluster, or an embedded cluster is started (``cluster.connect``).
     workers
         The embedded cluster's worker processes (default: one per core). Without it, small inputs
-        (``cluster.small_input``) run in threads of this process instead, which finishes before worker
+        (``programs.small_input``) run in threads of this process instead, which finishes before worker
         processes would have started; pass it to have worker processes whatever the size.
     storage_options
         fsspec options for inputs and output; they travel to the workers with the tasks.

@@ -1,6 +1,6 @@
 """``connect()``: the one place that starts or joins a Dask cluster.
 
-The embedded cluster's workers are programs of their own (``_PROGRAM``: what ``dask spec`` runs,
+The embedded cluster's workers are programs of their own (``programs._PROGRAM``: what ``dask spec`` runs,
 as ``distributed.deploy.subprocess`` starts it), not ``multiprocessing`` children of the
 caller. Dask's ``LocalCluster`` starts its workers through nannies with the ``spawn``
 method, which re-imports the caller's ``__main__`` in every worker: a script without an
@@ -16,17 +16,17 @@ They are plain ``distributed.Worker`` programs, without a nanny: a nanny would b
 more interpreter to start per worker, before its worker's (~0.8 s more on 2 cores). What
 a nanny would add, a restart after a worker dies, the embedded cluster does without: the
 scheduler gives a lost worker's tasks to the others (``distributed.scheduler.allowed-failures``).
-They keep freed heap for their next task in one malloc arena (``_WORKER_MALLOC``) and run no statistical
+They keep freed heap for their next task in one malloc arena (``programs._WORKER_MALLOC``) and run no statistical
 profiler (``_NO_PROFILER``).
 The scheduler runs in this process, as ``LocalCluster``'s does.
 
 Nobody else gets in: the scheduler and its worker programs speak TLS with a key and certificate made for the job
 (``Security.temporary()``, as ``LocalCluster(security=True)`` makes them), held in memory here and handed to the
-workers in their environment, which only this user can read. A client without them is refused at every port: on
+workers in their job, through a pipe to each. A client without them is refused at every port: on
 a shared machine, 127.0.0.1 keeps out other machines but not other users, and a client that connects can run any
 code as this user, with its credentials. The scheduler's and workers' HTTP servers serve nothing (no routes).
 
-Small inputs (``small_input``) have no worker programs: when neither a cluster nor a number of workers is
+Small inputs (``programs.small_input``) have no worker programs: when neither a cluster nor a number of workers is
 given, their tasks run in threads of this process (``LocalCluster(processes=False)``, which re-imports
 nothing either), where they finish before worker programs would have started.
 
@@ -40,7 +40,6 @@ import contextlib
 import json
 import logging
 import os
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator, Sequence
@@ -62,12 +61,12 @@ from distributed.utils import silence_logging_cmgr
 from distributed.worker_memory import parse_memory_limit
 
 from .errors import SchedulerConnectionError, StorageConnectionError
+from .programs import Process, hand, import_path, program, stop_ahead, worker_programs
 
 if TYPE_CHECKING:
     from .model import InputFile
 
-__all__ = ["BATCH_BYTES", "BATCH_RANKS", "SMALL_INPUT_BYTES", "batches", "biggest_first", "connect", "flat",
-           "outcomes", "small_input"]
+__all__ = ["BATCH_BYTES", "BATCH_RANKS", "batches", "biggest_first", "connect", "flat", "outcomes"]
 
 log = logging.getLogger("tracefuse_dask")
 
@@ -75,34 +74,18 @@ _WORKER_START_TIMEOUT = 60.0  # seconds for the embedded cluster's workers to st
 _WORKER_STOP_TIMEOUT = 10.0  # seconds for one to close before it is killed
 _WORKER_ABANDON_TIMEOUT = 1.0  # the same when the job failed: a worker closes only once its running task ends
 _BAR_STOP_TIMEOUT = 5.0  # seconds for the progress bar to draw its last line once the tasks are done or one failed
-# glibc keeps this much freed memory at the top of a worker's heap instead of handing it back to the system: a
-# rank's task then reuses the pages of the one before it instead of faulting them in again (a 50 MB A100 rank's
-# analysis in a process: ~35,000 fewer page faults, 0.73-0.79 -> 0.65-0.69 s; docs/performance.md, "A worker's
-# freed memory"). Their one task thread allocates from glibc's main arena, as the main thread does, not from an
-# arena of its own: a thread's arena hands freed pages back (madvise) despite the pad, and faults them in again
-# (an A100 rank in a thread: 38,700 page faults with its own arena, 22,400 with one; 8 such ranks on 2 workers:
-# 0.62-0.67 s per task against 0.61-0.62 s; docs/performance.md, "One malloc arena"). A variable the caller set wins.
-_WORKER_MALLOC = {"MALLOC_TOP_PAD_": str(256 * 2**20), "MALLOC_ARENA_MAX": "1"}
 # Without a dashboard nobody sees what Dask's statistical profiler gathers, and it interrupts each task every 10 ms
 # (an A100 rank's analysis took 3-4% longer with it; docs/performance.md, "Dask's statistical profiler").
 _NO_PROFILER = {"distributed.worker.profile.enabled": False}
 # Nobody is told about the embedded cluster's HTTP servers, which Dask starts anyway: they serve nothing.
 _NO_HTTP = {"distributed.scheduler.http.routes": [], "distributed.worker.http.routes": []}
-# A worker program: what 'dask spec' runs (distributed.cli.dask_spec), without the dask command's look for plugins
-# among every installed package (0.1 s), and with its objects out of the cyclic collector's sight as it exits, whose
-# passes over them took 0.2-0.3 s of its stop (cli.run does the same)
-_PROGRAM = "import atexit, gc; atexit.register(gc.freeze); from distributed.cli.dask_spec import main; main()"
-
-
 class _WorkerProgram(Subprocess):
     """One ``distributed.Worker`` run as ``python -c _PROGRAM``, with this process's Dask config and import path.
 
-    The config travels as ``DASK_INTERNAL_INHERIT_CONFIG``, Dask's own way of handing it to
-    a child, so that a ``dask.config.set`` around ``connect`` reaches the workers, with
-    their logs silenced. The import path travels as ``PYTHONPATH``, as ``multiprocessing``
-    hands ``sys.path`` to its children: a ``filter_fn`` from a module beside the caller's
-    script is pickled by reference and must import in the worker. Its output goes to this
-    process's stderr, its stdin is closed.
+    The config and the import path travel in its job (``programs._PROGRAM``), the config
+    serialized as Dask hands it to a child (``DASK_INTERNAL_INHERIT_CONFIG``), so that a
+    ``dask.config.set`` around ``connect`` reaches the workers, with their logs silenced.
+    It is one started ahead (``programs.start_ahead``) where there is one.
     """
 
     def __init__(self, scheduler: str, name: str, worker_kwargs: dict, security: Security) -> None:
@@ -123,11 +106,10 @@ class _WorkerProgram(Subprocess):
         quiet = {f"logging.{name}": "critical" for name in ("distributed", "gcsfs", "fsspec", "asyncio")}
         with dask.config.set({**quiet, **_NO_PROFILER, **_NO_HTTP, **self.tls}):
             config = dask.config.serialize(dask.config.global_config)
-        self.process = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", _PROGRAM, self.scheduler, "--spec", json.dumps(self.spec),
-            stdin=subprocess.DEVNULL, env={**_WORKER_MALLOC, **os.environ, "DASK_INTERNAL_INHERIT_CONFIG": config,
-                                           "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)},
-        )
+        popen = program()
+        self.process = Process(popen)  # type: ignore[assignment]
+        job = {"config": config, "path": import_path(), "argv": [self.scheduler, "--spec", json.dumps(self.spec)]}
+        await asyncio.to_thread(hand, popen, json.dumps(job).encode() + b"\n")
 
     def let_go(self) -> None:
         """Ask the program to stop (SIGTERM: 'dask spec' then closes its worker, which says goodbye to the
@@ -163,26 +145,6 @@ def _embedded(n: int, in_process: bool) -> SpecCluster:
                            name="tracefuse", security=security)
 
 
-SMALL_INPUT_BYTES = 64 * 2**20  # of trace: what the embedded cluster runs in this process (``small_input``)
-
-
-def small_input(files: Sequence[InputFile], per_file: int = 0) -> bool:
-    """True when ``files`` hold at most ``SMALL_INPUT_BYTES`` of trace (``InputFile.trace_bytes``), each counted
-    ``per_file`` bytes more (what a task's work on a file costs whatever its size); a file of unknown size is never
-    small.
-
-    Small inputs are merged and analysed in threads of this process: two worker programs cost 0.5-1 s to
-    start and 0.2 s to stop on 2 cores, the in-process cluster 0.05 s in all. Measured on 2 cores (8 ranks,
-    synthetic and real A100 and B200 traces, json and gzip; cluster start, merge and stop), the merge in
-    threads took 0.2-0.8 of the time on worker programs up to 64 MiB by this count; gzip inputs broke even
-    between 70 MiB (A100, which compresses 14x) and 170 MiB, json ones not below 250 MiB.
-    """
-    sizes = [f.trace_bytes for f in files]
-    if None in sizes:
-        return False
-    return sum(sizes) + per_file * len(sizes) <= SMALL_INPUT_BYTES
-
-
 @contextlib.contextmanager
 def connect(
     client: Client | None = None,
@@ -211,6 +173,7 @@ def connect(
         cluster's workers do not start.
     """
     if client is not None:
+        stop_ahead()
         yield client
         return
     address = scheduler or dask.config.get("scheduler-address", None)
@@ -232,16 +195,18 @@ def connect(
             "--scheduler/--scheduler-file/DASK_SCHEDULER_ADDRESS, or omit them to use a local cluster")
         ) from None
     if c is not None:
+        stop_ahead()
         with c:
             yield c
         return
-    n = workers or os.cpu_count() or 1
-    in_process = in_process or (workers is None and inputs is not None and small_input(inputs, per_file))
+    programs = worker_programs(workers=workers, in_process=in_process, inputs=inputs, per_file=per_file)
+    n = programs or workers or os.cpu_count() or 1
     # Its logs silenced here rather than by the cluster (silence_logs), which gives distributed's handlers their
     # level back before its close is over: an in-process worker whose stream to the scheduler is closed under it
     # then logged a traceback.
-    with silence_logging_cmgr(logging.CRITICAL), _quiet("asyncio"), _embedded(n, in_process) as cluster, \
+    with silence_logging_cmgr(logging.CRITICAL), _quiet("asyncio"), _embedded(n, not programs) as cluster, \
             Client(cluster) as c:
+        stop_ahead()  # those the cluster did not take
         try:
             c.wait_for_workers(n, timeout=_WORKER_START_TIMEOUT)
         except TimeoutError:

@@ -15,7 +15,11 @@ if TYPE_CHECKING:  # what type checkers see; at run time ``__getattr__`` imports
     from .run import analyze
     from .schema import Analysis
 
-__all__ = ["Analysis", "analyze", "check_new", "is_report", "rank_stats", "read_report", "write_diff", "write_report"]
+__all__ = ["FILE_COST", "Analysis", "analyze", "check_new", "is_report", "rank_stats", "read_report", "write_diff",
+           "write_report"]
+
+FILE_COST = 2**20  # what analysing a file costs beyond its bytes, counted as bytes of trace (``cluster.batches``,
+# ``programs.small_input``): a rank of a few kB takes 15-60 ms on 2 cores, as long as 1-2 MB of a big rank's trace
 
 _LAZY = {"check_new": "folder", "is_report": "folder", "read_report": "folder", "write_diff": "folder",
          "write_report": "folder", "rank_stats": "reduce", "analyze": "run", "Analysis": "schema"}

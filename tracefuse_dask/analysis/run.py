@@ -19,6 +19,7 @@ from ..kineto.document import paused_gc
 from ..model import DEFAULT_RANK_REGEX, InputFile, parse_steps, rank_subset
 from ..perf.devices import load_devices
 from ..storage.inputs import expand_inputs
+from . import FILE_COST
 from .cross_rank.critical_path import walks_in
 from .folder import check_new, unchanged_report, write_report
 from .reduce import reduce_ranks
@@ -32,8 +33,6 @@ log = logging.getLogger(__name__)
 _NAMES = re.compile(r"\.json(\.gz)?$|\.gz$|\.csv$|\.log(-\d+)?$|\.txt$", re.IGNORECASE)
 _COMBINE = 64  # the results of this many tasks are joined by one reduce task on the cluster (fewer: by the client,
 # which saves their results a hop: 0.4-0.5 s of 4.4-5.1 s for 8 ranks of 50 MB of the A100 shape)
-_FILE_COST = 2**20  # what analysing a file costs beyond its bytes, counted as bytes of trace (``cluster.batches``,
-# ``cluster.small_input``): a rank of a few kB takes 15-60 ms on 2 cores, as long as 1-2 MB of a big rank's trace
 
 
 def analyze(
@@ -151,7 +150,7 @@ def analyze(
     if skip_if_unchanged and (done := unchanged_report(out_dir, made_from, so)) is not None:
         return done
     with connect(client, scheduler=scheduler, scheduler_file=scheduler_file, workers=workers,
-                 timeout=timeout, inputs=files, per_file=_FILE_COST) as c:
+                 timeout=timeout, inputs=files, per_file=FILE_COST) as c:
         results, segments_of = _map(c, files, request, show_progress)
         if store_output is not None:
             store_output.parts.extend(p for r in results for p in r["parts"])
@@ -192,10 +191,10 @@ def _request(format: str, on_error: str, ranks: str | Iterable[int] | None, step
 
 def _map(c: Any, files: list[InputFile], request: AnalyzeRequest,
          show_progress: bool) -> tuple[list[dict[str, Any]], Callable[[list[tuple[int, int]]], pd.DataFrame] | None]:
-    """The map tasks on the cluster ``c`` (a file each, small ones batched by their bytes and ``_FILE_COST`` each),
+    """The map tasks on the cluster ``c`` (a file each, small ones batched by their bytes and ``FILE_COST`` each),
     and over ``_COMBINE`` of them their combine tasks: the results the client gets, and how the reduce gets the
     critical path's segments that stay on the cluster (None: they are in the results)."""
-    costs = [None if f.trace_bytes is None else f.trace_bytes + _FILE_COST for f in files]
+    costs = [None if f.trace_bytes is None else f.trace_bytes + FILE_COST for f in files]
     futures = c.map(analyze_files, [files[b.start:b.stop] for b in batches(costs)], request=request, pure=False)
     if len(futures) <= _COMBINE:
         return gathered(c, futures, show_progress), None

@@ -1,0 +1,99 @@
+"""The embedded cluster's worker programs started ahead (``tracefuse_dask.programs``): the command line starts them
+as soon as it knows it will need them, the cluster takes them as it starts, and those it does not take are stopped.
+Real programs, a real cluster and the real command line."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from tracefuse_dask import cli, programs
+from tracefuse_dask.cli_options import build_parser
+from tracefuse_dask.cluster import connect
+from tracefuse_dask.programs import SMALL_INPUT_BYTES
+from tracefuse_dask.synth import write_example
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def started(monkeypatch):
+    """The modules of every worker program started (one tuple each, ``()`` for one the cluster started itself);
+    the programs still ahead are stopped after the test."""
+    seen: list[tuple[str, ...]] = []
+    real = programs._program
+
+    def spy(modules, env):
+        seen.append(tuple(modules))
+        return real(modules, env)
+
+    monkeypatch.setattr(programs, "_program", spy)
+    yield seen
+    programs.stop_ahead()
+
+
+def test_the_cluster_takes_the_programs_started_ahead_and_stops_the_rest(started):
+    programs.start_ahead(2, ["json"])
+    first, second = (p for p, _ in programs._ahead)
+    with connect(workers=1) as c:
+        assert set(c.run(os.getpid).values()) == {first.pid}
+        assert c.run(lambda: sys.modules["json"] is not None)  # the program ran its job
+        assert second.poll() is not None and not programs._ahead
+    assert started == [("json",), ("json",)]
+
+
+def test_a_program_started_in_another_environment_is_not_taken(started, monkeypatch):
+    """A variable set after the programs started (a caller's own) reaches the workers: the cluster starts its own."""
+    programs.start_ahead(1)
+    ahead = programs._ahead[0][0]
+    monkeypatch.setenv("TRACEFUSE_TEST_SET_LATER", "yes")
+    with connect(workers=1) as c:
+        assert list(c.run(lambda: os.environ.get("TRACEFUSE_TEST_SET_LATER")).values()) == ["yes"]
+        assert ahead.poll() is not None
+    assert started == [(), ()]
+
+
+def test_a_cluster_that_takes_none_stops_them(started):
+    programs.start_ahead(1)
+    ahead = programs._ahead[0][0]
+    with connect(workers=1, in_process=True) as c:
+        assert set(c.run(os.getpid).values()) == {os.getpid()}
+        assert ahead.poll() is not None and not programs._ahead
+
+
+@pytest.mark.parametrize("command, modules", [
+    ("merge", ("tracefuse_dask.merge.plan", "tracefuse_dask.merge.tasks")),
+    ("analyze", ("tracefuse_dask.analysis.tasks",)),
+])
+def test_the_command_line_runs_its_tasks_on_programs_it_started_ahead(started, tmp_path, command, modules):
+    """With ``--workers 2`` the command starts two programs, which import its tasks' modules, before it imports
+    the rest; the cluster runs on those two, and starts none."""
+    write_example(str(tmp_path / "in"), ranks=2, rank_bytes=200_000)
+    out = str(tmp_path / ("merged.json" if command == "merge" else "report"))
+    assert cli.main([command, str(tmp_path / "in"), "-o", out, "--workers", "2", "-q"]) == 0
+    assert started == [modules, modules]
+
+
+@pytest.mark.parametrize("argv, ahead", [
+    pytest.param(["analyze", "{small}", "-o", "out"], 0, id="small-input-runs-in-threads"),
+    pytest.param(["analyze", "{big}", "-o", "out"], os.cpu_count(), id="big-local-input"),
+    pytest.param(["merge", "{big}", "-o", "m.json", "--ranks", "1"], 0, id="the-ranks-asked-are-small"),
+    pytest.param(["merge", "{big}", "-o", "m.json", "--workers", "3"], 3, id="workers-given"),
+    pytest.param(["analyze", "s3://bucket/job", "-o", "out"], 0, id="object-storage-listed-once"),
+    pytest.param(["analyze", "{big}", "-o", "out", "--skip-if-unchanged"], 0, id="skip-if-unchanged"),
+    pytest.param(["index", "{big}", "-o", "store", "--scheduler", "tcp://127.0.0.1:1"], 0, id="a-cluster-to-join"),
+    pytest.param(["analyze", "{missing}", "-o", "out"], 0, id="missing-input-left-to-the-command"),
+], )
+def test_the_command_line_starts_programs_ahead_only_when_the_command_will_start_them(started, tmp_path, argv, ahead):
+    """The choice is ``connect``'s own (``programs.worker_programs``), on the inputs listed as the command lists
+    them: a file over ``SMALL_INPUT_BYTES`` (sparse: nothing is read) starts one a core."""
+    (tmp_path / "big").mkdir()
+    with open(tmp_path / "big" / "rank0.json", "wb") as f:
+        f.truncate(SMALL_INPUT_BYTES)
+    (tmp_path / "big" / "rank1.json").write_bytes(b"{}")
+    write_example(str(tmp_path / "small"), ranks=2, rank_bytes=10_000)
+    places = {k: str(tmp_path / k) for k in ("big", "small", "missing")}
+    cli._start_workers_ahead(build_parser().parse_args([a.format(**places) for a in argv]))
+    assert len(programs._ahead) == ahead
+    assert len(started) == ahead
