@@ -4,7 +4,7 @@ Usage: ``python benchmarks/cli.py [--shapes example,a100] [--rank-mb 50] [--repe
 
 Each row is a fresh process, timed from its start to its exit: ``tracefuse merge DIR -o OUT.json.gz -q``
 (Python start, imports, the embedded cluster's start, the merge, its shutdown; inputs this small run in
-threads of the process, ``cluster.small_input``) and ``python -c`` running the naive TraceLens-style merge
+threads of the process, ``programs.small_input``) and ``python -c`` running the naive TraceLens-style merge
 (``json.load`` of every rank, one event list, pids offset, ``json.dump(indent=4)`` through gzip -9, one
 process: what TraceLens's ``TraceFuse.merge_and_save`` costs). The rows alternate in every round; a row's
 speed against the naive merge is the median (range) of the rounds' own ratios. Datasets: ``example`` is

@@ -136,6 +136,9 @@ def test_a_reader_that_goes_away_stops_the_output_quietly():
                      "tracefuse merge: error: argument --keep: unknown --keep preset(s) disk", id="bad-keep"),
         pytest.param(["merge", "missing.json", "-o", "o.json", "--steps", "5-1"], 2,
                      "tracefuse merge: error: argument --steps: bad step range '5-1'", id="bad-steps"),
+        pytest.param(["merge", "missing.json", "-o", "o.json", "--rank-regex", "(", "--workers", "2"], 2,
+                     "tracefuse merge: error: argument --rank-regex: '(' is not a regular expression (missing ), "
+                     "unterminated subpattern at position 0); give one with a named group 'rank'", id="bad-rank-regex"),
         pytest.param(["merge", "missing.json", "-o", "o.json", "--window", "9:1"], 2,
                      "tracefuse merge: error: argument --window: bad window '9:1'", id="bad-window"),
         pytest.param(["analyze", "missing.json", "-o", "o.json", "--runtime-cutoff", "-5"], 2,

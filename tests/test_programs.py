@@ -3,9 +3,13 @@ as soon as it knows it will need them, the cluster takes them as it starts, and 
 Real programs, a real cluster and the real command line."""
 from __future__ import annotations
 
+import logging
 import os
+import signal
 import sys
+import time
 
+import dask
 import pytest
 
 from tracefuse_dask import cli, programs
@@ -19,18 +23,27 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def started(monkeypatch):
-    """The modules of every worker program started (one tuple each, ``()`` for one the cluster started itself);
-    the programs still ahead are stopped after the test."""
-    seen: list[tuple[str, ...]] = []
+    """The modules of every worker program started (one tuple each, ``()`` for one the cluster started itself),
+    each program in ``started.programs``; the programs still ahead are stopped after the test."""
+    seen = _Started()
     real = programs._program
 
     def spy(modules, env):
         seen.append(tuple(modules))
-        return real(modules, env)
+        seen.programs.append(real(modules, env))
+        return seen.programs[-1]
 
     monkeypatch.setattr(programs, "_program", spy)
     yield seen
     programs.stop_ahead()
+
+
+class _Started(list):
+    programs: list
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.programs = []
 
 
 def test_the_cluster_takes_the_programs_started_ahead_and_stops_the_rest(started):
@@ -38,7 +51,10 @@ def test_the_cluster_takes_the_programs_started_ahead_and_stops_the_rest(started
     first, second = (p for p, _ in programs._ahead)
     with connect(workers=1) as c:
         assert set(c.run(os.getpid).values()) == {first.pid}
-        assert c.run(lambda: sys.modules["json"] is not None)  # the program ran its job
+        # the job's config (no profiler), and the quiet logs from its start (DASK_LOGGING__*)
+        assert list(c.run(lambda: (dask.config.get("distributed.worker.profile.enabled"),
+                                   logging.getLogger("distributed").getEffectiveLevel())).values()) == [
+            (False, logging.CRITICAL)]
         assert second.poll() is not None and not programs._ahead
     assert started == [("json",), ("json",)]
 
@@ -52,6 +68,27 @@ def test_a_program_started_in_another_environment_is_not_taken(started, monkeypa
         assert list(c.run(lambda: os.environ.get("TRACEFUSE_TEST_SET_LATER")).values()) == ["yes"]
         assert ahead.poll() is not None
     assert started == [(), ()]
+
+
+def test_a_program_the_cluster_starts_has_the_callers_config_from_its_start(started):
+    """What Dask reads as it is imported (here the offload threshold) comes from the caller's ``dask.config.set``."""
+    with dask.config.set({"distributed.comm.offload": "1MiB"}), connect(workers=1) as c:
+        import distributed.comm.utils
+
+        assert list(c.run(lambda: distributed.comm.utils.OFFLOAD_THRESHOLD).values()) == [2**20]
+
+
+def test_a_ctrl_c_at_the_terminal_is_left_to_the_command(started):
+    """A program waiting for its job ignores SIGINT, which the terminal sends its whole process group: the command
+    stops it (no traceback of its own)."""
+    programs.start_ahead(1)
+    ahead = programs._ahead[0][0]
+    time.sleep(0.5)
+    ahead.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    assert ahead.poll() is None
+    programs.stop_ahead()
+    assert ahead.poll() is not None
 
 
 def test_a_cluster_that_takes_none_stops_them(started):
@@ -84,7 +121,8 @@ def test_the_command_line_runs_its_tasks_on_programs_it_started_ahead(started, t
     pytest.param(["analyze", "{big}", "-o", "out", "--skip-if-unchanged"], 0, id="skip-if-unchanged"),
     pytest.param(["index", "{big}", "-o", "store", "--scheduler", "tcp://127.0.0.1:1"], 0, id="a-cluster-to-join"),
     pytest.param(["analyze", "{missing}", "-o", "out"], 0, id="missing-input-left-to-the-command"),
-], )
+    pytest.param(["merge", "{big}", "-o", "memory://m.json", "--workers", "2"], 0, id="memory-paths-run-in-threads"),
+])
 def test_the_command_line_starts_programs_ahead_only_when_the_command_will_start_them(started, tmp_path, argv, ahead):
     """The choice is ``connect``'s own (``programs.worker_programs``), on the inputs listed as the command lists
     them: a file over ``SMALL_INPUT_BYTES`` (sparse: nothing is read) starts one a core."""
@@ -97,3 +135,16 @@ def test_the_command_line_starts_programs_ahead_only_when_the_command_will_start
     cli._start_workers_ahead(build_parser().parse_args([a.format(**places) for a in argv]))
     assert len(programs._ahead) == ahead
     assert len(started) == ahead
+
+
+def test_a_command_that_fails_before_its_cluster_stops_the_programs_it_started(started, tmp_path, capsys):
+    """In a process that goes on (a notebook's ``cli.main``), and with one error line, as before."""
+    (tmp_path / "big").mkdir()
+    with open(tmp_path / "big" / "rank0.json", "wb") as f:
+        f.truncate(SMALL_INPUT_BYTES + 1)
+    (tmp_path / "out.json").write_bytes(b"{}")
+    places = {"big": str(tmp_path / "big"), "out": str(tmp_path / "out.json")}
+    assert cli.main(["merge", places["big"], "-o", places["out"], "--workers", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "exists" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert not programs._ahead and all(p.poll() is not None for p in started.programs)

@@ -167,6 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(e.code or 0)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if "tracefuse_dask.programs" in sys.modules:  # programs started ahead that no cluster took: a failed command's
+            sys.modules["tracefuse_dask.programs"].stop_ahead()
     return 0
 
 
@@ -181,28 +183,32 @@ def _start_workers_ahead(args: argparse.Namespace) -> None:
 
     That is when ``--workers`` is given, or when the inputs are local files that ``connect`` would not run in this
     process: listed here as the command lists them (``*.json``, ``*.json.gz``, ``*.gz``; fewer than ``analyze``
-    lists, so never too many), and listed again by the command, which says what is wrong with them. Inputs on
-    object storage, a cluster to join and ``--skip-if-unchanged`` (which mostly starts none) start none here.
+    lists, so never too many), and listed again by the command. Inputs on object storage, ``memory://`` paths (run
+    in threads of this process), a cluster to join and ``--skip-if-unchanged`` (which mostly starts none) start
+    none here. It is only a head start: what goes wrong here (a bad input, no process to start), the command,
+    which has not started, says.
     """
     from .analysis import FILE_COST
     from .programs import start_ahead, worker_programs
 
-    files = None
+    paths = [*args.inputs, args.output]
     # analyze with --critical-path-trace or --store starts its cluster whatever the inputs (api.analyze)
     listed = args.workers is None and not (getattr(args, "critical_path_trace", None) or getattr(args, "store", None))
-    if args.skip_if_unchanged or (listed and any("://" in p or "::" in p for p in args.inputs)):
+    if args.skip_if_unchanged or any(p.startswith("memory://") for p in paths) or (
+            listed and any("://" in p or "::" in p for p in args.inputs)):
         return
-    if listed:
-        from .model import rank_subset
-        from .storage.inputs import expand_inputs
+    try:
+        files = None
+        if listed:
+            from .model import rank_subset
+            from .storage.inputs import expand_inputs
 
-        try:
             files, _ = expand_inputs(args.inputs, rank_regex=args.rank_regex, subset=rank_subset(args.ranks))
-        except (TraceFuseError, ValueError, OSError):
-            return
-    start_ahead(worker_programs(workers=args.workers, scheduler=args.scheduler, scheduler_file=args.scheduler_file,
-                                inputs=files, per_file=FILE_COST if args.command == "analyze" else 0),
-                _TASKS[args.command])
+        start_ahead(worker_programs(workers=args.workers, scheduler=args.scheduler,
+                                    scheduler_file=args.scheduler_file, inputs=files,
+                                    per_file=FILE_COST if args.command == "analyze" else 0), _TASKS[args.command])
+    except (TraceFuseError, ValueError, OSError):  # the command, run next, reports it
+        return
 
 
 def _run_args(args: argparse.Namespace, so: dict[str, Any] | None) -> dict[str, Any]:

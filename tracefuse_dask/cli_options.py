@@ -3,6 +3,7 @@ they share. ``cli`` runs what it parses."""
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 from ._version import __version__
@@ -22,6 +23,16 @@ def _checked(parse: Any) -> Any:
             raise argparse.ArgumentTypeError(str(e)) from None
         return text
     return check
+
+
+def _regex(text: str) -> str:
+    """An argparse type for ``--rank-regex``: a regular expression (a bad one is a usage error, exit 2)."""
+    try:
+        re.compile(text)
+    except re.error as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a regular expression ({e}); give one with a named group "
+                                         "'rank', such as 'rank(?P<rank>\\d+)'") from None
+    return text
 
 
 def _keep(text: str) -> None:
@@ -72,7 +83,7 @@ def _add_storage_args(p: argparse.ArgumentParser) -> None:
 def _add_input_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("inputs", nargs="+", metavar="INPUT",
                    help="trace files, folders or globs; local paths or fsspec URLs (s3://, gs://, ...)")
-    p.add_argument("--rank-regex", default=DEFAULT_RANK_REGEX, metavar="REGEX",
+    p.add_argument("--rank-regex", default=DEFAULT_RANK_REGEX, metavar="REGEX", type=_regex,
                    help="regex with a named group 'rank', applied to file names when a file has no "
                         f"distributedInfo.rank (default: {DEFAULT_RANK_REGEX})")
     _add_storage_args(p)
@@ -245,7 +256,7 @@ def _diff_command(sub: Any) -> None:
     d.add_argument("--ranks", metavar="SPEC", type=_checked(rank_subset),
                    help="analyse a subset of ranks: A-B, :S stride, commas")
     d.add_argument("--steps", metavar="A-B", type=_checked(parse_steps), help="only ProfilerStep#A to #B inclusive")
-    d.add_argument("--rank-regex", default=DEFAULT_RANK_REGEX, metavar="REGEX",
+    d.add_argument("--rank-regex", default=DEFAULT_RANK_REGEX, metavar="REGEX", type=_regex,
                    help="regex with a named group 'rank' for file names, as in analyze")
     d.add_argument("--format", choices=("parquet", "csv"), default="parquet", help="table files (default: parquet)")
     _add_storage_args(d)

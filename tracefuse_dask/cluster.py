@@ -61,7 +61,15 @@ from distributed.utils import silence_logging_cmgr
 from distributed.worker_memory import parse_memory_limit
 
 from .errors import SchedulerConnectionError, StorageConnectionError
-from .programs import Process, hand, import_path, program, stop_ahead, worker_programs
+from .programs import (
+    QUIET,
+    Process,
+    hand,
+    import_path,
+    program,
+    stop_ahead,
+    worker_programs,
+)
 
 if TYPE_CHECKING:
     from .model import InputFile
@@ -79,13 +87,16 @@ _BAR_STOP_TIMEOUT = 5.0  # seconds for the progress bar to draw its last line on
 _NO_PROFILER = {"distributed.worker.profile.enabled": False}
 # Nobody is told about the embedded cluster's HTTP servers, which Dask starts anyway: they serve nothing.
 _NO_HTTP = {"distributed.scheduler.http.routes": [], "distributed.worker.http.routes": []}
+
+
 class _WorkerProgram(Subprocess):
     """One ``distributed.Worker`` run as ``python -c _PROGRAM``, with this process's Dask config and import path.
 
     The config and the import path travel in its job (``programs._PROGRAM``), the config
-    serialized as Dask hands it to a child (``DASK_INTERNAL_INHERIT_CONFIG``), so that a
-    ``dask.config.set`` around ``connect`` reaches the workers, with their logs silenced.
-    It is one started ahead (``programs.start_ahead``) where there is one.
+    serialized as Dask hands it to a child (``DASK_INTERNAL_INHERIT_CONFIG``, where the
+    program is started here), so that a ``dask.config.set`` around ``connect`` reaches the
+    workers, with their logs silenced (``programs.QUIET``). It is one started ahead
+    (``programs.start_ahead``) where there is one.
     """
 
     def __init__(self, scheduler: str, name: str, worker_kwargs: dict, security: Security) -> None:
@@ -100,13 +111,9 @@ class _WorkerProgram(Subprocess):
         super().__init__()
 
     async def _start(self) -> None:
-        # gcsfs and fsspec log the traceback of a storage request out of retries, and asyncio a request that the
-        # storage's client library abandoned when the storage went away ("Task exception was never retrieved"): the
-        # run's error says it, as the command line's own process does (cli.main)
-        quiet = {f"logging.{name}": "critical" for name in ("distributed", "gcsfs", "fsspec", "asyncio")}
-        with dask.config.set({**quiet, **_NO_PROFILER, **_NO_HTTP, **self.tls}):
+        with dask.config.set({**QUIET, **_NO_PROFILER, **_NO_HTTP, **self.tls}):
             config = dask.config.serialize(dask.config.global_config)
-        popen = program()
+        popen = program(config)
         self.process = Process(popen)  # type: ignore[assignment]
         job = {"config": config, "path": import_path(), "argv": [self.scheduler, "--spec", json.dumps(self.spec)]}
         await asyncio.to_thread(hand, popen, json.dumps(job).encode() + b"\n")

@@ -26,8 +26,8 @@ import dask
 if TYPE_CHECKING:
     from .model import InputFile
 
-__all__ = ["SMALL_INPUT_BYTES", "Process", "hand", "import_path", "program", "small_input", "start_ahead", "stop_ahead",
-           "worker_programs"]
+__all__ = ["QUIET", "SMALL_INPUT_BYTES", "Process", "hand", "import_path", "program", "small_input", "start_ahead",
+           "stop_ahead", "worker_programs"]
 
 # glibc keeps this much freed memory at the top of a worker's heap instead of handing it back to the system: a
 # rank's task then reuses the pages of the one before it instead of faulting them in again (a 50 MB A100 rank's
@@ -44,13 +44,14 @@ _WORKER_MALLOC = {"MALLOC_TOP_PAD_": str(256 * 2**20), "MALLOC_ARENA_MAX": "1"}
 # the Dask config it is to run with (this process's, with the job's TLS credentials), its import path (this
 # process's, as ``multiprocessing`` hands ``sys.path`` to its children: a ``filter_fn`` from a module beside the
 # caller's script is pickled by reference and must import in the worker) and 'dask spec''s arguments (the scheduler,
-# --spec). So it can start before the scheduler exists (``start_ahead``); without a job it exits.
+# --spec). So it can start before the scheduler exists (``start_ahead``); without a job it exits. Until 'dask spec'
+# takes over, a Ctrl-C at the terminal is left to this process, which stops it.
 _PROGRAM = """\
-import atexit, gc, importlib, json, sys
+import atexit, gc, importlib, json, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
 atexit.register(gc.freeze)
 import dask
 from distributed.cli.dask_spec import main
-from distributed.config import initialize_logging
 for name in sys.argv[1:]:
     try:
         importlib.import_module(name)
@@ -61,11 +62,14 @@ if not line:
     sys.exit()
 job = json.loads(line)
 dask.config.update(dask.config.config, dask.config.deserialize(job["config"]))
-initialize_logging(dask.config.config)
 sys.path[:] = job["path"]
 sys.argv[1:] = job["argv"]
 main()
 """
+# What a worker program logs: gcsfs and fsspec log the traceback of a storage request out of retries, and asyncio a
+# request that the storage's client library abandoned when the storage went away ("Task exception was never
+# retrieved"): the run's error says it, as the command line's own process does (cli.main)
+QUIET = {f"logging.{name}": "critical" for name in ("distributed", "gcsfs", "fsspec", "asyncio")}
 _ahead: list[tuple[subprocess.Popen, dict[str, str]]] = []  # worker programs started ahead, each with its environment
 
 
@@ -80,8 +84,8 @@ def _environment() -> dict[str, str]:
 
 
 def _program(modules: Sequence[str], env: dict[str, str]) -> subprocess.Popen:
-    """A worker program (``_PROGRAM``) that imports ``modules`` (on this process's import path), then waits for its
-    job on stdin; its output goes where this process's goes."""
+    """A worker program (``_PROGRAM``) that imports ``modules`` (on this process's import path, with ``env``), then
+    waits for its job on stdin; its output goes where this process's goes."""
     return subprocess.Popen([sys.executable, "-c", _PROGRAM, *modules], stdin=subprocess.PIPE,
                             env={**env, "PYTHONPATH": os.pathsep.join(import_path())})
 
@@ -90,23 +94,31 @@ def start_ahead(n: int, modules: Sequence[str] = ()) -> None:
     """Start ``n`` worker programs now, for the embedded cluster ``connect`` will start: they import Dask and
     ``modules`` (the tasks' own) on the other cores while this process imports what it needs, and the cluster
     takes them as it starts, if this process's environment is still what it was. Those it
-    does not take are stopped when ``connect`` has its cluster, and as this process exits."""
+    does not take are stopped when ``connect`` has its cluster, and as this process exits.
+
+    They import Dask before they have their job's config: what Dask reads as it is imported (such as
+    ``distributed.comm.offload``) comes from their environment and config files, which are this process's, and
+    their logging is ``QUIET``'s from the start. For the command line, which sets nothing else in Dask's config
+    before ``connect``, that is the config the job gives; a caller who sets it in its process (``dask.config.set``)
+    gets programs started by ``connect``, which have the whole of it from their start."""
     if not _ahead:
         atexit.register(stop_ahead)
     env = _environment()
-    _ahead.extend((_program(modules, env), env) for _ in range(n))
+    quiet = {f"DASK_{key.upper().replace('.', '__')}": level for key, level in QUIET.items()}
+    _ahead.extend((_program(modules, {**env, **quiet}), env) for _ in range(n))
 
 
-def program() -> subprocess.Popen:
+def program(config: str) -> subprocess.Popen:
     """A worker program for the embedded cluster: one started ahead that is still running and was started as one
-    would be now (in the same environment), else a new one."""
+    would be now (in the same environment), else a new one, which has the Dask ``config`` (serialized) from its
+    start, as Dask hands it to a child (``DASK_INTERNAL_INHERIT_CONFIG``)."""
     env = _environment()
     while _ahead:
         popen, its = _ahead.pop(0)
         if popen.poll() is None and its == env:
             return popen
         _stop(popen)
-    return _program((), env)
+    return _program((), {**env, "DASK_INTERNAL_INHERIT_CONFIG": config})
 
 
 def stop_ahead() -> None:
