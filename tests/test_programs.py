@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
 import time
+from pathlib import Path
 
 import dask
 import pytest
@@ -83,12 +83,19 @@ def test_a_ctrl_c_at_the_terminal_is_left_to_the_command(started):
     stops it (no traceback of its own)."""
     programs.start_ahead(1)
     ahead = programs._ahead[0][0]
-    time.sleep(0.5)
+    end = time.monotonic() + 30
+    while not _ignores_sigint(ahead.pid) and time.monotonic() < end:  # the program's first lines have run
+        time.sleep(0.01)
     ahead.send_signal(signal.SIGINT)
     time.sleep(0.5)
     assert ahead.poll() is None
     programs.stop_ahead()
     assert ahead.poll() is not None
+
+
+def _ignores_sigint(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return bool(int(status.split("SigIgn:")[1].split()[0], 16) & (1 << (signal.SIGINT - 1)))
 
 
 def test_a_cluster_that_takes_none_stops_them(started):
