@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from itertools import compress
 from typing import Any
 
 import fsspec
@@ -123,18 +124,25 @@ def _values(column: pa.ChunkedArray) -> list[Any]:
     return values[arr.indices.fill_null(len(arr.dictionary)).to_numpy()].tolist()
 
 
-def _json_texts(events: pa.Table, columns: tuple[str, ...]) -> dict[str, list[str | None]]:
+def _json_texts(events: pa.Table, columns: tuple[str, ...]) -> dict[str, pa.ChunkedArray]:
     """The list columns ``columns`` as JSON text, written by DuckDB (ten times faster than a loop over them)."""
     lists = events.select(list(columns))  # noqa: F841 - the query's table
     with offline_duckdb(threads=1) as con:
         got = con.sql(f"SELECT {', '.join(f'to_json({c}) AS {c}' for c in columns)} FROM lists").to_arrow_table()
-    return {c: got.column(c).to_pylist() for c in columns}
+    return {c: got.column(c) for c in columns}
 
 
-def _raw(texts: list[str | None], fallback: list[msgspec.Raw]) -> list[msgspec.Raw]:
-    """A list column's JSON text as the raw text ``Args`` holds, or what ``args`` kept where the column has none."""
-    raws = {v: msgspec.Raw(v.encode()) for v in set(texts) if v is not None}  # shapes repeat
-    return [raws[v] if v is not None else r for v, r in zip(texts, fallback)]
+def _raw(texts: pa.ChunkedArray, fallback: tuple[Any, ...]) -> list[Any]:
+    """A list column's JSON text as the raw text ``Args`` holds, or what ``args`` kept where the column has none:
+    one ``Raw`` per distinct text (shapes repeat)."""
+    coded = pc.dictionary_encode(texts.combine_chunks())
+    raws = np.fromiter((msgspec.Raw(v.encode()) for v in coded.dictionary.to_pylist()), dtype=object,
+                       count=len(coded.dictionary))
+    if not coded.null_count:
+        return raws[coded.indices.to_numpy()].tolist()
+    picked = raws[coded.indices.fill_null(0).to_numpy()] if len(raws) else np.empty(len(coded), dtype=object)
+    kept = np.fromiter(fallback, dtype=object, count=len(fallback))
+    return np.where(coded.is_null().to_numpy(zero_copy_only=False), kept, picked).tolist()
 
 
 def _either(column: list[Any], kept: tuple[Any, ...]) -> list[Any]:
@@ -161,21 +169,21 @@ def rank_events(events: pa.Table, flows: pa.Table, origins: Mapping[str, Any]) -
     """A part's events (but metadata) and flows as the rank's trace holds them, as ``decode_trace`` decodes them;
     ``origins`` is the part's ``schema.ORIGINS`` JSON."""
     col = {name: _values(events.column(name)) for name in events.column_names
-           if name not in ("ts_ns", "dur_ns", *_LISTS)}
+           if name not in ("pid", "tid", "ts_ns", "dur_ns", *_LISTS)}
     col |= _json_texts(events, _LISTS)
     n = events.num_rows
-    pids = {merged: pid for merged, pid in origins["pids"]}
-    tids = {(pid, ph, merged): tid for pid, ph, merged, tid in origins["tids"]}
-    shift = origins["base_ns"]
-    pid = [pids.get(p, p) for p in col["pid"]]
-    tid = [tids.get((p, ph, t), t) for p, ph, t in zip(pid, col["ph"], col["tid"])] if tids else col["tid"]
+    pid, tid = _ids(events, col["ph"], origins)
     rest = col["args"]
-    at = [i for i, a in enumerate(rest) if a is not None and a.startswith("{")]
-    kept = [_NO_ARGS] * n
-    if at:
-        for i, a in zip(at, msgspec.json.decode(b"[" + ",".join(rest[i] for i in at).encode() + b"]",
-                                                type=list[Args])):
-            kept[i] = a
+    objects = pc.fill_null(pc.starts_with(events.column("args"), "{"), False).to_numpy(zero_copy_only=False)
+    at = np.flatnonzero(objects)
+    decoded = msgspec.json.decode(b"[" + ",".join(compress(rest, objects)).encode() + b"]",
+                                  type=list[Args]) if len(at) else []
+    if len(at) == n:
+        kept = decoded
+    else:  # the others keep no argument: ``Args()``'s defaults
+        scattered = np.full(n, _NO_ARGS, dtype=object)
+        scattered[at] = _objects(decoded)
+        kept = scattered.tolist()
     fields = dict(zip(Args.__struct_fields__, zip(*map(msgspec.structs.astuple, kept)))) if n else \
         dict.fromkeys(Args.__struct_fields__, ())
     args = [Args(*values) for values in zip(
@@ -187,20 +195,41 @@ def rank_events(events: pa.Table, flows: pa.Table, origins: Mapping[str, Any]) -
         fields["seq"], fields["comms_id"], fields["memory_bw"], _raw(col["input_dims"], fields["input_dims"]),
         _raw(col["input_types"], fields["input_types"]), _raw(col["concrete_inputs"], fields["concrete_inputs"]),
         fields["sequence"])]
-    for i, a in enumerate(rest):  # an event without args, or whose args is not an object
-        if a is None:
-            args[i] = None
-        elif not a.startswith("{"):
-            args[i] = orjson.loads(a)
-    ts = _times(events.column("ts_ns"), shift)
+    if len(at) < n:
+        for i in np.flatnonzero(~objects).tolist():  # an event without args, or whose args is not an object
+            args[i] = None if rest[i] is None else orjson.loads(rest[i])
+    ts = _times(events.column("ts_ns"), shift := origins["base_ns"])
     dur = _times(events.column("dur_ns"), 0, origins["durations"])
     out = [Event(ph=ph, cat=c or "", name=nm or "", pid=p, tid=t, ts=s, dur=0 if d is None else d, args=a)
            for ph, c, nm, p, t, s, d, a in zip(col["ph"], col["cat"], col["name"], pid, tid, ts, dur, args)
            if ph != "M"]  # metadata: the merge's, not the trace's, and no analysis reads it
-    fl = {name: _values(flows.column(name)) for name in flows.column_names if name != "ts_ns"}
-    fpid = [pids.get(p, p) for p in fl["pid"]]
-    ftid = [tids.get((p, ph, t), t) for p, ph, t in zip(fpid, fl["ph"], fl["tid"])] if tids else fl["tid"]
+    fl = {name: _values(flows.column(name)) for name in ("ph", "cat", "name", "id")}
+    fpid, ftid = _ids(flows, fl["ph"], origins)
     out += [Event(ph=ph, cat=c or "", name=nm or "", pid=p, tid=t, ts=s, id=i)
             for ph, c, nm, p, t, s, i in zip(fl["ph"], fl["cat"], fl["name"], fpid, ftid,
                                              _times(flows.column("ts_ns"), shift), fl["id"])]
     return out
+
+
+def _ids(table: pa.Table, ph: list[Any], origins: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
+    """A part's pids and tids as the trace wrote them, from the merge's (``origins``' maps): looked up once per
+    distinct pid, and per event only where a tid was mapped."""
+    pids = {merged: pid for merged, pid in origins["pids"]}
+    tids = {(pid, ph, merged): tid for pid, ph, merged, tid in origins["tids"]}
+    merged_pid, merged_tid = table.column("pid"), table.column("tid")
+    if merged_pid.null_count:
+        pid = [pids.get(p, p) for p in merged_pid.to_pylist()]
+    else:
+        distinct, inverse = np.unique(merged_pid.to_numpy(), return_inverse=True)
+        pid = _objects([pids.get(p, p) for p in distinct.tolist()])[inverse].tolist()
+    tid = merged_tid.to_pylist()
+    if tids:
+        for i in np.flatnonzero(pc.is_in(merged_tid, pa.array(sorted({t for _, _, t in tids}), pa.int64()))
+                                .fill_null(False).to_numpy(zero_copy_only=False)).tolist():
+            tid[i] = tids.get((pid[i], ph[i], tid[i]), tid[i])
+    return pid, tid
+
+
+def _objects(values: list[Any]) -> np.ndarray:
+    """``values`` as a 1-d object array, item for item (numpy would unpack an item that is a sequence)."""
+    return np.fromiter(values, dtype=object, count=len(values))
