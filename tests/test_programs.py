@@ -3,6 +3,7 @@ as soon as it knows it will need them, the cluster takes them as it starts, and 
 Real programs, a real cluster and the real command line."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -16,6 +17,7 @@ from tracefuse_dask import cli, programs
 from tracefuse_dask.cli_options import build_parser
 from tracefuse_dask.cluster import connect
 from tracefuse_dask.programs import SMALL_INPUT_BYTES
+from tracefuse_dask.store import MANIFEST
 from tracefuse_dask.synth import write_example
 
 pytestmark = pytest.mark.integration
@@ -142,6 +144,23 @@ def test_the_command_line_starts_programs_ahead_only_when_the_command_will_start
     cli._start_workers_ahead(build_parser().parse_args([a.format(**places) for a in argv]))
     assert len(programs._ahead) == ahead
     assert len(started) == ahead
+
+
+def test_an_event_store_given_to_analyze_counts_as_the_traces_it_was_indexed_from(started, tmp_path):
+    """``analyze STORE`` decides as ``analyze`` does on a store: by the sizes of the files it was indexed from, in
+    its manifest. A store of small traces runs in threads; one of big traces starts one program a core ahead,
+    which imports the store's reader too, and the analysis runs on those and starts none."""
+    write_example(str(tmp_path / "in"), ranks=2, rank_bytes=200_000)
+    store = tmp_path / "store"
+    assert cli.main(["index", str(tmp_path / "in"), "-o", str(store), "-q"]) == 0
+    assert cli.main(["analyze", str(store), "-o", str(tmp_path / "small"), "-q"]) == 0
+    assert started == []
+    manifest = json.loads((store / MANIFEST).read_text())
+    for identity in manifest["made_from"]["inputs"]:  # as if indexed from traces of SMALL_INPUT_BYTES each
+        identity["size"] = SMALL_INPUT_BYTES
+    (store / MANIFEST).write_text(json.dumps(manifest))
+    assert cli.main(["analyze", str(store), "-o", str(tmp_path / "big"), "-q"]) == 0
+    assert started == [("tracefuse_dask.analysis.tasks", "tracefuse_dask.store.source", "duckdb")] * os.cpu_count()
 
 
 def test_a_command_that_fails_before_its_cluster_stops_the_programs_it_started(started, tmp_path, capsys):

@@ -183,7 +183,8 @@ def _start_workers_ahead(args: argparse.Namespace) -> None:
 
     That is when ``--workers`` is given, or when the inputs are local files that ``connect`` would not run in this
     process: listed here as the command lists them (``*.json``, ``*.json.gz``, ``*.gz``; fewer than ``analyze``
-    lists, so never too many), and listed again by the command. Inputs on object storage, ``memory://`` paths (run
+    lists, so never too many), and listed again by the command; a local event store given to ``analyze`` counts as
+    the files it was indexed from, as ``analyze`` counts it, and its programs import the store's reader too. Inputs on object storage, ``memory://`` paths (run
     in threads of this process), a cluster to join and ``--skip-if-unchanged`` (which mostly starts none) start
     none here. It is only a head start: what goes wrong here (a bad input, no process to start), the command,
     which has not started, says.
@@ -198,17 +199,32 @@ def _start_workers_ahead(args: argparse.Namespace) -> None:
             listed and any("://" in p or "::" in p for p in args.inputs)):
         return
     try:
-        files = None
-        if listed:
+        files, modules = None, _TASKS[args.command]
+        store = args.command == "analyze" and _local_store(args.inputs)  # its parts are read, not its traces
+        if store:
+            modules = (*modules, "tracefuse_dask.store.source", "duckdb")
+        if listed and store:
+            from .store.query import open_store
+
+            files = open_store(args.inputs[0]).inputs()
+        elif listed:
             from .model import rank_subset
             from .storage.inputs import expand_inputs
 
             files, _ = expand_inputs(args.inputs, rank_regex=args.rank_regex, subset=rank_subset(args.ranks))
         start_ahead(worker_programs(workers=args.workers, scheduler=args.scheduler,
                                     scheduler_file=args.scheduler_file, inputs=files,
-                                    per_file=FILE_COST if args.command == "analyze" else 0), _TASKS[args.command])
+                                    per_file=FILE_COST if args.command == "analyze" else 0), modules)
     except (TraceFuseError, ValueError, OSError):  # the command, run next, reports it
         return
+
+
+def _local_store(inputs: list[str]) -> bool:
+    """Whether ``inputs`` is one local event store (a folder that holds a store's manifest), as ``analyze`` reads
+    it (``store.source.store_url``)."""
+    from .store import MANIFEST
+
+    return len(inputs) == 1 and os.path.isfile(os.path.join(inputs[0], MANIFEST))
 
 
 def _run_args(args: argparse.Namespace, so: dict[str, Any] | None) -> dict[str, Any]:

@@ -6,3 +6,7 @@
 write the parts and then the manifest; ``query.py`` reads a store and runs SQL over it with DuckDB; ``output.py``
 writes a query's result.
 """
+
+__all__ = ["MANIFEST"]
+
+MANIFEST = "tracefuse-store.json"  # a folder that holds it is a store (``schema`` says what it lists)

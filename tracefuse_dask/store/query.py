@@ -12,6 +12,7 @@ import orjson
 import pyarrow as pa
 
 from ..errors import StoreError
+from ..model import InputFile
 from ..storage.files import options_for, storage_errors
 from .schema import MANIFEST, PART_TABLES, SCHEMA_VERSION, VIEWS
 
@@ -32,6 +33,15 @@ class Store:
     def files(self, table: str) -> list[str]:
         """The URLs of the parts of ``table`` (``events`` or ``flows``), in rank order."""
         return [self.fs.unstrip_protocol(f"{self.root}/{r['part']}/{table}.parquet") for r in self.manifest["ranks"]]
+
+    def inputs(self) -> list[InputFile]:
+        """The store's ranks as the files they were indexed from (their size and stamp as the index read them),
+        each with its part: an analysis's inputs."""
+        identity = {i.get("path"): i for i in self.manifest.get("made_from", {}).get("inputs", [])
+                    if isinstance(i, dict)}
+        return [InputFile(r["file"], identity.get(r["file"], {}).get("size"), r["rank"], "key",
+                          stamp=identity.get(r["file"], {}).get("stamp"),
+                          part=self.fs.unstrip_protocol(f"{self.root}/{r['part']}")) for r in self.manifest["ranks"]]
 
 
 def open_store(url: str, storage_options: Mapping[str, Any] | None = None) -> Store:

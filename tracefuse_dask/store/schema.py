@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from . import MANIFEST
+
 __all__ = ["EVENTS", "FLOWS", "MANIFEST", "ORIGINS", "PART_TABLES", "SCHEMA_VERSION", "VIEWS"]
 
 SCHEMA_VERSION = 2
-MANIFEST = "tracefuse-store.json"
 # The key of the JSON in each ``events.parquet``'s metadata that says how to undo the merge's rewrite, so that the
 # analysis reads the rank's events as its trace wrote them: ``rank``, ``file``, ``base_ns`` (what ``ts_ns`` adds to
 # the trace's own ns), ``base_time_ns`` (the trace's ``baseTimeNanoseconds``), ``header`` (its ``distributedInfo``,

@@ -56,12 +56,7 @@ def stored_input(url: str, storage_options: Mapping[str, Any] | None) -> StoredI
     """The store at ``url`` as ``analyze``'s input: its ranks as the files they were indexed from, each with its
     part."""
     store = open_store(url, storage_options)
-    identity = {i.get("path"): i for i in store.manifest.get("made_from", {}).get("inputs", [])
-                if isinstance(i, dict)}
-    files = [InputFile(r["file"], identity.get(r["file"], {}).get("size"), r["rank"], "key",
-                       stamp=identity.get(r["file"], {}).get("stamp"),
-                       part=store.fs.unstrip_protocol(f"{store.root}/{r['part']}")) for r in store.manifest["ranks"]]
-    return StoredInput(files, read_part, list(store.manifest.get("ignored", [])))
+    return StoredInput(store.inputs(), read_part, list(store.manifest.get("ignored", [])))
 
 
 def read_part(f: InputFile,
