@@ -148,17 +148,20 @@ def test_the_command_line_starts_programs_ahead_only_when_the_command_will_start
 
 def test_an_event_store_given_to_analyze_counts_as_the_traces_it_was_indexed_from(started, tmp_path):
     """``analyze STORE`` decides as ``analyze`` does on a store: by the sizes of the files it was indexed from, in
-    its manifest. A store of small traces runs in threads; one of big traces starts one program a core ahead,
-    which imports the store's reader too, and the analysis runs on those and starts none."""
+    its manifest, of the ranks asked. A store of small traces runs in threads; one of big traces starts one program
+    a core ahead, which imports the store's reader too, and the analysis runs on those and starts none."""
     write_example(str(tmp_path / "in"), ranks=2, rank_bytes=200_000)
     store = tmp_path / "store"
     assert cli.main(["index", str(tmp_path / "in"), "-o", str(store), "-q"]) == 0
     assert cli.main(["analyze", str(store), "-o", str(tmp_path / "small"), "-q"]) == 0
     assert started == []
     manifest = json.loads((store / MANIFEST).read_text())
-    for identity in manifest["made_from"]["inputs"]:  # as if indexed from traces of SMALL_INPUT_BYTES each
-        identity["size"] = SMALL_INPUT_BYTES
+    rank1 = next(r["file"] for r in manifest["ranks"] if r["rank"] == 1)
+    for identity in manifest["made_from"]["inputs"]:  # as if rank 1 were indexed from a trace of SMALL_INPUT_BYTES
+        identity["size"] = SMALL_INPUT_BYTES if identity["path"] == rank1 else identity["size"]
     (store / MANIFEST).write_text(json.dumps(manifest))
+    assert cli.main(["analyze", str(store), "-o", str(tmp_path / "rank0"), "--ranks", "0", "-q"]) == 0
+    assert started == []
     assert cli.main(["analyze", str(store), "-o", str(tmp_path / "big"), "-q"]) == 0
     assert started == [("tracefuse_dask.analysis.tasks", "tracefuse_dask.store.source", "duckdb")] * os.cpu_count()
 

@@ -184,10 +184,10 @@ def _start_workers_ahead(args: argparse.Namespace) -> None:
     That is when ``--workers`` is given, or when the inputs are local files that ``connect`` would not run in this
     process: listed here as the command lists them (``*.json``, ``*.json.gz``, ``*.gz``; fewer than ``analyze``
     lists, so never too many), and listed again by the command; a local event store given to ``analyze`` counts as
-    the files it was indexed from, as ``analyze`` counts it, and its programs import the store's reader too. Inputs on object storage, ``memory://`` paths (run
-    in threads of this process), a cluster to join and ``--skip-if-unchanged`` (which mostly starts none) start
-    none here. It is only a head start: what goes wrong here (a bad input, no process to start), the command,
-    which has not started, says.
+    the files it was indexed from, as ``analyze`` counts it, and its programs import the store's reader too. Inputs
+    on object storage, ``memory://`` paths (run in threads of this process), a cluster to join and
+    ``--skip-if-unchanged`` (which mostly starts none) start none here. It is only a head start: what goes wrong
+    here (a bad input, no process to start), the command, which has not started, says.
     """
     from .analysis import FILE_COST
     from .programs import start_ahead, worker_programs
@@ -203,15 +203,18 @@ def _start_workers_ahead(args: argparse.Namespace) -> None:
         store = args.command == "analyze" and _local_store(args.inputs)  # its parts are read, not its traces
         if store:
             modules = (*modules, "tracefuse_dask.store.source", "duckdb")
+        if listed:
+            from .model import rank_subset
+
+            subset = rank_subset(args.ranks)
         if listed and store:
             from .store.query import open_store
 
-            files = open_store(args.inputs[0]).inputs()
+            files = [f for f in open_store(args.inputs[0]).inputs() if subset is None or f.rank_hint in subset]
         elif listed:
-            from .model import rank_subset
             from .storage.inputs import expand_inputs
 
-            files, _ = expand_inputs(args.inputs, rank_regex=args.rank_regex, subset=rank_subset(args.ranks))
+            files, _ = expand_inputs(args.inputs, rank_regex=args.rank_regex, subset=subset)
         start_ahead(worker_programs(workers=args.workers, scheduler=args.scheduler,
                                     scheduler_file=args.scheduler_file, inputs=files,
                                     per_file=FILE_COST if args.command == "analyze" else 0), modules)
