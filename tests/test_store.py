@@ -211,6 +211,14 @@ def test_what_is_not_a_store_or_another_version_says_how_to_make_or_rebuild_it(t
     done = tracefuse("analyze", str(store), "-o", str(tmp_path / "report"), check=False)
     assert done.returncode == 1 and "schema version 99" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "report").exists()
+    # a manifest whose ranks name no file, or that says nothing of what it was made from: one line, or the analysis
+    (store / "tracefuse-store.json").write_bytes(orjson.dumps({**manifest, "ranks": [
+        {k: v for k, v in r.items() if k != "file"} for r in manifest["ranks"]]}))
+    done = tracefuse("analyze", str(store), "-o", str(tmp_path / "report"), check=False)
+    assert done.returncode == 1 and "does not list its ranks' parts" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    (store / "tracefuse-store.json").write_bytes(orjson.dumps({**manifest, "made_from": None}))
+    tracefuse("analyze", str(store), "-o", str(tmp_path / "report"), "-q")
 
 
 def _files(store: Path) -> dict[str, bytes]:

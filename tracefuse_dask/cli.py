@@ -227,7 +227,8 @@ def _local_store(inputs: list[str]) -> bool:
     it (``store.source.store_url``)."""
     from .store import MANIFEST
 
-    return len(inputs) == 1 and os.path.isfile(os.path.join(inputs[0], MANIFEST))
+    return len(inputs) == 1 and not any(c in inputs[0] for c in "*?[") and os.path.isfile(
+        os.path.join(os.path.expanduser(inputs[0]), MANIFEST))
 
 
 def _run_args(args: argparse.Namespace, so: dict[str, Any] | None) -> dict[str, Any]:

@@ -37,8 +37,9 @@ class Store:
     def inputs(self) -> list[InputFile]:
         """The store's ranks as the files they were indexed from (their size and stamp as the index read them),
         each with its part: an analysis's inputs."""
-        identity = {i.get("path"): i for i in self.manifest.get("made_from", {}).get("inputs", [])
-                    if isinstance(i, dict)}
+        made = self.manifest.get("made_from")
+        listed = made.get("inputs") if isinstance(made, dict) else None
+        identity = {i.get("path"): i for i in (listed if isinstance(listed, list) else []) if isinstance(i, dict)}
         return [InputFile(r["file"], identity.get(r["file"], {}).get("size"), r["rank"], "key",
                           stamp=identity.get(r["file"], {}).get("stamp"),
                           part=self.fs.unstrip_protocol(f"{self.root}/{r['part']}")) for r in self.manifest["ranks"]]
@@ -68,7 +69,8 @@ def open_store(url: str, storage_options: Mapping[str, Any] | None = None) -> St
                          f"`tracefuse index INPUT... -o {url} --force`")
     rows = manifest.get("ranks")
     if not isinstance(rows, list) or not all(isinstance(r, dict) and type(r.get("rank")) is int
-                                             and isinstance(r.get("part"), str) for r in rows):
+                                             and isinstance(r.get("part"), str) and isinstance(r.get("file"), str)
+                                             for r in rows):
         raise StoreError(f"{url}/{MANIFEST} does not list its ranks' parts as a store's manifest does; rebuild the "
                          f"store with `tracefuse index INPUT... -o {url} --force`")
     if not rows:
