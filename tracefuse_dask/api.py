@@ -272,7 +272,8 @@ def _clock_estimate(client: Client, paths: dict[int, str], storage_options: dict
 def _stored(urlpath: Any, storage_options: Mapping[str, Any] | None) -> Any:
     """An event store given as the input of an analysis as ``analysis.StoredInput``, whose parts are read instead
     of its traces; other inputs as they are."""
-    from .store.source import store_url, stored_input
+    from .store import store_url
+    from .store.source import stored_input
 
     url = store_url(urlpath, storage_options)
     return urlpath if url is None else stored_input(url, storage_options)

@@ -223,12 +223,11 @@ def _start_workers_ahead(args: argparse.Namespace) -> None:
 
 
 def _local_store(inputs: list[str]) -> bool:
-    """Whether ``inputs`` is one local event store (a folder that holds a store's manifest), as ``analyze`` reads
-    it (``store.source.store_url``)."""
-    from .store import MANIFEST
+    """Whether ``inputs`` is one local event store, as ``analyze`` tells it (``store.store_url``); a store on object
+    storage is not asked for here, as traces there are not listed."""
+    from .store import store_url
 
-    return len(inputs) == 1 and not any(c in inputs[0] for c in "*?[") and os.path.isfile(
-        os.path.join(os.path.expanduser(inputs[0]), MANIFEST))
+    return not any("://" in p or "::" in p for p in inputs) and store_url(inputs, None) is not None
 
 
 def _run_args(args: argparse.Namespace, so: dict[str, Any] | None) -> dict[str, Any]:

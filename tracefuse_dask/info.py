@@ -287,7 +287,7 @@ def describe_traces(
     """
     if on_error not in ("raise", "skip"):
         raise MergeError(f"on_error={on_error!r}; use 'raise' or 'skip'")
-    from .store.source import store_url
+    from .store import store_url
 
     if (url := store_url(urlpath, storage_options)) is not None:
         return _describe_store(url, storage_options)

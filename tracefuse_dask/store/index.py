@@ -64,8 +64,9 @@ from ..storage.files import options_for, read_bytes, retry_unreachable, storage_
 from ..storage.inputs import expand_inputs, resolve_rank
 from ..storage.output import put_whole
 from ..storage.runs import alone, run_folder
+from . import MANIFEST
 from .columns import fields_of_dicts, fields_of_structs, joined, rank_tables
-from .schema import MANIFEST, ORIGINS, PART_TABLES, SCHEMA_VERSION
+from .schema import ORIGINS, PART_TABLES, SCHEMA_VERSION
 
 __all__ = ["AnalysisStore", "analysis_store", "index", "part_of_analysis"]
 

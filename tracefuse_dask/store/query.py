@@ -14,7 +14,8 @@ import pyarrow as pa
 from ..errors import StoreError
 from ..model import InputFile
 from ..storage.files import options_for, storage_errors
-from .schema import MANIFEST, PART_TABLES, SCHEMA_VERSION, VIEWS
+from . import MANIFEST
+from .schema import PART_TABLES, SCHEMA_VERSION, VIEWS
 
 __all__ = ["TABLES", "Store", "connect", "offline_duckdb", "open_store", "query", "result", "to_pandas"]
 

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from . import MANIFEST
-
-__all__ = ["EVENTS", "FLOWS", "MANIFEST", "ORIGINS", "PART_TABLES", "SCHEMA_VERSION", "VIEWS"]
+__all__ = ["EVENTS", "FLOWS", "ORIGINS", "PART_TABLES", "SCHEMA_VERSION", "VIEWS"]
 
 SCHEMA_VERSION = 2
 # The key of the JSON in each ``events.parquet``'s metadata that says how to undo the merge's rewrite, so that the

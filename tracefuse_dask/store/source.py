@@ -8,7 +8,6 @@ the analysis of a store is the analysis of its traces, table for table.
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from itertools import compress
 from typing import Any
@@ -27,9 +26,9 @@ from ..errors import StoreError
 from ..model import InputFile
 from ..storage.files import arrow_file, options_for, storage_errors
 from .query import offline_duckdb, open_store
-from .schema import MANIFEST, ORIGINS
+from .schema import ORIGINS
 
-__all__ = ["rank_events", "read_part", "store_url", "stored_input"]
+__all__ = ["rank_events", "read_part", "stored_input"]
 
 _NO_ARGS = Args()
 _LISTS = ("input_dims", "input_types", "concrete_inputs")
@@ -37,19 +36,6 @@ _READ = {"events": ["pid", "tid", "ph", "cat", "name", "ts_ns", "dur_ns", "strea
                     "process_group", "group_ranks", "group_size", "in_nelems", "out_nelems", "dtype", "input_dims",
                     "input_types", "concrete_inputs", "args"],
          "flows": ["ph", "cat", "name", "pid", "tid", "ts_ns", "id"]}
-
-
-def store_url(urlpath: Any, storage_options: Mapping[str, Any] | None) -> str | None:
-    """The store that ``urlpath`` names (a folder that holds a store's manifest, alone or as a one-item list), or
-    None: the inputs are traces."""
-    one = urlpath[0] if isinstance(urlpath, (list, tuple)) and len(urlpath) == 1 else urlpath
-    one = os.fspath(one) if isinstance(one, os.PathLike) else one
-    if not isinstance(one, str) or any(c in one for c in "*?["):
-        return None
-    url = one.rstrip("/")
-    with storage_errors(url, storage_options):
-        fs, root = fsspec.core.url_to_fs(url, **options_for(url, storage_options))
-        return url if fs.isfile(f"{root}/{MANIFEST}") else None
 
 
 def stored_input(url: str, storage_options: Mapping[str, Any] | None) -> StoredInput:
