@@ -134,7 +134,8 @@ def _lanes(body: list[Any], rank: int, slots: list[tuple[str, Any]], keys: set[t
     """The anomalies of ``rewritten_fast``'s events, into ``anomalies``, and with ``lanes`` their slices that
     cannot nest moved to lanes (``lanes.to_lanes``), in place: the number of slices moved."""
     n = len(body)
-    s = slices(body, structs=True, begins=any(k[0] == "B" for k in keys), shifted=shifted)
+    phases = {k[0] for k in keys}  # of the events after the leading thread metadata
+    s = slices(body, structs=True, begins="B" in phases, shifted=shifted, only_x=phases <= {"X"})
     devices = device_pids(rank, slots)
     anomalies.update(rank_anomalies(body, s, devices, True, shifted, 0))
     if not lanes:

@@ -54,15 +54,22 @@ class Slices:
     marks: list[Any]  # the flow and instant events, which the anomalies read
 
 
-def slices(body: list[Any], structs: bool, begins: bool | None = None, shifted: bool = True) -> Slices:
+def slices(body: list[Any], structs: bool, begins: bool | None = None, shifted: bool = True,
+           only_x: bool = False) -> Slices:
     """The slices of ``body`` (one rank's events after the merge's rewrite). ``structs``: the events are the fast
     path's structs, not dicts; ``begins``: whether there are ``B`` events, where the caller knows; ``shifted``:
-    whether the rewrite moved the rank's times (only then can a time be exact text)."""
-    phs = list(map(attrgetter("ph") if structs else itemgetter("ph"), body))
-    if begins is None:
-        begins = "B" in set(phs)
-    x = list(compress(body, map("X".__eq__, phs)))
-    marks = list(compress(body, map(_MARKS.__contains__, phs)))
+    whether the rewrite moved the rank's times (only then can a time be exact text); ``only_x``: every event after
+    the leading metadata is an ``X`` (the fast path knows it from its events' phases), so that none is looked at."""
+    if only_x:
+        ph = attrgetter("ph") if structs else itemgetter("ph")
+        first = next((i for i, e in enumerate(body) if ph(e) != "M"), len(body))
+        x, marks, begins = body[first:], [], False
+    else:
+        phs = list(map(attrgetter("ph") if structs else itemgetter("ph"), body))
+        if begins is None:
+            begins = "B" in set(phs)
+        x = list(compress(body, map("X".__eq__, phs)))
+        marks = list(compress(body, map(_MARKS.__contains__, phs)))
     start = column(x, "ts", structs, shifted)
     end = start + column(x, "dur", structs)
     tie = start - end  # at one start: complete slices, the longer first, then B events (1) in file order
