@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import time
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -100,13 +101,6 @@ def figures(page: str) -> list[dict[str, Any]]:
     return [json.loads(body) for attrs, body in SCRIPT.findall(page) if 'class="tf-figure"' in attrs]
 
 
-def values(array: Any) -> list[Any]:
-    """A figure array as a list: plotly sends numeric arrays as base64 typed arrays."""
-    if isinstance(array, dict):
-        return np.frombuffer(base64.b64decode(array["bdata"]), dtype=array["dtype"]).tolist()
-    return array
-
-
 def assert_safe(page: str) -> None:
     """Nothing from a trace is live markup, and every script the page runs is one the CSP admits."""
     for raw in [HOSTILE, HOSTILE_OP, "<img", "<!--", "alert(1)</script>", "<b>&"]:
@@ -140,11 +134,28 @@ def test_page_is_self_contained_and_escaped(n_ranks, gpu, plots):
     assert len(page) - rows < 6.3e6  # plotly.js 4.6 MB, DataTables 0.7 MB; and the tables' rows
 
 
+def test_figures_are_plotly_js_json_made_without_plotly_s_python_figures():
+    """The figures are plain JSON for plotly.js, with plotly.js and the template read from plotly's package data:
+    plotly's Python figure objects, which check every property (half a report's time), are not even imported."""
+    code = ("import sys, report_data; from tracefuse_dask.analysis.report.analysis_page import render_report;"
+            "page = render_report(report_data.make_tables(4, outlier=3), report_data.make_summary(4));"
+            "print(sorted(m for m in sys.modules if m.startswith(('plotly.graph_objs', 'plotly.io'))))")
+    got = subprocess.run([sys.executable, "-c", code.replace("report_data", "test_report")], capture_output=True,
+                         text=True, cwd=Path(__file__).parent, check=True)
+    assert got.stdout.strip() == "[]"
+    page = render_report(make_tables(4, outlier=3), make_summary(4))
+    plotly_js = (resources.files("plotly") / "package_data" / "plotly.min.js").read_text(encoding="utf-8")
+    assert plotly_js in page  # the plotly.js that plotly's Python embeds, whole
+    for fig in figures(page):
+        assert set(fig) == {"data", "layout"} and all("type" in trace for trace in fig["data"])
+        assert "template" not in fig["layout"]  # given once, by the page's script
+
+
 def test_outlier_is_marked_and_listed():
     page = render_report(make_tables(4, outlier=2), make_summary(4))
     spans = figures(page)[0]
     outlier = next(t for t in spans["data"] if t.get("name") == "outlier")
-    assert values(outlier["x"]) == [2] and outlier["text"] == ["rank 2"]
+    assert outlier["x"] == [2] and outlier["text"] == ["rank 2"]
     assert spans["layout"]["xaxis"]["ticktext"][2] == '<span style="color:#d62728"><b>2</b></span>'
     assert "rank 2&#x27;s idle_us is" in page
     assert [t["name"] for t in spans["data"][:3]] == ["computation", "non-compute", "idle"]
@@ -152,7 +163,7 @@ def test_outlier_is_marked_and_listed():
 
 def test_many_ranks_get_automatic_ticks():
     spans = figures(render_report(make_tables(1024), make_summary(1024)))[0]
-    assert "tickvals" not in spans["layout"]["xaxis"] and len(values(spans["data"][0]["x"])) == 1024
+    assert "tickvals" not in spans["layout"]["xaxis"] and len(spans["data"][0]["x"]) == 1024
 
 
 def test_long_names_keep_their_own_bars_and_show_literally():
@@ -209,7 +220,7 @@ def test_outlier_ranks_from_arrow_are_arrays():
     tables = make_tables(4)
     tables["rank_stats"]["outlier_ranks"] = [np.array(v, dtype=np.int64) for v in tables["rank_stats"]["outlier_ranks"]]
     spans = figures(render_report(tables, make_summary(4)))[0]
-    assert values(next(t for t in spans["data"] if t.get("name") == "outlier")["x"]) == [3]
+    assert next(t for t in spans["data"] if t.get("name") == "outlier")["x"] == [3]
 
 
 @pytest.mark.parametrize(("values", "text"), [
@@ -355,7 +366,7 @@ def test_launches_and_queues_of_a_real_job_in_chromium(browser, tmp_path):
     assert "Launches and queues" in headings(page)
     titles = [f["layout"]["title"]["text"] for f in figures(page)]
     delay = next(f for f in figures(page) if f["layout"]["title"]["text"].startswith("Launch delay per rank"))
-    assert values(delay["data"][1]["y"]) == a.launch_stats.sort_values("rank")["median_launch_delay_us"].tolist()
+    assert delay["data"][1]["y"] == a.launch_stats.sort_values("rank")["median_launch_delay_us"].tolist()
     assert any(t.startswith("Queue length per rank") for t in titles)
     _load(browser, tmp_path, page, plots=len(figures(page)))
     text = browser.execute_script("return document.body.innerText")

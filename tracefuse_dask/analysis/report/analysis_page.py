@@ -11,12 +11,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pandas as pd
-import plotly.graph_objects as go
 
 from ..schema import OVER_ROOF
 from .text import answers, notes
-from .page import (MAX_LISTED, MAX_ROWS, TOP_N, Page, _document, _html_table, _label, _layout, _name_axis, _ranges,
-                   _slug)
+from .page import (MAX_LISTED, MAX_ROWS, TOP_N, Figure, Page, _axis, _document, _html_table, _label, _layout,
+                   _name_axis, _ranges, _slug)
 
 __all__ = ["SECTIONS", "render_report"]
 
@@ -35,6 +34,11 @@ MAX_HEATMAP_COLUMNS = 200
 
 MAX_PATH_BARS = 2000
 """Segments of the slowest step's critical path drawn (the longest ones)."""
+
+_REDS = [[k / 8, c] for k, c in enumerate((
+    "rgb(255,245,240)", "rgb(254,224,210)", "rgb(252,187,161)", "rgb(252,146,114)", "rgb(251,106,74)", "rgb(239,59,44)",
+    "rgb(203,24,29)", "rgb(165,15,21)", "rgb(103,0,13)"))]
+"""The wait heatmap's colours: plotly's sequential Reds (ColorBrewer's), which plotly.js's own "Reds" is not."""
 
 _BREAKDOWN = (("computation_us", "computation", "#4c78a8"), ("non_compute_us", "non-compute", "#f58518"),
               ("idle_us", "idle", "#bab0ac"))
@@ -140,7 +144,7 @@ def _efficiency(page: Page) -> str:
              "TFLOP/s against the device's roofline at the op's arithmetic intensity.</p>"]
     modelled = perf[perf["flops_per_byte"].notna() & (perf["tflops_s"] > 0)]
     if not modelled.empty:
-        parts.append(page.figure(_roofline(modelled, page.summary)))
+        parts.append(page.figure(*_roofline(modelled, page.summary)))
     else:
         page.leave_out("the roofline plot", "no op with a FLOP and byte model and recorded shapes (record_shapes)")
     key = [c for c in ("name", "category", "input_dims", "input_types", "concrete_inputs", "context") if c in perf]
@@ -170,32 +174,32 @@ def _efficiency(page: Page) -> str:
     return "".join(parts)
 
 
-def _roofline(perf: pd.DataFrame, summary: dict[str, Any]) -> go.Figure:
+def _roofline(perf: pd.DataFrame, summary: dict[str, Any]) -> Figure:
     """Achieved TFLOP/s against arithmetic intensity, log-log, a trace per category, with the roofs of the ranks'
     devices (their memory slope, and the flat peak of each precision the ops ran at)."""
-    fig = go.Figure()
+    data = []
     for cat, part in perf.groupby("category", sort=True):
-        fig.add_trace(go.Scatter(
-            x=part["flops_per_byte"], y=part["tflops_s"], mode="markers", name=_label(cat),
-            marker={"size": 7, "color": _CATEGORY_COLORS.get(str(cat))},
-            hovertext=[f"rank {r}: {_label(n, None)} {_label(d, None)}, {p:,.0f}% of roofline"
-                       for r, n, d, p in zip(part["rank"], part["name"], part["input_dims"],
-                                             part["roofline_pct"].fillna(0))],
-            hovertemplate="%{hovertext}<br>%{x:,.2f} FLOP/byte, %{y:,.2f} TFLOP/s<extra></extra>"))
+        data.append({
+            "type": "scatter", "x": part["flops_per_byte"], "y": part["tflops_s"], "mode": "markers",
+            "name": _label(cat), "marker": {"size": 7} | ({"color": _CATEGORY_COLORS[str(cat)]}
+                                                       if str(cat) in _CATEGORY_COLORS else {}),
+            "hovertext": [f"rank {r}: {_label(n, None)} {_label(d, None)}, {p:,.0f}% of roofline"
+                          for r, n, d, p in zip(part["rank"], part["name"], part["input_dims"],
+                                                part["roofline_pct"].fillna(0))],
+            "hovertemplate": "%{hovertext}<br>%{x:,.2f} FLOP/byte, %{y:,.2f} TFLOP/s<extra></extra>"})
     lo = max(float(perf["flops_per_byte"].min()) / 2, 1e-3)
     hi = float(perf["flops_per_byte"].max()) * 2
     roofs = perf.dropna(subset=["peak_tflops"]).groupby(["peak_tb_s", "peak_tflops", "roof"], sort=True).size()
     for (bw, peak, roof), _ in roofs.items():
         knee = peak / bw
         xs = [lo, min(max(knee, lo), hi), hi]
-        fig.add_trace(go.Scatter(x=xs, y=[min(x * bw, peak) for x in xs], mode="lines",
-                                 name=f"{roof} roof: {peak:,.0f} TFLOP/s, {bw:,.2f} TB/s",
-                                 line={"dash": "dot", "width": 1}, hoverinfo="name"))
+        data.append({"type": "scatter", "x": xs, "y": [min(x * bw, peak) for x in xs], "mode": "lines",
+                     "name": f"{roof} roof: {peak:,.0f} TFLOP/s, {bw:,.2f} TB/s", "line": {"dash": "dot", "width": 1},
+                     "hoverinfo": "name"})
     devices = ", ".join(_label(d) for d in (summary.get("devices") or {}).get("ranks", {})) or "unknown device"
-    fig.update_layout(_layout(f"Roofline ({devices}): achieved TFLOP/s against FLOP per byte", 460),
-                      xaxis_type="log", yaxis_type="log", xaxis_title_text="arithmetic intensity (FLOP/byte)",
-                      yaxis_title_text="TFLOP/s")
-    return fig
+    return data, _layout(f"Roofline ({devices}): achieved TFLOP/s against FLOP per byte", 460,
+                         xaxis=_axis("arithmetic intensity (FLOP/byte)", type="log"),
+                         yaxis=_axis("TFLOP/s", type="log"))
 
 
 def _outliers(page: Page) -> str:
@@ -218,12 +222,12 @@ def _breakdown(page: Page) -> str:
     df = df.sort_values("rank")
     plots, outliers = "", page.outlier_ranks(_PLOTTED)
     if {c for c, _, _ in _BREAKDOWN} <= set(df.columns):
-        plots = page.figure(_rank_bars(df, _BREAKDOWN, "stack", "GPU time per rank (µs): the bars partition the "
+        plots = page.figure(*_rank_bars(df, _BREAKDOWN, "stack", "GPU time per rank (µs): the bars partition the "
                                        "GPU span", outliers))
         if {c for c, _, _ in _COMM} <= set(df.columns) and not df["communication_us"].gt(0).any():
             page.leave_out("the communication plot", "no communication kernels in the traces")
         elif {c for c, _, _ in _COMM} <= set(df.columns):
-            plots += page.figure(_rank_bars(df, _COMM, "overlay", "Communication per rank (µs): total and "
+            plots += page.figure(*_rank_bars(df, _COMM, "overlay", "Communication per rank (µs): total and "
                                             "exposed (not overlapped with computation)", outliers))
     return f"<h2>{TITLES['breakdown']}</h2>{plots}{_html_table(df, 'gpu_span_us', what='ranks')}"
 
@@ -241,12 +245,12 @@ def _launches(page: Page) -> str:
                "a stream counts the work launched on it and not yet started (HTA's definitions).")
     parts = [f"<h2>{TITLES['launches']}</h2>", f'<p class="caption">{html.escape(caption)}</p>']
     df = launches[launches["launches"] > 0].sort_values("rank")
-    parts.append(page.figure(_rank_bars(df, _LAUNCH_DELAY, "overlay", "Launch delay per rank (µs): 95th percentile "
+    parts.append(page.figure(*_rank_bars(df, _LAUNCH_DELAY, "overlay", "Launch delay per rank (µs): 95th percentile "
                                         "and median", outliers)))
     if not queues.empty:
         per_rank = queues.groupby("rank", as_index=False).agg(queue_length_mean=("mean", "max"),
                                                               queue_length_max=("max", "max"))
-        parts.append(page.figure(_rank_bars(per_rank, _QUEUE, "overlay", "Queue length per rank, busiest stream: "
+        parts.append(page.figure(*_rank_bars(per_rank, _QUEUE, "overlay", "Queue length per rank, busiest stream: "
                                             "maximum and mean over its changes", outliers, unit="operations")))
     worst = page.table("launch_worst")
     if not worst.empty:
@@ -264,16 +268,16 @@ def _kernels(page: Page) -> str:
                .agg(total_us=("total_us", "sum"), count=("count", "sum"), category=("category", "first"),
                     ranks=("rank", "nunique"))
                .nlargest(TOP_N, "total_us").reset_index())
-        parts.append(page.figure(_top_kernels(top)))
+        parts.append(page.figure(*_top_kernels(top)))
     if not categories.empty:
         cats = categories.groupby("category").agg(total_us=("total_us", "sum"), count=("count", "sum"))
         cats = cats.sort_values("total_us", ascending=False).reset_index()
-        fig = go.Figure(go.Bar(
-            x=[_label(c) for c in cats["category"]], y=cats["total_us"], customdata=cats["count"],
-            marker_color=[_CATEGORY_COLORS.get(str(c), "#888") for c in cats["category"]],
-            hovertemplate="%{x}: %{y:,.0f} µs in %{customdata:,} kernels<extra></extra>"))
-        fig.update_layout(_layout("Kernel time by category, all ranks (µs)", 360), xaxis_type="category")
-        parts.append(page.figure(fig))
+        bars = {"type": "bar", "x": [_label(c) for c in cats["category"]], "y": cats["total_us"],
+                "customdata": cats["count"],
+                "marker": {"color": [_CATEGORY_COLORS.get(str(c), "#888") for c in cats["category"]]},
+                "hovertemplate": "%{x}: %{y:,.0f} µs in %{customdata:,} kernels<extra></extra>"}
+        parts.append(page.figure([bars], _layout("Kernel time by category, all ranks (µs)", 360,
+                                                 xaxis=_axis(type="category"))))
     if not kernels.empty:
         parts.append(f"<h3>Kernels per rank</h3>{_html_table(kernels, 'total_us')}")
     return "".join(parts)
@@ -288,7 +292,7 @@ def _ops(page: Page) -> str:
     if key in ops and ops[key].notna().any():
         top = ops.groupby("name", sort=False).agg(time=(key, "sum"), count=("count", "sum"))
         top = top.nlargest(TOP_N, "time").reset_index()
-        parts.append(page.figure(_top_ops(top, key.removesuffix("_us").replace("_", " "))))
+        parts.append(page.figure(*_top_ops(top, key.removesuffix("_us").replace("_", " "))))
     if not ops.empty:
         parts.append(f"<h3>Operators per rank</h3>{_html_table(ops, key)}")
     if not launchers.empty:
@@ -338,18 +342,18 @@ def _collectives(page: Page) -> str:
         grid = waits[waits["instance"].isin(shown)].pivot(index="rank", columns="instance", values="wait_us")
         ops = instances.set_index("instance")["op"] if "op" in instances else pd.Series(dtype=str)
         labels = [f"{i}: {_label(ops.get(i, ''))}" for i in grid.columns]
-        fig = go.Figure(go.Heatmap(z=grid.to_numpy(), x=labels, y=grid.index.astype(int), colorscale="Reds",
-                                   colorbar={"title": {"text": "µs"}},
-                                   hovertemplate="rank %{y}<br>%{x}<br>waited %{z:,.0f} µs<extra></extra>"))
+        heat = {"type": "heatmap", "z": grid.to_numpy(dtype=float), "x": labels, "y": grid.index.astype(int),
+                "colorscale": _REDS, "colorbar": {"title": {"text": "µs"}},
+                "hovertemplate": "rank %{y}<br>%{x}<br>waited %{z:,.0f} µs<extra></extra>"}
         first = f" — the first {len(shown)}" if len(shown) < waits["instance"].nunique() else ""
-        fig.update_layout(_layout(f"Wait per rank and collective (µs){first}", min(900, 200 + 12 * len(grid))),
-                          xaxis_type="category", yaxis_title_text="rank")
-        parts.append(page.figure(fig))
+        parts.append(page.figure([heat], _layout(f"Wait per rank and collective (µs){first}",
+                                                 min(900, 200 + 12 * len(grid)), xaxis=_axis(type="category"),
+                                                 yaxis=_axis("rank"))))
         arrival = waits.groupby("rank")["arrival_us"].mean().reset_index()
         marked = [verdict["rank"]] if verdict.get("rank") is not None else []
         series = [("arrival_us", "mean arrival after the first rank", "#9467bd")]
         title = "Arrival per rank (µs after the first rank, mean over collectives)"
-        parts.append(page.figure(_rank_bars(arrival, series, "stack", title, marked)))
+        parts.append(page.figure(*_rank_bars(arrival, series, "stack", title, marked)))
     if not stragglers.empty:
         parts.append(f"<h3>Per rank</h3>{_html_table(stragglers, 'wait_caused_us', what='ranks')}")
     summary = page.table("collective_summary")
@@ -386,21 +390,20 @@ def _critical_path(page: Page) -> str:
     slow = max(steps, key=lambda p: p["duration_us"])
     seg = path[path["step"] == slow["step"]].nlargest(MAX_PATH_BARS, "dur_us")
     t0 = float(slow["start_us"])
-    fig = go.Figure()
+    data = []
     for kind, colour in _PATH_COLORS.items():
         part = seg[seg["kind"] == kind]
         if len(part):
-            fig.add_trace(go.Bar(
-                name=kind, orientation="h", x=(part["dur_us"] / 1e3).tolist(),
-                base=((part["start_us"] - t0) / 1e3).tolist(),
-                y=[f"rank {int(r)}" for r in part["rank"]], marker_color=colour,
-                hovertext=[_label(n, None) for n in part["name"]],
-                hovertemplate="%{y}: %{hovertext}<br>%{x:,.3f} ms<extra>" + _label(kind) + "</extra>"))
+            data.append({
+                "type": "bar", "name": kind, "orientation": "h", "x": part["dur_us"] / 1e3,
+                "base": (part["start_us"] - t0) / 1e3, "y": [f"rank {int(r)}" for r in part["rank"]],
+                "marker": {"color": colour}, "hovertext": [_label(n, None) for n in part["name"]],
+                "hovertemplate": "%{y}: %{hovertext}<br>%{x:,.3f} ms<extra>" + _label(kind) + "</extra>"})
     name = "the whole trace" if slow["step"] < 0 else f"ProfilerStep#{slow['step']}"
-    fig.update_layout(_layout(f"Critical path of the slowest step ({_label(name)}, "
-                              f"{slow['duration_us'] / 1e3:,.1f} ms)", 200 + 40 * len(slow["by_rank"])),
-                      barmode="overlay", xaxis_title_text="ms from the step's start", yaxis_type="category")
-    parts.append(page.figure(fig))
+    parts.append(page.figure(data, _layout(f"Critical path of the slowest step ({_label(name)}, "
+                                           f"{slow['duration_us'] / 1e3:,.1f} ms)", 200 + 40 * len(slow["by_rank"]),
+                                           barmode="overlay", xaxis=_axis("ms from the step's start"),
+                                           yaxis=_axis(type="category"))))
     rows = pd.DataFrame([{"step": p["step"], "duration_us": p["duration_us"], "path_us": p["path_us"],
                           **{f"{k}_us": v for k, v in p["by_kind"].items()},
                           "top": "; ".join(f"{t['name']} (rank {t['rank']}, {t['share']:.0%})" for t in p["top"][:3])}
@@ -433,52 +436,45 @@ SECTIONS: list[Callable[[Page], str]] = [_header, _answers, _outliers, _collecti
 
 
 def _rank_bars(df: pd.DataFrame, series: Sequence[tuple[str, str, str]], barmode: str, title: str,
-               outliers: list[int], unit: str = "µs") -> go.Figure:
+               outliers: list[int], unit: str = "µs") -> Figure:
     ranks = df["rank"].astype(int).tolist()
     many = len(ranks) > MAX_RANK_TICKS
-    fig = go.Figure([go.Bar(x=ranks, y=df[col], name=name, marker_color=color,
-                            marker_line_width=0 if many else None,
-                            hovertemplate=f"rank %{{x}}<br>{name}: %{{y:,.0f}} {unit}<extra></extra>")
-                     for col, name, color in series])
+    data = [{"type": "bar", "x": ranks, "y": df[col], "name": name,
+             "marker": {"color": color, "line": {"width": 0}} if many else {"color": color},
+             "hovertemplate": f"rank %{{x}}<br>{name}: %{{y:,.0f}} {unit}<extra></extra>"}
+            for col, name, color in series]
     top = df[[c for c, _, _ in series]].sum(axis=1) if barmode == "stack" else df[series[0][0]]
     flagged = df["rank"].isin(outliers)
     if flagged.any():
-        fig.add_trace(go.Scatter(
-            x=df.loc[flagged, "rank"].astype(int), y=top[flagged], name="outlier", mode="markers+text",
-            text=[f"rank {r}" for r in df.loc[flagged, "rank"].astype(int)], textposition="top center",
-            marker={"symbol": "triangle-down", "size": 12, "color": "#d62728"}, textfont={"color": "#d62728"},
-            hovertemplate="outlier rank %{x}<extra></extra>"))
-    xaxis: dict[str, Any] = {"title": {"text": "rank"}, "tickformat": "d"}
+        data.append({
+            "type": "scatter", "x": df.loc[flagged, "rank"].astype(int), "y": top[flagged], "name": "outlier",
+            "mode": "markers+text", "text": [f"rank {r}" for r in df.loc[flagged, "rank"].astype(int)],
+            "textposition": "top center", "marker": {"symbol": "triangle-down", "size": 12, "color": "#d62728"},
+            "textfont": {"color": "#d62728"}, "hovertemplate": "outlier rank %{x}<extra></extra>"})
+    xaxis = _axis("rank", tickformat="d")
     if not many:
         xaxis.update(tickmode="array", tickvals=ranks,
                      ticktext=[f'<span style="color:#d62728"><b>{r}</b></span>' if r in outliers else str(r)
                                for r in ranks])
-    fig.update_layout(_layout(title, 420), barmode=barmode, xaxis=xaxis, yaxis_title_text=unit,
-                      bargap=0 if many else 0.15)
-    return fig
+    return data, _layout(title, 420, barmode=barmode, xaxis=xaxis, yaxis=_axis(unit), bargap=0 if many else 0.15)
 
 
-def _top_kernels(top: pd.DataFrame) -> go.Figure:
-    fig = go.Figure()
-    for category, rows in top.groupby("category", sort=False, dropna=False):
-        fig.add_trace(go.Bar(
-            y=rows.index, x=rows["total_us"], orientation="h", name=_label(category), width=0.8,
-            marker_color=_CATEGORY_COLORS.get(str(category), "#888"),
-            customdata=list(zip([_label(n, None) for n in rows["name"]], rows["count"], rows["ranks"])),
-            hovertemplate="%{customdata[0]}<br>%{x:,.0f} µs, %{customdata[1]:,} launches on "
-                          "%{customdata[2]} rank(s)<extra></extra>"))
-    fig.update_layout(_layout(f"Top {len(top)} kernels by total time, all ranks (µs)", 140 + 24 * len(top)),
-                      barmode="overlay", yaxis=_name_axis(top["name"]), xaxis_title_text="µs")
-    return fig
+def _top_kernels(top: pd.DataFrame) -> Figure:
+    data = [{"type": "bar", "y": rows.index, "x": rows["total_us"], "orientation": "h", "name": _label(category),
+             "width": 0.8, "marker": {"color": _CATEGORY_COLORS.get(str(category), "#888")},
+             "customdata": list(zip([_label(n, None) for n in rows["name"]], rows["count"], rows["ranks"])),
+             "hovertemplate": "%{customdata[0]}<br>%{x:,.0f} µs, %{customdata[1]:,} launches on "
+                              "%{customdata[2]} rank(s)<extra></extra>"}
+            for category, rows in top.groupby("category", sort=False, dropna=False)]
+    return data, _layout(f"Top {len(top)} kernels by total time, all ranks (µs)", 140 + 24 * len(top),
+                         barmode="overlay", yaxis=_name_axis(top["name"]), xaxis=_axis("µs"))
 
 
-def _top_ops(top: pd.DataFrame, what: str) -> go.Figure:
-    fig = go.Figure(go.Bar(
-        y=top.index, x=top["time"], orientation="h", marker_color="#54a24b",
-        customdata=list(zip([_label(n, None) for n in top["name"]], top["count"])),
-        hovertemplate="%{customdata[0]}<br>%{x:,.0f} µs in %{customdata[1]:,} calls<extra></extra>"))
-    fig.update_layout(_layout(f"Top {len(top)} operators by {what}, all ranks (µs)", 140 + 24 * len(top)),
-                      yaxis=_name_axis(top["name"]), xaxis_title_text="µs")
-    return fig
+def _top_ops(top: pd.DataFrame, what: str) -> Figure:
+    bars = {"type": "bar", "y": top.index, "x": top["time"], "orientation": "h", "marker": {"color": "#54a24b"},
+            "customdata": list(zip([_label(n, None) for n in top["name"]], top["count"])),
+            "hovertemplate": "%{customdata[0]}<br>%{x:,.0f} µs in %{customdata[1]:,} calls<extra></extra>"}
+    return [bars], _layout(f"Top {len(top)} operators by {what}, all ranks (µs)", 140 + 24 * len(top),
+                           yaxis=_name_axis(top["name"]), xaxis=_axis("µs"))
 
 

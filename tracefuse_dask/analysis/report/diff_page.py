@@ -4,10 +4,18 @@ from __future__ import annotations
 import html
 
 import pandas as pd
-import plotly.graph_objects as go
 
 from ..schema import ITEM_COLUMNS, Diff
-from .page import TOP_N, Page, _document, _html_table, _label, _layout, _name_axis
+from .page import (
+    TOP_N,
+    Page,
+    _axis,
+    _document,
+    _html_table,
+    _label,
+    _layout,
+    _name_axis,
+)
 
 __all__ = ["render_diff"]
 
@@ -39,25 +47,23 @@ def render_diff(diff: Diff) -> str:
     steps = page.table("steps")
     job = steps[steps["rank"] == -1] if len(steps) else steps
     if len(job):
-        fig = go.Figure([go.Box(name=run, y=(g["step_us"] / 1e3).tolist(), boxpoints="all", marker_color=colour)
-                         for (run, g), colour in zip(job.groupby("run", sort=False), ("#4c78a8", "#e45756"))])
-        fig.update_layout(_layout("Step time of each step (the job: earliest start to latest end)", 360),
-                          yaxis_title_text="ms")
-        parts.append("<h2>Step time</h2>" + page.figure(fig))
+        boxes = [{"type": "box", "name": run, "y": g["step_us"] / 1e3, "boxpoints": "all", "marker": {"color": colour}}
+                 for (run, g), colour in zip(job.groupby("run", sort=False), ("#4c78a8", "#e45756"))]
+        parts.append("<h2>Step time</h2>" + page.figure(boxes, _layout(
+            "Step time of each step (the job: earliest start to latest end)", 360, yaxis=_axis("ms"))))
     changed = pd.DataFrame(s["regressions"] + s["improvements"], columns=ITEM_COLUMNS)
     top = changed[(changed["rank"] == -1) & (changed["what"] != "step time")]
     top = top.reindex(top["delta_us"].abs().sort_values(ascending=False).index).head(TOP_N)
     if len(top):
         labels = [f"{w}: {n}" for w, n in zip(top["what"], top["label"])]
-        fig = go.Figure(go.Bar(
-            orientation="h", x=(top["delta_us"] / 1e3).tolist(), y=list(range(len(top))),
-            marker_color=["#e45756" if d > 0 else "#54a24b" for d in top["delta_us"]],
-            hovertext=[_label(t, None) for t in labels],
-            customdata=[f"{p:+.1f}%" if pd.notna(p) else "new" for p in top["delta_pct"]],
-            hovertemplate="%{hovertext}<br>%{x:+,.3f} ms per step (%{customdata})<extra></extra>"))
-        fig.update_layout(_layout("Biggest significant changes, job-wide (ms per step)", 160 + 26 * len(top)),
-                          yaxis=_name_axis(pd.Series(labels)), xaxis_title_text="ms per step, new - base")
-        parts.append("<h2>Biggest changes</h2>" + page.figure(fig))
+        bars = {"type": "bar", "orientation": "h", "x": top["delta_us"] / 1e3, "y": list(range(len(top))),
+                "marker": {"color": ["#e45756" if d > 0 else "#54a24b" for d in top["delta_us"]]},
+                "hovertext": [_label(t, None) for t in labels],
+                "customdata": [f"{p:+.1f}%" if pd.notna(p) else "new" for p in top["delta_pct"]],
+                "hovertemplate": "%{hovertext}<br>%{x:+,.3f} ms per step (%{customdata})<extra></extra>"}
+        parts.append("<h2>Biggest changes</h2>" + page.figure([bars], _layout(
+            "Biggest significant changes, job-wide (ms per step)", 160 + 26 * len(top),
+            yaxis=_name_axis(pd.Series(labels)), xaxis=_axis("ms per step, new - base"))))
     for title, rows, ascending in (("Regressions", s["regressions"], False), ("Improvements", s["improvements"], True)):
         df = pd.DataFrame(rows, columns=ITEM_COLUMNS)
         parts.append(f"<h2>{title}</h2>" + (_html_table(df, "delta_us", ascending=ascending, what="significant changes")

@@ -3,8 +3,10 @@ its plots and tables, readable offline.
 
 Every string from a trace is untrusted. Text and table cells go through :func:`html.escape`;
 figures travel as inert JSON in ``<script type="application/json">`` blocks with ``<``, ``>``, ``&``,
-U+2028 and U+2029 escaped (whatever plotly's own encoder does), and plot labels are entity-escaped
-because plotly.js renders a subset of HTML in them. A Content-Security-Policy runs only the page's
+U+2028 and U+2029 escaped, and plot labels are entity-escaped because plotly.js renders a subset of HTML in
+them. A figure is plotly.js's own form (``{"data": [...], "layout": {...}}``, https://plotly.com/javascript/reference/),
+written as plain dicts: plotly's Python figure objects would check every property of every figure (half the time
+of a report), and plotly.js checks them again when it draws. A Content-Security-Policy runs only the page's
 own scripts, by hash, and allows no network access.
 
 A page is a list of sections, each a function that takes a :class:`Page` and returns HTML (``Page.leave_out`` to
@@ -25,13 +27,12 @@ from functools import cache
 from importlib import resources
 from typing import Any, TypeGuard
 
+import numpy as np
+import orjson
 import pandas as pd
-import plotly.graph_objects as go
-import plotly.io as pio
-from plotly.offline import get_plotlyjs
 
 
-__all__ = ["Page"]
+__all__ = ["Figure", "Page"]
 
 TOP_N = 20
 """Bars in the top-kernels and top-ops plots."""
@@ -44,17 +45,27 @@ MAX_LABEL = 70
 MAX_LISTED = 10
 """Input paths, warnings and rank ranges listed before "and N more"."""
 
+Figure = tuple[list[dict[str, Any]], dict[str, Any]]
+"""A plot as plotly.js draws it: its traces and its layout (``_layout``), for ``Page.figure``."""
+
 _PLOT_CONFIG = {"responsive": True, "displaylogo": False}
 _TEMPLATE = "plotly_white"
-"""plotly's template that every figure is drawn with: given to plotly.js once in the page (``_boot``), not in each
-figure, where plotly's Python would copy and check it for each one (40-50 ms a figure; 2-5 ms without it)."""
+"""plotly's template that every figure is drawn with (its JSON in plotly's package data): given to plotly.js once in
+the page (``_boot``), not in each figure."""
+
+
+@cache
+def _plotly_data(name: str) -> str:
+    """A file of plotly's package data: plotly.js (``plotly.min.js``, the version plotly's Python embeds) or a
+    template (``templates/<name>.json``)."""
+    return (resources.files("plotly") / "package_data" / name).read_text(encoding="utf-8")
 
 
 @cache
 def _boot() -> str:
     """The page's script that draws its figures: each one when it comes within a screen of the view, so that a page
     of many plots is usable at once, with ``_TEMPLATE`` (a copy each: plotly.js keeps what it is given)."""
-    template = json.dumps(json.dumps(pio.templates[_TEMPLATE].to_plotly_json(), separators=(",", ":")))
+    template = json.dumps(json.dumps(json.loads(_plotly_data(f"templates/{_TEMPLATE}.json")), separators=(",", ":")))
     return (f"var tfTemplate = {_script_safe(template)};"
             "var tfPlots = new IntersectionObserver(function (seen) { seen.forEach(function (e) {"
             "if (!e.isIntersecting) return; tfPlots.unobserve(e.target);"
@@ -131,11 +142,13 @@ class Page:
         self.left_out.setdefault(why, []).append(what)
         return ""
 
-    def figure(self, fig: go.Figure) -> str:
-        """A plot placeholder followed by the figure as inert, script-safe JSON."""
+    def figure(self, data: list[dict[str, Any]], layout: dict[str, Any]) -> str:
+        """A plot placeholder followed by the figure (plotly.js's traces and layout, ``_layout``'s) as inert,
+        script-safe JSON. Arrays may be lists, numpy arrays or pandas Series and Indexes; NaN and NA are null."""
         self.figures += 1
-        payload = _script_safe(pio.to_json(fig, validate=False))
-        height = int(fig.layout.height or 450)  # held before it is drawn: the contents' anchors stay put
+        payload = _script_safe(orjson.dumps({"data": data, "layout": layout}, default=_plain,
+                                            option=orjson.OPT_SERIALIZE_NUMPY).decode())
+        height = int(layout["height"])  # held before it is drawn: the contents' anchors stay put
         return (f'<div class="plot" style="height: {height}px"></div>'
                 f'<script type="application/json" class="tf-figure">{payload}</script>')
 
@@ -158,7 +171,7 @@ def _document(page: Page, body: str, title: str) -> str:
     body = re.sub(r'<a class="to" href="#([^"]*)">[^<]*</a>',
                   lambda m: m[0] if m[1] in {i for i, _ in ids} else "", body)
     toc = "".join(f'<li><a href="#{i}">{text}</a></li>' for i, text in ids)
-    scripts = [get_plotlyjs(), _boot()] if page.figures else []
+    scripts = [_plotly_data("plotly.min.js"), _boot()] if page.figures else []
     if 'class="tf"' in body:
         scripts.append(_tables_script())
     script_src = " ".join(f"'{_sha256(s)}'" for s in scripts) or "'none'"
@@ -295,10 +308,26 @@ def _name_axis(names: pd.Series) -> dict[str, Any]:
             "autorange": "reversed", "automargin": True}
 
 
-def _layout(title: str, height: int) -> dict[str, Any]:
-    # no template here: the page gives plotly.js ``_TEMPLATE`` (``_boot``)
-    return {"title": {"text": title}, "height": height, "template": None,
-            "margin": {"l": 60, "r": 20, "t": 60, "b": 50}, "legend": {"orientation": "h", "y": -0.15}}
+def _layout(title: str, height: int, **more: Any) -> dict[str, Any]:
+    """A figure's layout: its title and height, the margins and legend every plot shares, and ``more``. No template:
+    the page gives plotly.js ``_TEMPLATE`` (``_boot``)."""
+    return {"title": {"text": title}, "height": height, "margin": {"l": 60, "r": 20, "t": 60, "b": 50},
+            "legend": {"orientation": "h", "y": -0.15}, **more}
+
+
+def _axis(title: str | None = None, **more: Any) -> dict[str, Any]:
+    """An axis of a layout, with its title."""
+    return ({"title": {"text": title}} if title is not None else {}) | more
+
+
+def _plain(value: Any) -> Any:
+    """What orjson cannot write itself, as JSON values: a pandas Series or Index, or a numpy array that is not
+    C-contiguous (a DataFrame's ``to_numpy`` may be in column order), as a list; NA as null."""
+    if isinstance(value, (pd.Series, pd.Index, np.ndarray)):
+        return value.tolist()
+    if value is pd.NA:
+        return None
+    raise TypeError(f"{type(value).__name__} in a figure")
 
 
 def _label(value: object, limit: int | None = MAX_LABEL) -> str:
