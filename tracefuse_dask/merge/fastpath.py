@@ -185,10 +185,12 @@ def rewritten_fast(data: bytes, rank: int, base: int, base_out: int, options: Me
     Returns
     -------
     tuple or None
-        ``(head, body, events_in, slots, odd_tids)``: the process metadata events (dicts) and the other events
+        ``(head, body, events_in, slots, keys)``: the process metadata events (dicts) and the other events
         (structs whose ``args`` is raw JSON text and whose ``ts`` is a float, an int or the raw text of exact µs), in
-        output order; the rank's pid slots (``rewrite.order_slots``: slot ``j``'s pid became ``out_pid(rank, j)``)
-        and every distinct ``(ph, pid, tid, cat)`` of the events as read (``UNSET`` where absent). None when the input needs the general path (a
+        output order: the thread metadata kept (``ph`` "M"), then the events that are not metadata; the rank's pid
+        slots (``rewrite.order_slots``: slot ``j``'s pid became ``out_pid(rank, j)``) and every distinct ``(ph, pid,
+        tid, cat)`` of those events that are not metadata, as read (``UNSET`` where absent; ``_lanes`` reads their
+        phases). None when the input needs the general path (a
         decoding or validation failure, an odd field, a time that needs the general path's checks or formatting).
 
     Raises
