@@ -64,6 +64,7 @@ def _analyze_file(f: InputFile, request: AnalyzeRequest) -> dict[str, Any]:
             wanted = subset is None or rank in subset
             stored = [request.write_part(f, data, cut_gzip, rank, header, trace.baseTimeNanoseconds)
                       ] if wanted and request.write_part is not None else []
+            del data  # the analysis frees it once it has read the events' list texts, which point into it
             ranks = [analyze_events(trace.traceEvents, rank, f.path, request.steps,
                                     base=_base(trace.baseTimeNanoseconds), header=header, **options)
                      ] if wanted else []
