@@ -268,7 +268,7 @@ def analyze_events(events: list[Event], rank: int, path: str, steps: tuple[int, 
     pgs = {str(pg["pg_name"]): spec for pg in info.get("pg_config") or []
            if isinstance(pg, dict) and "pg_name" in pg and (spec := group_spec(pg.get("ranks")))}
     tables["collectives"] = rank_collectives(m, pgs)
-    _forget_list_texts(m.args)
+    _forget_list_texts(events)
     tables["path_anchors"], tables["path_segments"], tables["path_work"], texts = rank_pieces(
         m, tables["collectives"])
     host_name = header.get("host_name")
@@ -279,14 +279,16 @@ def analyze_events(events: list[Event], rank: int, path: str, steps: tuple[int, 
                       account=events_account(events, m, read_before or {}))
 
 
-def _forget_list_texts(args: list[Args]) -> None:
-    """Empty the list arguments' JSON texts (``Input Dims``, ``Input type``, ``Concrete Inputs``) of ``args`` once
-    the op tables and the collectives have read them. Each is a view into the whole text of the file it was decoded
-    from (``msgspec.Raw``), which stays in memory as long as one of them does: through the critical path's walks,
-    the peak of a rank's analysis, 50 MB of an A100 rank's."""
+def _forget_list_texts(events: list[Event]) -> None:
+    """Empty the list arguments' JSON texts (``Input Dims``, ``Input type``, ``Concrete Inputs``) of every event's
+    ``args`` (those ``--steps`` leaves out too) once the op tables and the collectives have read them. Each is a
+    view into the whole text of the file it was decoded from (``msgspec.Raw``), which stays in memory as long as one
+    of them does: through the critical path's walks, the peak of a rank's analysis, 50 MB of an A100 rank's."""
     empty = Raw()
-    for a in args:
-        a.input_dims = a.input_types = a.concrete_inputs = empty
+    for e in events:
+        a = e.args
+        if type(a) is Args:
+            a.input_dims = a.input_types = a.concrete_inputs = empty
 
 
 def rank_model(events: list[Event], steps: tuple[int, int] | None = None, base: int = 0,
