@@ -24,7 +24,8 @@ _ARG_KEYS = {"collective": "Collective name", "pg_name": "Process Group Name",
 class Args(Struct, gc=False, rename=_ARG_KEYS):
     """The ``args`` keys the analysis reads; the decoder skips the others unread.
 
-    ``Input Dims``, ``Input type`` and ``Concrete Inputs`` stay JSON text: few of them are read.
+    ``Input Dims``, ``Input type`` and ``Concrete Inputs`` stay JSON text: few of them are read, and
+    ``rank.analyze_events`` empties them once read (each is a view into the whole text decoded).
     """
 
     correlation: Any = None

@@ -225,7 +225,9 @@ def analyze_events(events: list[Event], rank: int, path: str, steps: tuple[int, 
     Parameters
     ----------
     events
-        ``Trace.traceEvents``; ``python_function`` events are skipped.
+        ``Trace.traceEvents``; ``python_function`` events are skipped. Their ``args``' list texts (``Input Dims``,
+        ``Input type``, ``Concrete Inputs``) are emptied once read (``_forget_list_texts``), so that the file's text
+        they point into can be freed before the critical path's walks.
     rank, path, steps, base, header, keep_unlaunched_gpu, devices, cutoffs, sequences_of
         As for ``analyze_rank``.
     read_before
