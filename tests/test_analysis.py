@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
@@ -567,6 +568,36 @@ def test_the_summary_shape_check_names_each_stray_key():
     assert "summary.extra: not declared in Summary" in got and "summary.tool: 1 is not str" in got
     assert "summary.ranks: missing" in got and "summary.straggler.evidence: missing" in got
     assert "summary.straggler.rank: '2' is not int" in got
+
+
+def test_the_pass_that_pairs_b_and_e_events_runs_only_for_a_rank_that_has_them(monkeypatch):
+    """Pairing ``B``/``E`` events into slices (``decode.durations``) reads every event of a rank: 1-2 % of an A100
+    rank's task, whose Kineto events are all complete (``X``). It runs only where the rank has such events (outside
+    ``python_function``), and the tables and the account are what they were."""
+    from tracefuse_dask.analysis.per_rank import rank
+
+    calls = []
+
+    def durations(events):
+        calls.append(len(events))
+        return decode_durations(events)
+
+    decode_durations = rank.durations
+    monkeypatch.setattr(rank, "durations", durations)
+    pyfunc = [{"ph": ph, "cat": "python_function", "name": "f", "pid": HOST, "tid": TID, "ts": ts}
+              for ph, ts in (("B", 1), ("E", 2))]
+    skipped = analyze_rank(small_rank() + pyfunc, 0, "r0.json")
+    assert calls == []
+    pair = [{**e, "cat": "user_annotation"} for e in pyfunc]
+    paired = analyze_rank(small_rank() + pair, 0, "r0.json")
+    assert calls == [len(small_rank()) + 2]
+    assert paired.account["read"] == skipped.account["read"] and paired.account["left_out"] == {}
+    assert skipped.account["left_out"] == {"python_function": 2}
+    monkeypatch.setattr(rank, "event_kinds", lambda events: Counter({("B", "cat"): 1}))  # as if there were pairs
+    forced = analyze_rank(small_rank() + pyfunc, 0, "r0.json")
+    assert len(calls) == 2
+    for name, table in skipped.tables.items():
+        pd.testing.assert_frame_equal(table, forced.tables[name], obj=name)
 
 
 @pytest.mark.parametrize("steps", [None, (11, 11)], ids=["all steps", "--steps 11"])

@@ -15,20 +15,26 @@ from ..schema import LEFT_OUT
 from .decode import Event
 from .model import RankModel
 
-__all__ = ["events_account"]
-
-_PH_CAT = attrgetter("ph", "cat")
+__all__ = ["event_kinds", "events_account"]
 
 
-def events_account(events: list[Event], m: RankModel, read_before: Mapping[str, int]) -> dict[str, Any]:
-    """The account of one rank: ``events`` as the analysis got them, ``m`` their model and ``read_before`` the
-    events left out before (by reason, ``schema.LEFT_OUT``'s), which ``events`` does not hold.
+def event_kinds(events: list[Event]) -> Counter[tuple[str, Any]]:
+    """How many of ``events`` have each ``(ph, cat)``: the account's figures, and which passes over the events the
+    analysis needs (none for ``B``/``E`` pairs or instants where there are none)."""
+    return Counter(map(attrgetter("ph", "cat"), events))
+
+
+def events_account(events: list[Event], m: RankModel, read_before: Mapping[str, int],
+                   kinds: Counter[tuple[str, Any]]) -> dict[str, Any]:
+    """The account of one rank: ``events`` as the analysis got them (``kinds``, their ``event_kinds``), ``m`` their
+    model and ``read_before`` the events left out before (by reason, ``schema.LEFT_OUT``'s), which ``events`` does
+    not hold.
 
     Returns ``{read, analysed, left_out, anomalies}``: ``left_out`` and ``anomalies`` hold only the reasons with a
     count; ``analysed`` is what the model's slices stand for (a B/E pair is two events).
     """
     left: Counter[str] = Counter(read_before)
-    for (ph, cat), n in Counter(map(_PH_CAT, events)).items():
+    for (ph, cat), n in kinds.items():
         if ph == "M":
             left["metadata"] += n
         elif cat == "python_function":
@@ -40,13 +46,13 @@ def events_account(events: list[Event], m: RankModel, read_before: Mapping[str, 
     read = len(events) + sum(read_before.values())
     return {"read": read, "analysed": read - sum(left.values()),
             "left_out": {k: left[k] for k in LEFT_OUT if left[k]},
-            "anomalies": _anomalies(events, m, left["negative_dur"])}
+            "anomalies": _anomalies(events, m, left["negative_dur"], any(ph in ("i", "I") for ph, _ in kinds))}
 
 
-def _anomalies(events: list[Event], m: RankModel, negative_dur: int) -> dict[str, int]:
+def _anomalies(events: list[Event], m: RankModel, negative_dur: int, instants: bool) -> dict[str, int]:
     g = m.gpu
     has = g.launch >= 0
-    marks = [(e.name, to_ns(e.ts)) for e in events if e.ph in ("i", "I") and e.name in WINDOW]
+    marks = [(e.name, to_ns(e.ts)) for e in events if e.ph in ("i", "I") and e.name in WINDOW] if instants else []
     return count_anomalies(m.start, m.end,
                            [t for n, t in marks if n == WINDOW[0]], [t for n, t in marks if n == WINDOW[1]],
                            m.start[g.launch[has]], g.start[has], [(lo, hi) for _, lo, hi in m.steps], negative_dur)

@@ -45,7 +45,7 @@ from ...model import MergeOptions
 from ...perf import category, has_model
 from ...perf.devices import Device, detect
 from ..schema import Cutoffs, RankTables
-from .account import events_account
+from .account import event_kinds, events_account
 from .collectives import rank_collectives
 from .counters import LAUNCH_COLUMNS, launch_stats, memory_bw, memory_kind, queue_length
 from .decode import NO_ARGS, Args, Event, durations, events_decoder
@@ -238,7 +238,9 @@ def analyze_events(events: list[Event], rank: int, path: str, steps: tuple[int, 
     -------
     RankTables
     """
-    m = rank_model(events, steps, base, keep_unlaunched_gpu)
+    kinds = event_kinds(events)
+    m = rank_model(events, steps, base, keep_unlaunched_gpu,
+                   pairs=any(ph in ("B", "E") and cat != "python_function" for ph, cat in kinds))
     g, tree, names, name_code = m.gpu, m.tree, m.names, m.name_code
     tables: dict[str, pd.DataFrame] = {}
     numbers = _breakdown(g) | {"gpu_events_left_out": m.left_out, "kernels_clipped": g.clipped}
@@ -278,7 +280,7 @@ def analyze_events(events: list[Event], rank: int, path: str, steps: tuple[int, 
                       host=host_name if isinstance(host_name, str) else None, pg_config=pgs, base=base, texts=texts,
                       begin_end=m.begin_end,
                       device=(device.name if device else None, called, len(props) if isinstance(props, list) else 0),
-                      account=events_account(events, m, read_before or {}))
+                      account=events_account(events, m, read_before or {}, kinds))
 
 
 def _forget_list_texts(events: list[Event]) -> None:
@@ -294,10 +296,11 @@ def _forget_list_texts(events: list[Event]) -> None:
 
 
 def rank_model(events: list[Event], steps: tuple[int, int] | None = None, base: int = 0,
-               keep_unlaunched_gpu: bool = False) -> RankModel:
+               keep_unlaunched_gpu: bool = False, pairs: bool = True) -> RankModel:
     """One rank's events, as ``decode_trace`` gives them, as the model the per-rank analyses read; ``steps``,
-    ``base`` and ``keep_unlaunched_gpu`` as for ``analyze_rank``."""
-    spans, unclosed, unopened = durations(events)
+    ``base`` and ``keep_unlaunched_gpu`` as for ``analyze_rank``; ``pairs``: whether there may be ``B``/``E``
+    events (outside ``python_function``), which ``durations`` pairs (one pass over all events, skipped without)."""
+    spans, unclosed, unopened = durations(events) if pairs else ([], 0, 0)
     xs = [e for e in events if e.ph == "X" and e.cat != "python_function"] + spans
     # the events each slice stands for: a B/E pair is two, a B left open one (``durations`` gives the pairs first)
     weight = np.ones(len(xs), dtype=np.int64)
