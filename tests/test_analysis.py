@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections import Counter
 from pathlib import Path
 
 import pandas as pd
@@ -572,32 +571,38 @@ def test_the_summary_shape_check_names_each_stray_key():
 
 def test_the_pass_that_pairs_b_and_e_events_runs_only_for_a_rank_that_has_them(monkeypatch):
     """Pairing ``B``/``E`` events into slices (``decode.durations``) reads every event of a rank: 1-2 % of an A100
-    rank's task, whose Kineto events are all complete (``X``). It runs only where the rank has such events (outside
-    ``python_function``), and the tables and the account are what they were."""
+    rank's task, whose Kineto events are all complete (``X``). It runs only where the rank has such events outside
+    ``python_function`` (which the decoder keeps and the analysis leaves out), and the tables and the account are
+    what they are when it runs."""
+    import orjson
+
     from tracefuse_dask.analysis.per_rank import rank
+    from tracefuse_dask.analysis.per_rank.decode import decode_trace
 
     calls = []
+    pairing, model = rank.durations, rank.rank_model
+    monkeypatch.setattr(rank, "durations", lambda events: calls.append(len(events)) or pairing(events))
 
-    def durations(events):
-        calls.append(len(events))
-        return decode_durations(events)
+    def analysed(extra: list[dict]):
+        window = {"ph": "i", "cat": "cpu_instant_event", "name": "Iteration Start: PyTorch Profiler", "pid": HOST,
+                  "tid": TID, "ts": 5, "s": "t"}
+        doc = orjson.dumps({"traceEvents": [*small_rank(), *extra, window]})
+        return rank.analyze_events(decode_trace(doc).traceEvents, 0, "r0.json")
 
-    decode_durations = rank.durations
-    monkeypatch.setattr(rank, "durations", durations)
     pyfunc = [{"ph": ph, "cat": "python_function", "name": "f", "pid": HOST, "tid": TID, "ts": ts}
-              for ph, ts in (("B", 1), ("E", 2))]
-    skipped = analyze_rank(small_rank() + pyfunc, 0, "r0.json")
-    assert calls == []
-    pair = [{**e, "cat": "user_annotation"} for e in pyfunc]
-    paired = analyze_rank(small_rank() + pair, 0, "r0.json")
-    assert calls == [len(small_rank()) + 2]
-    assert paired.account["read"] == skipped.account["read"] and paired.account["left_out"] == {}
-    assert skipped.account["left_out"] == {"python_function": 2}
-    monkeypatch.setattr(rank, "event_kinds", lambda events: Counter({("B", "cat"): 1}))  # as if there were pairs
-    forced = analyze_rank(small_rank() + pyfunc, 0, "r0.json")
-    assert len(calls) == 2
+              for ph, ts in (("B", 1), ("E", 2), ("E", 3))]
+    skipped = analysed(pyfunc)
+    assert calls == [] and skipped.account["left_out"] == {"python_function": 3, "not_slices": 1}
+    monkeypatch.setattr(rank, "rank_model", lambda *a, pairs=True, **k: model(*a, pairs=True, **k))
+    forced = analysed(pyfunc)
+    assert calls == [len(small_rank()) + 4]
+    assert forced.account == skipped.account and forced.begin_end == skipped.begin_end
     for name, table in skipped.tables.items():
         pd.testing.assert_frame_equal(table, forced.tables[name], obj=name)
+    monkeypatch.setattr(rank, "rank_model", model)
+    paired = analysed([{**e, "cat": "user_annotation"} for e in pyfunc])  # a slice, and an E that closes nothing
+    assert calls[1:] == [len(small_rank()) + 4] and paired.begin_end == (1, 0, 1)
+    assert paired.account["left_out"] == {"not_slices": 1, "unopened_end": 1}
 
 
 @pytest.mark.parametrize("steps", [None, (11, 11)], ids=["all steps", "--steps 11"])

@@ -217,7 +217,7 @@ def _start_workers_ahead(args: argparse.Namespace) -> None:
             files, _ = expand_inputs(args.inputs, rank_regex=args.rank_regex, subset=subset)
         start_ahead(worker_programs(workers=args.workers, scheduler=args.scheduler,
                                     scheduler_file=args.scheduler_file, inputs=files,
-                                    per_file=FILE_COST if args.command == "analyze" else 0), modules)
+                                    per_file=FILE_COST if args.command == "analyze" else 0, ahead=True), modules)
     except (TraceFuseError, ValueError, OSError):  # the command, run next, reports it
         return
 
