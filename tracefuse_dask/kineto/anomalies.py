@@ -4,8 +4,10 @@ over the slices it analyses)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["ANOMALIES", "LABELS", "WINDOW", "count_anomalies"]
 
@@ -36,6 +38,8 @@ def count_anomalies(start: np.ndarray, end: np.ndarray, opens: Iterable[int], cl
     ``steps``: each ``ProfilerStep#N``'s ``[start, end)``; ``negative_dur``: the slices left out for their
     duration. A rank where no launch links device work says nothing of its steps.
     """
+    import numpy as np  # here: the command line reads ``ANOMALIES`` before its head start, which needs no numpy
+
     opens, closes = list(opens), list(closes)
     outside = int(((start < min(opens)) | (end > max(closes))).sum()) if opens and closes else 0
     idle = 0
