@@ -503,6 +503,9 @@ def against_baseline(script: str, root: str, baseline: str, repeat: int,
     subprocess.run(["git", "-C", repo, "worktree", "add", "--detach", base_dir, baseline], check=True,
                    capture_output=True)
     try:
+        for checkout in (base_dir, repo):  # bytecode on both sides, as scripts/test.sh leaves it in this one
+            subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(checkout, "tracefuse_dask")],
+                           check=True, capture_output=True)
         sides = {f"baseline {baseline}": base_dir, "this checkout": repo}
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
         for _ in range(repeat):

@@ -146,36 +146,51 @@ def test_the_command_line_starts_programs_ahead_only_when_the_command_will_start
     assert len(started) == ahead
 
 
-def test_the_head_start_does_not_wait_for_dask_s_import(started, tmp_path, monkeypatch):
+@pytest.mark.parametrize("env, config, ahead, imports", [
+    pytest.param({}, None, True, [], id="dask-s-defaults"),
+    pytest.param({}, "scheduler-address: tcp://127.0.0.1:1", False, ["dask"], id="a-config-file-names-a-scheduler"),
+    pytest.param({}, "distributed: {}", True, ["dask"], id="a-config-file-names-none"),
+    pytest.param({"DASK_Scheduler_Address": "tcp://127.0.0.1:1"}, None, False, ["dask"], id="the-environment-names-one"),
+    pytest.param({"DASK_SCHEDULER_ADDRESS": "None"}, "scheduler-address: tcp://127.0.0.1:1", True, ["dask"],
+                 id="the-environment-overrides-the-file"),
+])
+def test_the_head_start_does_not_wait_for_dask_s_import(tmp_path, env, config, ahead, imports):
     """The command starts its programs before it imports Dask or numpy (0.13-0.26 s and 0.06 s of its start on 2
-    cores): the head start imports neither, and of Dask's config it reads only ``DASK_SCHEDULER_ADDRESS``. A scheduler that
-    only a Dask config file names gets programs ahead, which ``connect`` stops as it joins that cluster."""
+    cores) where Dask's config is its defaults: no Dask variable that could name a scheduler, no config file. Where
+    there is one, the head start reads the config as Dask does, and starts none for a cluster to join. Each case in
+    a fresh interpreter, with a home and Dask folders of its own."""
     import subprocess
     import sys
 
-    from distributed import LocalCluster
-
     with open(tmp_path / "rank0.json", "wb") as f:
         f.truncate(SMALL_INPUT_BYTES + 1)  # one a core, unless a cluster is to be joined
+    folder = tmp_path / "dask-config"
+    if config is not None:
+        folder.mkdir()
+        (folder / "scheduler.yaml").write_text(config)
     args = ["analyze", str(tmp_path), "-o", str(tmp_path / "out")]
     code = ("import sys; from tracefuse_dask import cli, programs; from tracefuse_dask.cli_options import build_parser; "
             f"cli._start_workers_ahead(build_parser().parse_args({args!r})); n = len(programs._ahead); "
-            "programs.stop_ahead(); print(n, sorted({m.split('.')[0] for m in sys.modules} & "
-            "{'dask', 'distributed', 'numpy', 'pandas'}))")
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=True).stdout.strip() == f"{os.cpu_count()} []"
-    argv = build_parser().parse_args(args)
-    with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as lc:
-        monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", lc.scheduler_address)
-        cli._start_workers_ahead(argv)
-        assert started == []
-        monkeypatch.delenv("DASK_SCHEDULER_ADDRESS")
-        with dask.config.set({"scheduler-address": lc.scheduler_address}):  # as a config file sets it
-            cli._start_workers_ahead(argv)
-            assert len(programs._ahead) == os.cpu_count()
-            with connect() as c:
-                assert c.scheduler.address == lc.scheduler_address
-                assert not programs._ahead and all(p.poll() is not None for p in started.programs)
+            "programs.stop_ahead(); seen = sorted({m.split('.')[0] for m in sys.modules} & {'dask', 'distributed', "
+            "'numpy', 'pandas'}); import dask.config; "
+            "print(n, seen, set(dask.config.paths) == set(programs._dask_config_folders()))")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("DASK_")}
+    run_env = {**clean, "HOME": str(tmp_path / "home"), "DASK_ROOT_CONFIG": str(tmp_path / "etc-dask"),
+               "DASK_CONFIG": str(folder), **env}
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=run_env)
+    assert got.stdout.split(" ", 1) == [str(os.cpu_count() if ahead else 0), f"{imports} True\n"], got.stderr
+
+
+def test_a_cluster_to_join_stops_the_programs_started_ahead(started):
+    """Programs started ahead for a cluster that a Dask config set in the process names (which the head start
+    of the command line does not read) are stopped by ``connect`` as it joins that cluster."""
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as lc:
+        programs.start_ahead(2)
+        with dask.config.set({"scheduler-address": lc.scheduler_address}), connect() as c:
+            assert c.scheduler.address == lc.scheduler_address
+            assert not programs._ahead and all(p.poll() is not None for p in started.programs)
 
 
 def test_an_event_store_given_to_analyze_counts_as_the_traces_it_was_indexed_from(started, tmp_path):
