@@ -196,10 +196,10 @@ def worker_programs(*, workers: int | None = None, scheduler: str | None = None,
     the tasks in threads of this process.
 
     ``ahead``: for the head start (``start_ahead``), which does not wait for Dask's import where Dask's config
-    cannot name a scheduler (``_dask_config_is_default``); elsewhere it imports Dask and reads the config."""
+    surely names no scheduler (``_no_scheduler_in_dask_config``); elsewhere it imports Dask and reads the config."""
     if scheduler or scheduler_file:
         return 0
-    if not (ahead and _dask_config_is_default()):
+    if not (ahead and _no_scheduler_in_dask_config()):
         import dask
 
         if dask.config.get("scheduler-address", None):
@@ -209,10 +209,10 @@ def worker_programs(*, workers: int | None = None, scheduler: str | None = None,
     return workers or os.cpu_count() or 1
 
 
-def _dask_config_is_default() -> bool:
-    """Whether Dask's config is its own defaults, told without importing Dask (0.13-0.26 s of a command's start on 2
-    cores): no Dask variable that could name a scheduler (``DASK_SCHEDULER_ADDRESS`` as Dask reads it, a parent's
-    config in ``DASK_INTERNAL_INHERIT_CONFIG``) and no file in Dask's config folders (``dask.config.paths``)."""
+def _no_scheduler_in_dask_config() -> bool:
+    """Whether Dask's config surely names no scheduler, told without importing Dask (0.13-0.26 s of a command's start
+    on 2 cores): no Dask variable that could name one (``DASK_SCHEDULER_ADDRESS`` as Dask reads it, a parent's config
+    in ``DASK_INTERNAL_INHERIT_CONFIG``) and no file in Dask's config folders (``dask.config.paths``)."""
     if any(k.startswith("DASK_") and k[5:].lower() in ("scheduler_address", "scheduler-address",
                                                        "internal_inherit_config") for k in os.environ):
         return False
