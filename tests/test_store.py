@@ -19,9 +19,11 @@ import time
 from decimal import Decimal
 from pathlib import Path
 
+import msgspec
 import orjson
 import pandas as pd
 import pytest
+from hypothesis import given, strategies as st
 
 from conftest import REAL_SETS, read_trace, shared, shared_params, write_trace
 from tracefuse_dask.store.schema import SCHEMA_VERSION
@@ -464,6 +466,26 @@ def test_answers_keep_exact_ns_and_every_format_writes_sums(tmp_path):
                                  "--format", "json").stdout)
     exact = tf.query(str(store), "SELECT sum(dur_ns) AS s, CAST(sum(ts_ns) AS VARCHAR) AS big FROM events")
     assert total == [{"s": int(exact.s[0]), "big": exact.big[0]}]  # beyond 64 bits: its exact digits, as text
+
+
+_US = st.one_of(st.none(), st.integers(-(2**43), 2**43).map(lambda n: n / 1000), st.floats(-9e15, 9e15),
+                st.integers(-(10**16), 10**16), st.sampled_from([2.0**43, -(2.0**43), 8796093022207.999, 0.0005]),
+                st.integers(0, 10**19).map(lambda ns: msgspec.Raw(b"%d.%03d" % divmod(ns, 1000))))
+
+
+@given(st.lists(_US, max_size=30), st.sampled_from([0, 1790857026000000000, -(2**40)]))
+def test_a_part_s_times_are_each_value_s_exact_ns_whatever_mix_of_types_it_holds(values, offset):
+    """The store's ``ts_ns`` and ``dur_ns`` (``columns._ns_of``, which takes floats as arrays): each value as
+    ``to_ns`` makes it, or as its exact text (the rewrite's raw µs), plus the offset; None stays None."""
+    from tracefuse_dask.kineto.times import to_ns
+    from tracefuse_dask.store.columns import _ns_of
+
+    def one(v):
+        if v is None:
+            return None
+        return int(Decimal(bytes(v).decode()) * 1000) + offset if type(v) is msgspec.Raw else to_ns(v) + offset
+
+    assert _ns_of(values, offset) == [one(v) for v in values]
 
 
 def test_an_id_beyond_int64_stays_in_args(tmp_path):

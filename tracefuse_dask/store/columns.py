@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from itertools import compress, repeat
-from operator import attrgetter, is_not
+from operator import attrgetter, is_not, not_
 from typing import Any
 
 import msgspec
@@ -17,7 +17,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from ..kineto.times import to_ns
+from ..kineto.times import EXACT_FLOAT, to_ns, to_ns_array
 from ..kineto.vocabulary import STEP, device_kind, host_category, is_cpu_op_category
 from .schema import EVENTS, FLOWS
 
@@ -99,7 +99,12 @@ def joined(first: Fields, then: Fields) -> Fields:
 
 def _ns_of(values: list[Any], offset: int) -> list[int | None]:
     """µs values as the rewrite leaves them (a float, an int, the raw text of exact µs, or None), as integer ns
-    plus ``offset``."""
+    plus ``offset``; floats under 2**43 µs, the fast path's common case, as arrays (``to_ns_array``)."""
+    kinds = set(map(type, values)) - {type(None)}
+    if kinds <= {int}:
+        return [None if v is None else v * 1000 + offset for v in values]
+    if kinds <= {int, float} and (fast := _ns_as_arrays(values, offset)) is not None:
+        return fast
     out: list[int | None] = []
     for v in values:
         if v is None:
@@ -110,6 +115,23 @@ def _ns_of(values: list[Any], offset: int) -> list[int | None]:
         else:
             out.append(to_ns(v) + offset)
     return out
+
+
+def _ns_as_arrays(values: list[Any], offset: int) -> list[int | None] | None:
+    """``_ns_of`` of numbers (or None) as arrays, exactly as ``to_ns`` per value; None where one is at or over
+    2**43 µs, or NaN, or a result is beyond int64."""
+    present = values if None not in values else list(compress(values, map(is_not, values, repeat(None))))
+    us = np.array(present, dtype=np.float64)
+    if not np.abs(us).max() < EXACT_FLOAT:  # ints exact as floats below it; NaN and infinity fail it
+        return None
+    ns = to_ns_array(us)
+    if not (-_I64 <= offset < _I64 and -_I64 <= int(ns.min()) + offset and int(ns.max()) + offset < _I64):
+        return None
+    ns += offset
+    if present is values:
+        return ns.tolist()
+    got = iter(ns.tolist())
+    return [None if v is None else next(got) for v in values]
 
 
 def fields_of_structs(events: list[Any], base_out: int) -> Fields:
@@ -175,9 +197,8 @@ def rank_tables(rank: int, f: Fields) -> dict[str, pa.Table]:
     """The rank's ``events`` and ``flows`` tables."""
     n = len(f.ph)
     flow = [p in _FLOW_PHASES for p in f.ph]
-    keep = [not x for x in flow]
-    ev = {k: [v for v, k_ in zip(getattr(f, k), keep) if k_] for k in
-          ("ph", "cat", "name", "pid", "tid", "ts_ns", "dur_ns", "args")}
+    keep = list(map(not_, flow))
+    ev = {k: list(compress(getattr(f, k), keep)) for k in ("ph", "cat", "name", "pid", "tid", "ts_ns", "dur_ns", "args")}
     typed = _typed(ev["args"])
     cols: dict[str, Any] = {"rank": [rank] * len(typed), **{k: ev[k] for k in ("pid", "tid", "ph", "cat", "name",
                                                                                "ts_ns", "dur_ns")}}
@@ -192,8 +213,7 @@ def rank_tables(rank: int, f: Fields) -> dict[str, pa.Table]:
     cols["kind"] = [device_kind(c, nm, t) for c, nm, t in zip(ev["cat"], ev["name"], typed)]
     cols["args"] = _rest(ev["args"], cols)
     cols["step"], cols["launch_op"] = _steps_and_launches(cols)
-    flows = {k: [v for v, x in zip(getattr(f, k), flow) if x] for k in
-             ("id", "ph", "cat", "name", "ts_ns", "pid", "tid", "bp")}
+    flows = {k: list(compress(getattr(f, k), flow)) for k in ("id", "ph", "cat", "name", "ts_ns", "pid", "tid", "bp")}
     flows["rank"] = [rank] * (n - len(typed))
     return {"events": pa.Table.from_pydict(cols, schema=EVENTS), "flows": pa.Table.from_pydict(flows, schema=FLOWS)}
 
