@@ -580,6 +580,7 @@ def test_a_storage_server_restarted_mid_merge_is_not_noticed(own_s3, job, tmp_pa
     _, err = proc.communicate(timeout=300)
     if down > sum(RETRY_WAITS) and proc.returncode != 0:
         assert proc.returncode == 1 and "cannot reach the storage" in err and "s3://traces/" in err, (down, err)
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
         assert own_s3.fs().cat("traces/out/merged.json") == b"the previous output"
         pytest.skip(f"the server was back after {down:.1f} s, after the {sum(RETRY_WAITS):g} s of retries: the run "
                     "failed as documented for a server that went away")

@@ -121,7 +121,10 @@ def _ns_as_arrays(values: list[Any], offset: int) -> list[int | None] | None:
     """``_ns_of`` of numbers (or None) as arrays, exactly as ``to_ns`` per value; None where one is at or over
     2**43 µs, or NaN, or a result is beyond int64."""
     present = values if None not in values else list(compress(values, map(is_not, values, repeat(None))))
-    us = np.array(present, dtype=np.float64)
+    try:
+        us = np.array(present, dtype=np.float64)
+    except OverflowError:  # an int beyond a float's range, which ``to_ns`` takes as it is
+        return None
     if not np.abs(us).max() < EXACT_FLOAT:  # ints exact as floats below it; NaN and infinity fail it
         return None
     ns = to_ns_array(us)
