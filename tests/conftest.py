@@ -256,13 +256,16 @@ def scheduler_file(tmp_path_factory):
             c.wait_for_workers(2, timeout=60)
         yield str(sfile)
     finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        # the workers first, while their scheduler is there to see them go: a worker whose scheduler went at the
+        # same time waited 8 s for it before it exited
+        for group in (procs[1:], procs[:1]):
+            for p in group:
+                p.terminate()
+            for p in group:
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
 
 
 S3_KEY, S3_SECRET = "tracefuse-test-key", "tracefuse-FAKE-SECRET-1234567890"

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import threading
 from pathlib import Path
 
 import orjson
@@ -177,6 +178,16 @@ def test_a_cancelled_task_is_reported_as_cancelled():
             flat(got)
 
 
+_released = threading.Event()
+
+
+def _held() -> str:
+    """A task that runs until ``_released`` is set (in this process: a cluster with ``processes=False``); a sleep
+    would hold the cluster's close until it ended."""
+    _released.wait(60)
+    return "slow"
+
+
 def test_gathered_gives_the_results_in_order_as_they_finish_and_stops_at_a_failure():
     """The analysis's results (megabytes a rank) are fetched as their tasks finish, in any order, and come back in
     the tasks' order; a failed task ends the wait with its error, as gather's does, not after the slow ones."""
@@ -209,11 +220,12 @@ def test_gathered_gives_the_results_in_order_as_they_finish_and_stops_at_a_failu
             Client(cluster, set_as_default=False) as c:
         futures = [c.submit(late, "first", 1.5, pure=False), c.submit(late, "second", 0, pure=False)]
         assert gathered(c, futures) == ["first", "second"]
-        futures = [c.submit(late, "slow", 60, pure=False), c.submit(bad, pure=False)]
+        futures = [c.submit(_held, pure=False), c.submit(bad, pure=False)]
         start = time.monotonic()
         with pytest.raises(ValueError, match="rank 3: bad trace"):
             gathered(c, futures, show_progress=True)
-        assert time.monotonic() - start < 30
+        assert time.monotonic() - start < 30 and not futures[0].done()
+        _released.set()
         futures[0].cancel()
 
 
