@@ -266,6 +266,7 @@ def scheduler_file(tmp_path_factory):
                     p.wait(10)
                 except subprocess.TimeoutExpired:
                     p.kill()
+                    p.wait()
 
 
 S3_KEY, S3_SECRET = "tracefuse-test-key", "tracefuse-FAKE-SECRET-1234567890"

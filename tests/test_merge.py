@@ -220,12 +220,16 @@ def test_gathered_gives_the_results_in_order_as_they_finish_and_stops_at_a_failu
             Client(cluster, set_as_default=False) as c:
         futures = [c.submit(late, "first", 1.5, pure=False), c.submit(late, "second", 0, pure=False)]
         assert gathered(c, futures) == ["first", "second"]
+        _released.clear()
         futures = [c.submit(_held, pure=False), c.submit(bad, pure=False)]
-        start = time.monotonic()
-        with pytest.raises(ValueError, match="rank 3: bad trace"):
-            gathered(c, futures, show_progress=True)
-        assert time.monotonic() - start < 30 and not futures[0].done()
-        _released.set()
+        try:
+            start = time.monotonic()
+            with pytest.raises(ValueError, match="rank 3: bad trace"):
+                gathered(c, futures, show_progress=True)
+            assert time.monotonic() - start < 30
+            assert not futures[0].done()
+        finally:
+            _released.set()
         futures[0].cancel()
 
 
