@@ -99,7 +99,8 @@ def joined(first: Fields, then: Fields) -> Fields:
 
 def _ns_of(values: list[Any], offset: int) -> list[int | None]:
     """µs values as the rewrite leaves them (a float, an int, the raw text of exact µs, or None), as integer ns
-    plus ``offset``; floats under 2**43 µs, the fast path's common case, as arrays (``to_ns_array``)."""
+    plus ``offset``: ints as ``to_ns`` takes them (``v * 1000``), floats under 2**43 µs (the fast path's common
+    case) as arrays (``to_ns_array``), anything else value by value."""
     kinds = set(map(type, values)) - {type(None)}
     if kinds <= {int}:
         return [None if v is None else v * 1000 + offset for v in values]
@@ -201,7 +202,8 @@ def rank_tables(rank: int, f: Fields) -> dict[str, pa.Table]:
     n = len(f.ph)
     flow = [p in _FLOW_PHASES for p in f.ph]
     keep = list(map(not_, flow))
-    ev = {k: list(compress(getattr(f, k), keep)) for k in ("ph", "cat", "name", "pid", "tid", "ts_ns", "dur_ns", "args")}
+    ev = {k: list(compress(getattr(f, k), keep))
+          for k in ("ph", "cat", "name", "pid", "tid", "ts_ns", "dur_ns", "args")}
     typed = _typed(ev["args"])
     cols: dict[str, Any] = {"rank": [rank] * len(typed), **{k: ev[k] for k in ("pid", "tid", "ph", "cat", "name",
                                                                                "ts_ns", "dur_ns")}}
