@@ -5,10 +5,11 @@ Usage: ``python benchmarks/merge_baseline.py [--shapes a100,h100] [--ranks 8] [-
 
 Each shape is ``--ranks`` ranks of about ``--rank-mb`` MB built from its real trace by
 ``../shared/tools/make_dataset.py`` (as ``benchmarks/merge.py`` builds them). Each run is a process of its own with
-``PYTHONPATH`` on one checkout (the baseline in a temporary ``git worktree``): it starts a ``LocalCluster`` of 2
-worker processes, merges the ranks to ``.json`` once untimed, then 3 times timed, and gives the median. The runs
-alternate the two checkouts, so that each ratio pairs runs that ran one after the other; the row's speed is the
-median (range) of those ratios.
+``PYTHONPATH`` on one checkout (the baseline in a temporary ``git worktree``): it starts that checkout's embedded
+cluster of 2 worker programs (``cluster.connect``, as ``tracefuse merge`` and ``benchmarks/merge.py`` do: workers
+without a nanny and its malloc trimming, see docs/performance.md), merges the ranks to ``.json`` once untimed, then 3
+times timed, and gives the median. The runs alternate the two checkouts, so that each ratio pairs runs that ran one
+after the other; the row's speed is the median (range) of those ratios.
 
 Used for issue 48 (lanes, the account and its anomalies) with the default baseline, the commit before its first.
 Takes about 4 minutes per shape on 2 cores with the defaults.
@@ -28,11 +29,10 @@ COLUMNS = ["shape", "checkout", "ranks", "MB", "merge s (median of 3, best run)"
 
 def _child(folder: str, out: str) -> None:
     """Time the merge of the ``tracefuse_dask`` on ``PYTHONPATH`` of ``folder``; a JSON line."""
-    from distributed import Client, LocalCluster
-
     from tracefuse_dask import merge_traces
+    from tracefuse_dask.cluster import connect
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True) as lc, Client(lc) as c:
+    with connect(workers=2) as c:
         times = []
         for _ in range(4):  # the first warms the workers' imports and the page cache
             if os.path.exists(out):

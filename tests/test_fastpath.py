@@ -112,6 +112,15 @@ ACCEL = [dict(EV, cat="npu_events", pid=17, tid=4, ts=t, args=a) for t, a in [
                       {"ph": "M", "name": "process_labels", "pid": 17, "tid": 0, "ts": 0, "args": {"labels": "NPU 17"}}]
 
 
+# Two kernels on stream 9 of pid 8, the second starting before the first ends, each launched from pid 7 (an ac2g flow).
+CROSSING = [dict(EV, pid=8, tid=9, cat="kernel", ts=20.0, dur=5.0, args={"stream": 9}),
+            dict(EV, pid=8, tid=9, cat="kernel", ts=22.0, dur=5.0, args={"stream": 9}),
+            dict(EV, ph="s", id=1, cat="ac2g", ts=12.0),
+            dict(EV, ph="f", id=1, pid=8, tid=9, ts=20.0, cat="ac2g", bp="e"),
+            dict(EV, ph="s", id=2, cat="ac2g", ts=13.0),
+            dict(EV, ph="f", id=2, pid=8, tid=9, ts=22.0, cat="ac2g", bp="e")]
+
+
 @pytest.mark.parametrize("data", [
     pytest.param(doc_with(dict(EV, args={"rank": 9, "x": 1})), id="args-with-rank"),
     pytest.param(doc_with(dict(EV, args={"name": "rank"})), id="rank-as-a-value"),
@@ -143,6 +152,20 @@ ACCEL = [dict(EV, cat="npu_events", pid=17, tid=4, ts=t, args=a) for t, a in [
     pytest.param(doc_with(*ACCEL, dict(EV, pid=17, tid=2)), id="unknown-category-on-device-streams-and-host"),
     pytest.param(doc_with(dict(ACCEL[0], args={"x": 1, "STREAM": 4})).replace(b'"STREAM"', b'"str\\u0065am"'),
                  id="escaped-stream-key"),
+    # Slices that cross, so that one goes to a lane: the fast path knows their threads from their kinds, except
+    # where only each event's args place it (the unknown category on a pid with host events)
+    pytest.param(doc_with(*CROSSING, dict(EV, pid=3), *[dict(e, pid=3) for e in CROSSING]),
+                 id="crossing-kernels-on-a-pid-with-host-and-device-events"),
+    pytest.param(doc_with(*[dict(ACCEL[0], ts=t, dur=5.0) for t in (20.0, 22.0)]),
+                 id="crossing-unknown-category-on-a-device-stream"),
+    pytest.param(doc_with(*[dict(ACCEL[0], ts=t, dur=5.0) for t in (20.0, 22.0)], dict(EV, pid=17, tid=2)),
+                 id="crossing-unknown-category-on-a-pid-with-host-events"),
+    pytest.param(doc_with(*[dict(EV, tid="stream 7", ts=t, dur=5.0) for t in (11.0, 13.0)]), id="crossing-string-tid"),
+    pytest.param(doc_with({k: v for k, v in EV.items() if k != "tid"} | {"dur": 5.0}, dict(EV, tid=0, ts=13.0, dur=5.0),
+                          dict(EV, ts=14.0, dur=5.0)), id="crossing-on-no-tid-tid-0-and-the-pid-s"),
+    pytest.param(doc_with(dict(EV, name="ProfilerStep#1", dur=30.0), *CROSSING,
+                          dict(EV, name="ProfilerStep#3", ts=100.0), dict(CROSSING[0], name="ProfilerStep#2", ts=60.0)),
+                 id="steps-and-a-device-slice-so-named"),
 ])
 @pytest.mark.parametrize("shift", [0, 5_000_123, 2**44 * 1000], ids=["same-base", "later-base", "past-2-43-us"])
 @pytest.mark.parametrize("annotate", [False, True], ids=["plain", "annotate-rank"])

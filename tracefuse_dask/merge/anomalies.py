@@ -29,13 +29,20 @@ def rank_anomalies(body: list[Any], s: Slices, device_pids: set[int], structs: b
     ``negative_dur``: the slices left out for a negative duration."""
     marks = s.marks
     ph, cat, name = (attrgetter(k) if structs else methodcaller("get", k) for k in ("ph", "cat", "name"))
-    instants = [e for e in compress(marks, map(_INSTANT.__contains__, map(ph, marks))) if name(e) in WINDOW]
+    if s.kinds is not None and s.mark_codes is not None:  # the marks' phases and categories, from their kinds
+        keys = s.kinds.keys
+        instants = list(compress(marks, np.array([k[0] in _INSTANT for k in keys], dtype=bool)[s.mark_codes]))
+        flows = list(compress(marks, np.array([k[0] in _ENDS and is_correlation_flow(k[3]) for k in keys],
+                                              dtype=bool)[s.mark_codes]))
+    else:
+        instants = list(compress(marks, map(_INSTANT.__contains__, map(ph, marks))))
+        flows = list(compress(marks, map(_ENDS.__contains__, map(ph, marks))))
+        linking = {c for c in set(map(cat, flows)) if is_correlation_flow(c)}
+        flows = list(compress(flows, map(linking.__contains__, map(cat, flows))))
+    instants = [e for e in instants if name(e) in WINDOW]
     at = column(instants, "ts", structs, shifted).tolist()
     opens = [t for e, t in zip(instants, at) if name(e) == WINDOW[0]]
     closes = [t for e, t in zip(instants, at) if name(e) == WINDOW[1]]
-    flows = list(compress(marks, map(_ENDS.__contains__, map(ph, marks))))
-    linking = {c for c in set(map(cat, flows)) if is_correlation_flow(c)}
-    flows = list(compress(flows, map(linking.__contains__, map(cat, flows))))
     launched_at, device_start = _linked(flows, ph, attrgetter("id") if structs else methodcaller("get", "id"),
                                         column(flows, "ts", structs, shifted))
     return count_anomalies(s.start, _ends(body, s, structs, shifted), opens, closes, launched_at, device_start,
@@ -74,9 +81,15 @@ def _linked(flows: list[Any], ph: Callable[[Any], Any], flow_id: Callable[[Any],
 
 def _steps(s: Slices, device_pids: set[int], structs: bool) -> Iterable[tuple[int, int]]:
     """The ``[start, end)`` of each host ``ProfilerStep#N`` slice."""
-    names = (list(map(_NAME, s.x)) if structs else [e.get("name") for e in s.x]) + [get(b, "name") for b, *_ in s.pairs]
+    rows = np.arange(len(s.x) + len(s.pairs))  # each name's slice (its row of s.start)
+    x = s.x
+    if s.x_tracks is not None:  # the names of the host's slices only (a device's slice is never a step)
+        on_host = np.isin(s.x_tracks >> 32, list(device_pids), invert=True)
+        x = list(compress(x, on_host.tolist()))
+        rows = np.concatenate([np.flatnonzero(on_host), rows[len(s.x):]])
+    names = (list(map(_NAME, x)) if structs else [e.get("name") for e in x]) + [get(b, "name") for b, *_ in s.pairs]
     stepped = {n for n in set(names) if type(n) is str and STEP.match(n)}
-    at_step = np.fromiter(compress(range(len(names)), map(stepped.__contains__, names)), dtype=np.int64)
+    at_step = rows[np.fromiter(compress(range(len(names)), map(stepped.__contains__, names)), dtype=np.int64)]
     host = [get(s.x[i] if i < len(s.x) else s.pairs[i - len(s.x)][0], "pid") not in device_pids
             for i in at_step.tolist()]
     at_step = at_step[np.array(host, dtype=bool)]

@@ -15,10 +15,10 @@ options, so the output stays deterministic.
 """
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import compress
+from itertools import compress, count
 from operator import attrgetter
 from typing import Any
 
@@ -42,7 +42,7 @@ from ..kineto.times import (
 from ..kineto.vocabulary import KnownCategory, KnownPhase, host_category, on_device
 from ..model import MergeOptions
 from .anomalies import rank_anomalies
-from .lanes import slices, to_lanes
+from .lanes import Kinds, slices, to_lanes, tracks_of
 from .rewrite import (
     PROCESS_M,
     IdMap,
@@ -121,21 +121,21 @@ def rewrite_fast(data: bytes, rank: int, base: int, base_out: int, options: Merg
     got = rewritten_fast(data, rank, base, base_out, options, who, left_out=left_out)
     if got is None:
         return None
-    head, body, n_in, slots, keys = got
-    moved = _lanes(body, rank, slots, keys, base != base_out, left_out, anomalies, not options.keep_overlaps)
+    head, body, n_in, slots, kinds = got
+    moved = _lanes(body, rank, slots, kinds, base != base_out, left_out, anomalies, not options.keep_overlaps)
     text = bytearray()
     _encoder.encode_into(body, text)
     narrower = estimates(head, body, device_pids(rank, slots), _encoder.encode, True) if estimate_keep else None
     return orjson.dumps(head), text, n_in, len(head) + len(body), moved, narrower
 
 
-def _lanes(body: list[Any], rank: int, slots: list[tuple[str, Any]], keys: set[tuple[Any, ...]], shifted: bool,
+def _lanes(body: list[Any], rank: int, slots: list[tuple[str, Any]], kinds: Kinds, shifted: bool,
            left_out: Counter[str], anomalies: dict[str, int], lanes: bool) -> int:
-    """The anomalies of ``rewritten_fast``'s events, into ``anomalies``, and with ``lanes`` their slices that
-    cannot nest moved to lanes (``lanes.to_lanes``), in place: the number of slices moved."""
+    """The anomalies of ``rewritten_fast``'s events (``kinds``, their kinds), into ``anomalies``, and with
+    ``lanes`` their slices that cannot nest moved to lanes (``lanes.to_lanes``), in place: the number of slices
+    moved."""
     n = len(body)
-    phases = {k[0] for k in keys}  # of the events after the leading thread metadata
-    s = slices(body, structs=True, begins="B" in phases, shifted=shifted, only_x=phases <= {"X"})
+    s = slices(body, structs=True, shifted=shifted, kinds=kinds)
     devices = device_pids(rank, slots)
     anomalies.update(rank_anomalies(body, s, devices, True, shifted, 0))
     if not lanes:
@@ -156,14 +156,14 @@ def account_fast(data: bytes, who: str, before: Callable[[list[Any]], None] | No
     got = rewritten_fast(data, 0, 0, 0, MergeOptions(), who, before, left_out)
     if got is None:
         return None
-    head, body, n_in, slots, keys = got
-    moved = _lanes(body, 0, slots, keys, False, left_out, anomalies, True)
+    head, body, n_in, slots, kinds = got
+    moved = _lanes(body, 0, slots, kinds, False, left_out, anomalies, True)
     return n_in, len(head) + len(body), moved, left_out, anomalies
 
 
 def rewritten_fast(data: bytes, rank: int, base: int, base_out: int, options: MergeOptions,
                    who: str, before: Callable[[list[Any]], None] | None = None, left_out: Counter[str] | None = None
-                   ) -> tuple[list[dict[str, Any]], list[Any], int, list[tuple[str, Any]], set[tuple[Any, ...]]] | None:
+                   ) -> tuple[list[dict[str, Any]], list[Any], int, list[tuple[str, Any]], Kinds] | None:
     """Rewrite one rank's trace text as ``RankEvents.rewrite`` would, or None to use the general path.
 
     Parameters
@@ -185,13 +185,13 @@ def rewritten_fast(data: bytes, rank: int, base: int, base_out: int, options: Me
     Returns
     -------
     tuple or None
-        ``(head, body, events_in, slots, keys)``: the process metadata events (dicts) and the other events
+        ``(head, body, events_in, slots, kinds)``: the process metadata events (dicts) and the other events
         (structs whose ``args`` is raw JSON text and whose ``ts`` is a float, an int or the raw text of exact µs), in
         output order: the thread metadata kept (``ph`` "M"), then the events that are not metadata; the rank's pid
-        slots (``rewrite.order_slots``: slot ``j``'s pid became ``out_pid(rank, j)``) and every distinct ``(ph, pid,
-        tid, cat)`` of those events that are not metadata, as read (``UNSET`` where absent; ``_lanes`` reads their
-        phases). None when the input needs the general path (a
-        decoding or validation failure, an odd field, a time that needs the general path's checks or formatting).
+        slots (``rewrite.order_slots``: slot ``j``'s pid became ``out_pid(rank, j)``) and the kinds of those events
+        that are not metadata (``lanes.Kinds``: each distinct ``(ph, pid, tid, cat)`` as read, ``UNSET`` where
+        absent, and its thread after the rewrite). None when the input needs the general path (a decoding or
+        validation failure, an odd field, a time that needs the general path's checks or formatting).
 
     Raises
     ------
@@ -208,17 +208,25 @@ def rewritten_fast(data: bytes, rank: int, base: int, base_out: int, options: Me
     if before is not None:
         before(events)
     n_in = len(events)
-    metas = [e for e in events if e.ph == "M"]
-    if not options.include_pyfunc:
-        events = [e for e in events if e.cat != "python_function" and e.ph != "M"]
-        metas = [e for e in metas if e.cat != "python_function"]
-    elif metas:
-        events = [e for e in events if e.ph != "M"]
-    found = _processes(events, metas)
+    # Each event's kind, a number for its (ph, pid, tid, cat): the filters, the pid layout and the lanes read the
+    # few distinct kinds, not every event.
+    number: defaultdict[tuple[Any, Any, Any, Any], int] = defaultdict(count().__next__)
+    codes = np.fromiter(map(number.__getitem__, map(_PH_PID_TID_CAT, events)), dtype=np.intp, count=n_in)
+    keys = list(number)
+    meta = np.array([k[0] == "M" for k in keys], dtype=bool)
+    left = (np.zeros(len(keys), dtype=bool) if options.include_pyfunc else
+            np.array([k[3] == "python_function" for k in keys], dtype=bool))
+    metas = list(compress(events, (meta & ~left)[codes].tolist()))
+    kept = (~meta & ~left)[codes]
+    events = list(compress(events, kept.tolist()))
+    codes = codes[kept]
+    kinds = Kinds(0, codes, keys, None)  # its first and its tracks are known after the rewrite
+    found = _processes(events, metas, set(kinds.present()))
     if found is None:
         return None
     slots = order_slots(found.host, found.device, found.other, who)
-    pid_map = _map_pids(events, metas, pid_maps(rank, slots), found)
+    maps = pid_maps(rank, slots)
+    pid_map = _map_pids(events, metas, maps, found)
     used = ({pid_map[pid] for _, pid, _, _ in found.keys} if pid_map is not None else
             {e.pid for e in events})
     head, shown = process_metadata(rank, slots, used, options.keep_empty_processes)
@@ -245,7 +253,8 @@ def rewritten_fast(data: bytes, rank: int, base: int, base_out: int, options: Me
         process = sum(e.name in PROCESS_M for e in metas)
         left_out["process_metadata"] += process
         left_out["thread_metadata"] += len(metas) - process - len(threads)
-    return head, threads + events, n_in, slots, found.keys
+    kinds.first, kinds.tracks = len(threads), _tracks(keys, pid_map, maps, found, odd_tids)
+    return head, threads + events, n_in, slots, kinds
 
 
 @dataclass
@@ -262,11 +271,11 @@ class _Processes:
     both: set[Any] = field(default_factory=set)  # pids with host and device events: their flows go to their anchor
 
 
-def _processes(events: list[_Event], metas: list[_Event]) -> _Processes | None:
+def _processes(events: list[_Event], metas: list[_Event], keys: set[tuple[Any, Any, Any, Any]]) -> _Processes | None:
     """Which pids carry host and which device events (and flows, and labels), in one pass over the distinct
-    ``(ph, pid, tid, cat)`` and a second over the events of an unknown category only; None when an ``args`` that
-    must be read is not JSON."""
-    found = _Processes(set(map(_PH_PID_TID_CAT, events)))
+    ``(ph, pid, tid, cat)`` of ``events`` (``keys``) and a second over the events of an unknown category only; None
+    when an ``args`` that must be read is not JSON."""
+    found = _Processes(keys)
     host, device, other, dev_tids, cat_dev = found.host, found.device, found.other, found.dev_tids, found.cat_dev
     flow_pids: set[Any] = set()
     by_args = False
@@ -347,6 +356,28 @@ def _map_pids(events: list[_Event], metas: list[_Event], maps: tuple[dict[Any, i
     for e in metas:
         e.pid = (dev_map if (e.pid, e.tid) in found.dev_tids else host_map)[e.pid]
     return pid_map
+
+
+def _tracks(keys: list[tuple[Any, Any, Any, Any]], pid_map: dict[Any, int] | None,
+            maps: tuple[dict[Any, int], dict[Any, int]], found: _Processes, odd_tids: set[Any]) -> np.ndarray | None:
+    """The thread of each complete slice of a kind (``keys[k]``: its ``(ph, pid, tid, cat)`` as read) as the lanes
+    number it (``lanes.tracks_of``), after the rewrite maps its pid and tid; None when a kind of complete slices is on
+    a pid with host and device events and of a category that only each event's args place (``_map_pids``)."""
+    host_map, dev_map = maps
+    pids, tids = [], []
+    for key in keys:
+        ph, pid, tid, cat = key
+        if ph != "X" or key not in found.keys:  # not a complete slice the merge keeps: never read
+            pid = tid = 0
+        elif pid_map is not None:
+            pid = pid_map[pid]
+        elif found.cat_dev[cat] is None:
+            return None
+        else:
+            pid = (dev_map if found.cat_dev[cat] else host_map)[pid]
+        pids.append(pid)
+        tids.append(0 if tid is UNSET else map_tid(tid) if tid in odd_tids else tid)
+    return tracks_of(np.array(pids, dtype=np.int64), np.array(tids, dtype=np.int64))
 
 
 def _shift(group: list[_Event], shift: int) -> bool:

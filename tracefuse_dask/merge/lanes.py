@@ -31,10 +31,27 @@ from ..kineto.events import FLOW_PH, begin_end_pairs
 from ..kineto.layout import LANE_OF, LANE_TID
 from ..kineto.times import EXACT_FLOAT, to_ns, to_ns_array
 
-__all__ = ["Slices", "column", "get", "slices", "starts_ns", "to_lanes"]
+__all__ = ["Kinds", "Slices", "column", "get", "slices", "starts_ns", "to_lanes", "tracks_of"]
 
 _MARKS = frozenset(("s", "f", "t", "i", "I"))
 
+
+
+@dataclass
+class Kinds:
+    """What the merge's fast path knows of a rank's events from their distinct ``(ph, pid, tid, cat)``: the events
+    after the leading thread metadata (``body[first:]``) are of kind ``codes[i]``, kind ``k`` is ``keys[k]`` as
+    read, and ``tracks[k]`` is the thread (``tracks_of``) of the complete slices of that kind after the rewrite (None:
+    not known from the kind alone; the slices' own pid and tid are read)."""
+
+    first: int
+    codes: np.ndarray
+    keys: list[tuple[Any, Any, Any, Any]]
+    tracks: np.ndarray | None
+
+    def present(self) -> list[tuple[Any, Any, Any, Any]]:
+        """The kinds of the events (not every kind read is kept), in the order of ``keys``."""
+        return [self.keys[k] for k in np.flatnonzero(np.bincount(self.codes, minlength=len(self.keys))).tolist()]
 
 
 @dataclass
@@ -43,7 +60,9 @@ class Slices:
     events, then its ``B``/``E`` pairs (``_pairs``: ``(B, E, start ns, end ns)``), with their times in ns.
     ``tie`` orders the slices that open at one time (complete ones, the longer first, then ``B`` events); ``last``
     is the latest end of a closed slice or start of a pair: a ``B`` that no ``E`` closes ends at ``last + 1``, after
-    every other slice (the anomalies end it as the analysis does); ``marks`` holds the flow and instant events."""
+    every other slice (the anomalies end it as the analysis does); ``marks`` holds the flow and instant events.
+    Where the fast path's ``kinds`` tell them: ``x_tracks``, the ``X`` events' threads (``tracks_of``), and
+    ``mark_codes``, the marks' kinds."""
 
     x: list[Any]
     pairs: list[tuple[Any, Any, int, int | None]]
@@ -52,22 +71,30 @@ class Slices:
     tie: np.ndarray
     last: int
     marks: list[Any]  # the flow and instant events, which the anomalies read
+    kinds: Kinds | None = None
+    x_tracks: np.ndarray | None = None
+    mark_codes: np.ndarray | None = None
 
 
-def slices(body: list[Any], structs: bool, begins: bool | None = None, shifted: bool = True,
-           only_x: bool = False) -> Slices:
+def slices(body: list[Any], structs: bool, shifted: bool = True, kinds: Kinds | None = None) -> Slices:
     """The slices of ``body`` (one rank's events after the merge's rewrite). ``structs``: the events are the fast
-    path's structs, not dicts; ``begins``: whether there are ``B`` events, where the caller knows; ``shifted``:
-    whether the rewrite moved the rank's times (only then can a time be exact text); ``only_x``: every event after
-    the leading metadata is an ``X`` (the fast path knows it from its events' phases), so that none is looked at."""
-    if only_x:
-        ph = attrgetter("ph") if structs else itemgetter("ph")
-        first = next((i for i, e in enumerate(body) if ph(e) != "M"), len(body))
-        x, marks, begins = body[first:], [], False
+    path's structs, not dicts; ``shifted``: whether the rewrite moved the rank's times (only then can a time be
+    exact text); ``kinds``: the fast path's kinds of the events, which tell their phases and the slices' threads
+    without a look at each event."""
+    x_tracks = mark_codes = None
+    if kinds is not None:
+        rest, codes = body[kinds.first:], kinds.codes
+        begins = any(k[0] == "B" for k in kinds.present())
+        is_x = np.array([k[0] == "X" for k in kinds.keys], dtype=bool)[codes]
+        is_mark = np.array([k[0] in _MARKS for k in kinds.keys], dtype=bool)[codes]
+        x = rest if is_x.all() else list(compress(rest, is_x.tolist()))  # all X (the a100 shape): rest itself
+        marks = list(compress(rest, is_mark.tolist())) if is_mark.any() else []
+        mark_codes = codes[is_mark]
+        if kinds.tracks is not None:
+            x_tracks = kinds.tracks[codes[is_x]]
     else:
         phs = list(map(attrgetter("ph") if structs else itemgetter("ph"), body))
-        if begins is None:
-            begins = "B" in set(phs)
+        begins = "B" in set(phs)
         x = list(compress(body, map("X".__eq__, phs)))
         marks = list(compress(body, map(_MARKS.__contains__, phs)))
     start = column(x, "ts", structs, shifted)
@@ -79,7 +106,7 @@ def slices(body: list[Any], structs: bool, begins: bool | None = None, shifted: 
         start = np.concatenate([start, np.array([s for _, _, s, _ in pairs], dtype=np.int64)])
         end = np.concatenate([end, np.array([last + 1 if t is None else t for *_, t in pairs], dtype=np.int64)])
         tie = np.concatenate([tie, np.ones(len(pairs), dtype=np.int64)])
-    return Slices(x, pairs, start, end, tie, last, marks)
+    return Slices(x, pairs, start, end, tie, last, marks, kinds, x_tracks, mark_codes)
 
 
 def to_lanes(body: list[Any], s: Slices, device_pids: set[int], structs: bool) -> tuple[int, list[dict[str, Any]]]:
@@ -93,12 +120,10 @@ def to_lanes(body: list[Any], s: Slices, device_pids: set[int], structs: bool) -
     are the fast path's structs, not dicts.
     """
     x, pairs, start, end, tie = s.x, s.pairs, s.start, s.end, s.tie
-    pid, tid = (column(x, key, structs) for key in ("pid", "tid"))
+    track = s.x_tracks if s.x_tracks is not None else tracks_of(column(x, "pid", structs), column(x, "tid", structs))
     if pairs:
-        pid = np.concatenate([pid, np.array([get(b, "pid") for b, *_ in pairs], dtype=np.int64)])
-        tid = np.concatenate([tid, np.array([get(b, "tid") or 0 for b, *_ in pairs], dtype=np.int64)])
-    tid = np.where(tid == 0, pid, tid)  # Perfetto's thread of a tid 0 (or none) is the pid's
-    track = (pid << 32) | tid
+        track = np.concatenate([track, tracks_of(np.array([get(b, "pid") for b, *_ in pairs], dtype=np.int64),
+                                                 np.array([get(b, "tid") or 0 for b, *_ in pairs], dtype=np.int64))])
     bad = _crossed(track, start, end, tie)
     if not len(bad):
         return 0, []
@@ -115,6 +140,12 @@ def to_lanes(body: list[Any], s: Slices, device_pids: set[int], structs: bool) -
     rows = [(ph, p, p if not t else t) for ph, p, t in rows]  # Perfetto's thread of a tid 0 (or none): the pid's
     flows = _bound(mine, rows, lanes, (track, start, tie), structs)
     return len(lanes), _apply(body, mine, rows, moved, flows, device_pids)
+
+
+def tracks_of(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+    """The thread of each slice as one int64, ``pid << 32 | tid``, where a tid 0 (or none) is the pid's, as in
+    Perfetto."""
+    return (pid << 32) | np.where(tid == 0, pid, tid)
 
 
 def _crossed(track: np.ndarray, start: np.ndarray, end: np.ndarray, tie: np.ndarray) -> np.ndarray:

@@ -165,7 +165,8 @@ def _index_data(task: RankTask, data: bytes, cut_gzip: bool, header: dict[str, A
                           lambda events: figures.update(figures_of_structs(events, own_base))) \
         if handles(task.options, task.window_abs_ns) else None
     if fast is not None:
-        first, body, n_in, slots, keys = fast
+        first, body, n_in, slots, kinds = fast
+        keys = set(kinds.present())
         fields = joined(fields_of_dicts(first, [None] * len(first)), fields_of_structs(body, task.base_out))
         durs = {type(e.dur) for e in body}
         negative = 0  # the fast path takes no negative duration
