@@ -29,7 +29,7 @@ def rank_anomalies(body: list[Any], s: Slices, device_pids: set[int], structs: b
     ``negative_dur``: the slices left out for a negative duration."""
     marks = s.marks
     ph, cat, name = (attrgetter(k) if structs else methodcaller("get", k) for k in ("ph", "cat", "name"))
-    if s.kinds is not None and s.mark_codes is not None:  # the marks' phases and categories, from their kinds
+    if s.kinds is not None:  # the marks' phases and categories, from their kinds (slices() gives both)
         keys = s.kinds.keys
         instants = list(compress(marks, np.array([k[0] in _INSTANT for k in keys], dtype=bool)[s.mark_codes]))
         flows = list(compress(marks, np.array([k[0] in _ENDS and is_correlation_flow(k[3]) for k in keys],
@@ -91,6 +91,6 @@ def _steps(s: Slices, device_pids: set[int], structs: bool) -> Iterable[tuple[in
     stepped = {n for n in set(names) if type(n) is str and STEP.match(n)}
     at_step = rows[np.fromiter(compress(range(len(names)), map(stepped.__contains__, names)), dtype=np.int64)]
     host = [get(s.x[i] if i < len(s.x) else s.pairs[i - len(s.x)][0], "pid") not in device_pids
-            for i in at_step.tolist()]
+            for i in at_step.tolist()]  # the pairs', and the slices' where x_tracks did not leave them out
     at_step = at_step[np.array(host, dtype=bool)]
     return zip(s.start[at_step].tolist(), s.end[at_step].tolist())

@@ -220,8 +220,7 @@ def rewritten_fast(data: bytes, rank: int, base: int, base_out: int, options: Me
     kept = (~meta & ~left)[codes]
     events = list(compress(events, kept.tolist()))
     codes = codes[kept]
-    kinds = Kinds(0, codes, keys, None)  # its first and its tracks are known after the rewrite
-    found = _processes(events, metas, set(kinds.present()))
+    found = _processes(events, metas, set(Kinds.present_in(codes, keys)))
     if found is None:
         return None
     slots = order_slots(found.host, found.device, found.other, who)
@@ -253,8 +252,8 @@ def rewritten_fast(data: bytes, rank: int, base: int, base_out: int, options: Me
         process = sum(e.name in PROCESS_M for e in metas)
         left_out["process_metadata"] += process
         left_out["thread_metadata"] += len(metas) - process - len(threads)
-    kinds.first, kinds.tracks = len(threads), _tracks(keys, pid_map, maps, found, odd_tids)
-    return head, threads + events, n_in, slots, kinds
+    return head, threads + events, n_in, slots, Kinds(len(threads), codes, keys,
+                                                      _tracks(keys, pid_map, maps, found, odd_tids))
 
 
 @dataclass
@@ -361,8 +360,9 @@ def _map_pids(events: list[_Event], metas: list[_Event], maps: tuple[dict[Any, i
 def _tracks(keys: list[tuple[Any, Any, Any, Any]], pid_map: dict[Any, int] | None,
             maps: tuple[dict[Any, int], dict[Any, int]], found: _Processes, odd_tids: set[Any]) -> np.ndarray | None:
     """The thread of each complete slice of a kind (``keys[k]``: its ``(ph, pid, tid, cat)`` as read) as the lanes
-    number it (``lanes.tracks_of``), after the rewrite maps its pid and tid; None when a kind of complete slices is on
-    a pid with host and device events and of a category that only each event's args place (``_map_pids``)."""
+    number it (``lanes.tracks_of``), after the rewrite maps its pid and tid. None, for the whole rank, when some pid
+    carries host and device events and a kind of complete slices is of a category that only each event's args
+    place (``_map_pids``): then the lanes read each slice's pid and tid."""
     host_map, dev_map = maps
     pids, tids = [], []
     for key in keys:

@@ -42,7 +42,7 @@ class Kinds:
     """What the merge's fast path knows of a rank's events from their distinct ``(ph, pid, tid, cat)``: the events
     after the leading thread metadata (``body[first:]``) are of kind ``codes[i]``, kind ``k`` is ``keys[k]`` as
     read, and ``tracks[k]`` is the thread (``tracks_of``) of the complete slices of that kind after the rewrite (None:
-    not known from the kind alone; the slices' own pid and tid are read)."""
+    not known from the kinds alone, see ``fastpath._tracks``; the slices' own pid and tid are read)."""
 
     first: int
     codes: np.ndarray
@@ -51,7 +51,12 @@ class Kinds:
 
     def present(self) -> list[tuple[Any, Any, Any, Any]]:
         """The kinds of the events (not every kind read is kept), in the order of ``keys``."""
-        return [self.keys[k] for k in np.flatnonzero(np.bincount(self.codes, minlength=len(self.keys))).tolist()]
+        return self.present_in(self.codes, self.keys)
+
+    @staticmethod
+    def present_in(codes: np.ndarray, keys: list[tuple[Any, Any, Any, Any]]) -> list[tuple[Any, Any, Any, Any]]:
+        """The ``keys`` that ``codes`` number, in their order."""
+        return [keys[k] for k in np.flatnonzero(np.bincount(codes, minlength=len(keys))).tolist()]
 
 
 @dataclass
