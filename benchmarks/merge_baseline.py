@@ -12,7 +12,7 @@ times timed, and gives the median. The runs alternate the two checkouts, so that
 after the other; the row's speed is the median (range) of those ratios.
 
 Used for issue 48 (lanes, the account and its anomalies) with the default baseline, the commit before its first.
-Takes about 4 minutes per shape on 2 cores with the defaults.
+Takes about 1 minute per shape on 2 cores with the defaults (2 min 8 s for both shapes on 2026-12-01).
 """
 from __future__ import annotations
 
