@@ -20,6 +20,10 @@ CALL_COLUMNS = ["index", "op", "name", "pg_name", "pg_desc", "group_ranks", "gro
                 "out_nelems", "in_bytes", "out_bytes", "input_dims", "seq", "comms_id", "step", "tid",
                 "cpu_start_ns", "cpu_end_ns", "gpu_start_ns", "gpu_end_ns", "stream", "done_ns"]
 
+_TYPES = dict.fromkeys(("group_size", "in_nelems", "out_nelems", "in_bytes", "out_bytes", "seq", "step", "gpu_start_ns",
+                        "gpu_end_ns", "stream", "done_ns"), "Int64") | dict.fromkeys(
+    ("op", "name", "pg_name", "pg_desc", "group_ranks", "dtype", "input_dims", "comms_id", "tid"), "string")
+
 
 def rank_collectives(model: RankModel, pg_config: Mapping[str, str]) -> pd.DataFrame:
     """One rank's collective calls, one row each, times in absolute ns.
@@ -102,16 +106,12 @@ def rank_collectives(model: RankModel, pg_config: Mapping[str, str]) -> pd.DataF
             "gpu_start_ns": c.get("gpu_start_ns"), "gpu_end_ns": c.get("gpu_end_ns"), "stream": c.get("stream"),
             "done_ns": done,
         })
-    df = pd.DataFrame(rows, columns=CALL_COLUMNS)
-    # From the rows, not from the frame: pandas makes a column of ints and None float64, where absolute ns (1.7e18)
-    # lose up to 128 ns to a float's 53 bits; a call's GPU start then fell after its first kernel's start, so that
-    # ``walker.rank_pieces`` did not find the call's kernels, and the path stopped at its arrival.
-    for col in ("group_size", "in_nelems", "out_nelems", "in_bytes", "out_bytes", "seq", "step", "gpu_start_ns",
-                "gpu_end_ns", "stream", "done_ns"):
-        df[col] = pd.array([r[col] for r in rows], dtype="Int64")
-    for col in ("op", "name", "pg_name", "pg_desc", "group_ranks", "dtype", "input_dims", "comms_id", "tid"):
-        df[col] = df[col].astype("string")
-    return df
+    # Each column from the rows, typed at once: pandas would make a column of ints and None float64, where
+    # absolute ns (1.7e18) lose up to 128 ns to a float's 53 bits; a call's GPU start then fell after its first
+    # kernel's start, so that ``walker.rank_pieces`` did not find the call's kernels, and the path stopped at its
+    # arrival.
+    return pd.DataFrame({c: pd.array([r[c] for r in rows], dtype=_TYPES[c]) if c in _TYPES else [r[c] for r in rows]
+                         for c in CALL_COLUMNS})
 
 
 def _gather(call: dict[str, Any], name: str, args: Any) -> None:

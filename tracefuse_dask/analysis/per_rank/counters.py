@@ -80,20 +80,40 @@ def launch_stats(call_start: np.ndarray, call_end: np.ndarray, gpu_start: np.nda
     return row, table
 
 
-def _steps(t: np.ndarray, delta: np.ndarray, group: np.ndarray, first: np.ndarray) -> pd.DataFrame:
+def _steps(t: np.ndarray, delta: np.ndarray, group: np.ndarray, first: np.ndarray) -> tuple[np.ndarray, ...]:
     """A step function per group: changes ``delta`` at times ``t``, ordered by (group, time, ``first`` before the
-    rest), with its value after each change (``value``) and how long that value lasts (``dur``, NaN for the last)."""
+    rest). Returns the rows' groups and times in that order, the value after each change (``value``), how long
+    that value lasts (``dur``, NaN for a group's last) and where each group's rows begin."""
     order = np.lexsort((~first, t, group))
     g, tt, d = group[order], t[order], delta[order]
-    df = pd.DataFrame({"group": g, "t": tt, "delta": d})
-    df["value"] = df.groupby("group", sort=False)["delta"].cumsum()
-    df["dur"] = df.groupby("group", sort=False)["t"].shift(-1) - df["t"]
-    return df
+    head = np.flatnonzero(np.concatenate([[True], g[1:] != g[:-1]])) if len(g) else np.zeros(0, dtype=np.int64)
+    if d.dtype.kind == "i":  # counts: a running sum, exact, restarted at each group
+        total = np.cumsum(d)
+        value = total - np.repeat(total[head] - d[head], np.diff(np.append(head, len(d))))
+    else:  # bandwidths: pandas' running sum, compensated (Kahan), as HTA's values are
+        value = pd.Series(d).groupby(g, sort=False).cumsum().to_numpy()
+    later = np.full(len(tt), np.nan)
+    later[:-1] = tt[1:]
+    later[head[1:] - 1] = np.nan
+    return g, tt, value, later - tt, head
 
 
-def queue_length(call_start: np.ndarray, gpu_start: np.ndarray, stream: np.ndarray,
-                 cutoffs: Cutoffs) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Per stream, the ``QUEUE_COLUMNS`` rows, and the series (``stream``, ``t`` in ns, ``value``).
+def _groups(head: np.ndarray, n: int) -> list[tuple[int, slice]]:
+    """Each group's first row and its rows (``_steps``' ``head``, over ``n`` rows)."""
+    return [(int(a), slice(int(a), int(b))) for a, b in zip(head, np.append(head[1:], n))]
+
+
+def _queue(call_start: np.ndarray, gpu_start: np.ndarray, stream: np.ndarray) -> tuple[Any, ...]:
+    """The streams, and the queue's step function on each (``_steps``, the stream's code its group): +1 at each
+    call's start, -1 at its device event's (``queue_length``'s parameters)."""
+    n = len(call_start)
+    code, streams = pd.factorize(pd.Series(stream, dtype=object), sort=True)
+    return streams, *_steps(np.concatenate([call_start, gpu_start]), np.repeat([1, -1], n),
+                            np.concatenate([code, code]), np.repeat([True, False], n))
+
+
+def queue_length(call_start: np.ndarray, gpu_start: np.ndarray, stream: np.ndarray, cutoffs: Cutoffs) -> pd.DataFrame:
+    """Per stream, the ``QUEUE_COLUMNS`` row.
 
     Parameters
     ----------
@@ -101,25 +121,20 @@ def queue_length(call_start: np.ndarray, gpu_start: np.ndarray, stream: np.ndarr
         Per device event whose call is a queue launch (``QUEUE_CALLS``): its call's start, its own start (ns), and
         its stream (as the trace names it).
     """
-    n = len(call_start)
-    if not n:
-        return pd.DataFrame(columns=QUEUE_COLUMNS), pd.DataFrame(columns=["stream", "t", "value"])
-    code, streams = pd.factorize(pd.Series(stream, dtype=object), sort=True)
-    s = _steps(np.concatenate([call_start, gpu_start]), np.repeat([1, -1], n), np.concatenate([code, code]),
-               np.repeat([True, False], n))
+    if not len(call_start):
+        return pd.DataFrame(columns=QUEUE_COLUMNS)
+    streams, group, _, values, durs, head = _queue(call_start, gpu_start, stream)
     rows = []
-    for c, g in s.groupby("group", sort=True):
-        value, dur = g["value"].to_numpy(), g["dur"].to_numpy()
+    for at, rows_of in _groups(head, len(group)):
+        value, dur = values[rows_of], durs[rows_of]
         top = int(value.max())
         timed = ~np.isnan(dur)
         span = float(dur[timed].sum())
-        rows.append({"stream": streams[c], "samples": len(g), "mean": float(value.mean()), "max": top,
+        rows.append({"stream": streams[group[at]], "samples": len(value), "mean": float(value.mean()), "max": top,
                      "time_at_max_us": float(dur[timed & (value == top)].sum()) / 1e3,
                      "time_full_us": float(dur[timed & (value >= cutoffs.max_queue_length)].sum()) / 1e3,
                      "weighted_mean": float((value[timed] * dur[timed]).sum() / span) if span else float("nan")})
-    return (pd.DataFrame(rows, columns=QUEUE_COLUMNS),
-            pd.DataFrame({"stream": streams[s["group"].to_numpy()], "t": s["t"].to_numpy(),
-                          "value": s["value"].to_numpy()}))
+    return pd.DataFrame(rows, columns=QUEUE_COLUMNS)
 
 
 def memory_kind(name: str) -> str:
@@ -130,38 +145,43 @@ def memory_kind(name: str) -> str:
     return name[:11] if name.startswith("Memcpy") else "Memcpy Unknown"
 
 
-def memory_bw(start: np.ndarray, end: np.ndarray, kinds: np.ndarray,
-              gbps: np.ndarray) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Per kind, the ``MEMORY_COLUMNS`` rows, and the series (``kind``, ``t`` in ns, ``value`` in GB/s).
+def _bandwidth(start: np.ndarray, end: np.ndarray, kinds: np.ndarray, gbps: np.ndarray) -> tuple[Any, ...]:
+    """The kinds, and the bandwidth's step function of each (``_steps``, the kind's code its group): its copies'
+    bandwidths added at their starts and taken away at their ends (``memory_bw``'s parameters)."""
+    n = len(start)
+    end = np.where(end > start, end, start + 1000)  # a 0 µs copy lasts 1 µs
+    code, names = pd.factorize(pd.Series(kinds, dtype=object), sort=True)
+    return names, *_steps(np.concatenate([start, end]), np.concatenate([gbps, -gbps]), np.concatenate([code, code]),
+                          np.repeat([False, True], n))
+
+
+def memory_bw(start: np.ndarray, end: np.ndarray, kinds: np.ndarray, gbps: np.ndarray) -> pd.DataFrame:
+    """Per kind, the ``MEMORY_COLUMNS`` row.
 
     Parameters
     ----------
     start, end, kinds, gbps
         Per copy or set: its times (ns), its ``memory_kind`` and its bandwidth (NaN when the trace gives none).
     """
-    n = len(start)
-    if not n:
-        return pd.DataFrame(columns=MEMORY_COLUMNS), pd.DataFrame(columns=["kind", "t", "value"])
-    end = np.where(end > start, end, start + 1000)  # a 0 µs copy lasts 1 µs
-    code, names = pd.factorize(pd.Series(kinds, dtype=object), sort=True)
-    s = _steps(np.concatenate([start, end]), np.concatenate([gbps, -gbps]), np.concatenate([code, code]),
-               np.repeat([False, True], n))
+    if not len(start):
+        return pd.DataFrame(columns=MEMORY_COLUMNS)
+    names, group, _, values, _, head = _bandwidth(start, end, kinds, gbps)
     rows = []
-    for c, g in s.groupby("group", sort=True):
-        v = g["value"].to_numpy()
+    for at, rows_of in _groups(head, len(group)):
+        v = values[rows_of]
         v = v[v > 0]
         if len(v):  # a kind whose copies give no bandwidth has no row, as in HTA's summary
-            rows.append({"kind": names[c], "samples": len(v), "mean_gbps": float(v.mean()), "max_gbps": float(v.max())})
-    return (pd.DataFrame(rows, columns=MEMORY_COLUMNS),
-            pd.DataFrame({"kind": names[s["group"].to_numpy()], "t": s["t"].to_numpy(),
-                          "value": s["value"].to_numpy()}))
+            rows.append({"kind": names[group[at]], "samples": len(v), "mean_gbps": float(v.mean()),
+                         "max_gbps": float(v.max())})
+    return pd.DataFrame(rows, columns=MEMORY_COLUMNS)
 
 
 def counter_series(call_start: np.ndarray, gpu_start: np.ndarray, stream: list[Any], start: np.ndarray,
                    end: np.ndarray, names: list[str], gbps: np.ndarray) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """One device's queue-length series (``stream``, ``t``, ``value``) and memory-bandwidth series (``kind``,
-    ``t``, ``value``): the counter tracks of ``merge --counters``. The merge hands in its kept events' arrays and
-    gets the series ``queue_length`` and ``memory_bw`` give the analysis, so that the tracks and the tables agree.
+    """One device's queue-length series (``stream``, ``t`` in ns, ``value``) and memory-bandwidth series (``kind``,
+    ``t`` in ns, ``value`` in GB/s): the counter tracks of ``merge --counters``. The merge hands in its kept events'
+    arrays and gets the step functions ``queue_length`` and ``memory_bw`` sum up, so that the tracks and the tables
+    agree.
 
     Parameters
     ----------
@@ -171,8 +191,12 @@ def counter_series(call_start: np.ndarray, gpu_start: np.ndarray, stream: list[A
         Per copy or set: its times (ns), its name (``memory_kind`` gives its kind) and its bandwidth (NaN when
         the trace gives none).
     """
-    _, queue = queue_length(call_start, gpu_start, np.asarray(stream, dtype=object), Cutoffs())
-    _, memory = memory_bw(start, end, np.array([memory_kind(n) for n in names], dtype=object), gbps)
+    queue, memory = pd.DataFrame(columns=["stream", "t", "value"]), pd.DataFrame(columns=["kind", "t", "value"])
+    if len(call_start):
+        streams, group, t, value, _, _ = _queue(call_start, gpu_start, np.asarray(stream, dtype=object))
+        queue = pd.DataFrame({"stream": streams[group], "t": t, "value": value})
+    if len(start):
+        kinds, group, t, value, _, _ = _bandwidth(start, end, np.array([memory_kind(n) for n in names],
+                                                                        dtype=object), gbps)
+        memory = pd.DataFrame({"kind": kinds[group], "t": t, "value": value})
     return queue, memory
-
-

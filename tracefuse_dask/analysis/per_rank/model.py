@@ -10,7 +10,7 @@ import pandas as pd
 
 from .decode import Args
 
-__all__ = ["CallTree", "GpuWork", "RankModel", "codes", "factorized"]
+__all__ = ["CallTree", "GpuWork", "RankModel", "codes", "factorized", "first_seen", "sorted_codes"]
 
 
 @dataclass
@@ -92,6 +92,19 @@ def codes(values: np.ndarray) -> np.ndarray:
     """Equal values get equal integer codes (None included); for pids and tids, 3 ms against the dict's 5 ms on
     96,000 host events (``factorized`` is the faster for texts)."""
     return pd.factorize(values, use_na_sentinel=False)[0]
+
+
+def first_seen(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's group by its integer ``keys`` together, numbered in order of first appearance (the groups of
+    pandas' ``groupby(sort=False)``), and each group's first row: ``pd.factorize`` of one key at a time, without
+    a frame (a groupby costs ~0.3 ms a call whatever its rows, most of a small rank's analysis)."""
+    group = np.zeros(len(keys[0]), dtype=np.int64)
+    for key in keys:
+        local, distinct = pd.factorize(np.asarray(key, dtype=np.int64))
+        group, _ = pd.factorize(group * len(distinct) + local)
+    # a group's number is one more than any before it where it first appears
+    first = np.flatnonzero(group > np.concatenate([[-1], np.maximum.accumulate(group)[:-1]]))
+    return group, first
 
 
 def sorted_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

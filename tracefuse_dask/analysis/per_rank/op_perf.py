@@ -38,6 +38,8 @@ from .model import RankModel
 
 __all__ = ["backward_links", "op_perf_table", "owners"]
 
+_KERNEL_US = OP_PERF_COLUMNS.index("kernel_us")
+
 _EVALUATE = "autograd::engine::evaluate_function: "
 
 
@@ -183,16 +185,27 @@ def op_perf_table(leaf: np.ndarray, start: np.ndarray, end: np.ndarray, kernel_n
     main = _main_kernels(code[np.searchsorted(calls, leaf[has])], names, (end - start)[has], n)
     rows = [(*distinct[g], int(counts[g]), int(round(total[g])), main[g], names[first[k]])
             for g, k in zip(range(n), firsts) if not is_collective_call(distinct[g][0])]  # the links measure those
-    table = pd.DataFrame([_row(*r, device) for r in rows], columns=OP_PERF_COLUMNS)
-    return table.sort_values(["kernel_us", "name"], ascending=[False, True], kind="stable", ignore_index=True)
+    # the most kernel time first, then by name
+    table = sorted((_row(*r, device) for r in rows), key=lambda row: (-row[_KERNEL_US], row[0]))
+    return pd.DataFrame(table, columns=OP_PERF_COLUMNS)
 
 
-def _main_kernels(group: np.ndarray, names: np.ndarray, dur: np.ndarray, n: int) -> list[str]:
+def _main_kernels(group: np.ndarray, names: np.ndarray, dur: np.ndarray, n: int) -> list[Any]:
     """Per group, the name of the kernel its calls spent the most time in (of equal times, the first name): what
     ``tracefuse diff`` follows when a kernel is renamed between two runs."""
-    t = pd.DataFrame({"group": group, "name": names, "ns": dur}).groupby(["group", "name"], sort=True)["ns"].sum()
-    best = t.reset_index().sort_values(["group", "ns"], ascending=[True, False], kind="stable")
-    return best.drop_duplicates("group").set_index("group")["name"].reindex(range(n)).tolist()
+    code, distinct = pd.factorize(names, sort=True)
+    key = group * len(distinct) + code
+    order = np.argsort(key, kind="stable")
+    firsts = np.flatnonzero(np.concatenate([[True], key[order][1:] != key[order][:-1]]))
+    ns = np.add.reduceat(dur[order], firsts)  # per (group, name)
+    key = key[order][firsts]
+    of, name = key // len(distinct), key % len(distinct)
+    best = np.lexsort((name, -ns, of))
+    best = best[np.concatenate([[True], of[best][1:] != of[best][:-1]])]
+    main: list[Any] = [float("nan")] * n
+    for g, k in zip(of[best].tolist(), name[best].tolist()):
+        main[g] = distinct[k]
+    return main
 
 
 def _row(name: str, dims: str, types: str, concrete: str, context: str, n: int, busy_ns: int, main_kernel: str,

@@ -88,16 +88,14 @@ def op_tables(model: RankModel, is_op: np.ndarray, is_cpu_op: np.ndarray) -> tup
                 named.add(op)
                 op_kernels[op][name] += d
     total_gpu = int(g.dur.sum())
-    ops = pd.DataFrame(
-        [(names[code], c, cpu, gns / 1e3, 100.0 * gns / total_gpu if total_gpu else 0.0, k,
-          _top(op_kernels.get(code, Counter()))) for code, c, cpu, gns, k in _per_op(
-            np.sort(order[is_op[order]]), name_code, durs, sub_ns, sub_kernels, tree.pos)],
-        columns=["name", "count", "cpu_time_us", "gpu_time_us", "gpu_pct", "kernel_count", "top_kernels"])
-    ops = ops.sort_values(["gpu_time_us", "cpu_time_us", "name"], ascending=[False, False, True], ignore_index=True)
-    launchers = _launchers(leaf[at], g.code[launched], kernel_ns, order, code_at, names, args)
-    launchers = launchers.sort_values(["gpu_time_us", "name", "input_dims"], ascending=[False, True, True],
-                                      ignore_index=True)
-    return ops, launchers, leaf[at]
+    rows = [(names[code], c, cpu, gns / 1e3, 100.0 * gns / total_gpu if total_gpu else 0.0, k,
+             _top(op_kernels.get(code, Counter()))) for code, c, cpu, gns, k in _per_op(
+        np.sort(order[is_op[order]]), name_code, durs, sub_ns, sub_kernels, tree.pos)]
+    # the most GPU time first, then the most CPU time (as the column's floats compare), then by name
+    rows.sort(key=lambda r: (-r[3], -float(r[2]), r[0]))
+    ops = pd.DataFrame(rows, columns=["name", "count", "cpu_time_us", "gpu_time_us", "gpu_pct", "kernel_count",
+                                      "top_kernels"])
+    return ops, _launchers(leaf[at], g.code[launched], kernel_ns, order, code_at, names, args), leaf[at]
 
 
 def op_keys(model: RankModel, through: Mapping[int, int]
@@ -177,10 +175,12 @@ def _launchers(leaf: np.ndarray, kernel: np.ndarray, kernel_ns: np.ndarray, orde
     for r, k in zip(pair_group[by].tolist(), pair_kernel[by].tolist()):
         if len(top[r]) < _TOP:
             top[r].append(names[k])
-    name, dims, types = zip(*keys)
+    name, dims, types = (np.array(v, dtype=object) for v in zip(*keys))
+    gpu_us = gpu_ns / 1e3
+    by = np.lexsort((dims, name, -gpu_us))  # the most GPU time first, then by name and shapes
     return pd.DataFrame(dict(zip(LAUNCHER_COLUMNS, (
-        list(name), list(dims), list(types), np.bincount(key_code[raw_code], minlength=n), gpu_ns / 1e3,
-        np.bincount(group, minlength=n), [" | ".join(t) for t in top]))))
+        name[by], dims[by], types[by], np.bincount(key_code[raw_code], minlength=n)[by], gpu_us[by],
+        np.bincount(group, minlength=n)[by], [" | ".join(top[i]) for i in by.tolist()]))))
 
 
 def _per_op(ops: np.ndarray, name_code: np.ndarray, durs: np.ndarray, sub_ns: np.ndarray, sub_kernels: np.ndarray,

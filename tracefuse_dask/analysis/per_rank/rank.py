@@ -49,7 +49,7 @@ from .account import event_kinds, events_account
 from .collectives import rank_collectives
 from .counters import LAUNCH_COLUMNS, launch_stats, memory_bw, memory_kind, queue_length
 from .decode import NO_ARGS, Args, Event, durations, events_decoder
-from .model import CallTree, GpuWork, RankModel, codes, factorized
+from .model import CallTree, GpuWork, RankModel, codes, factorized, first_seen
 from .op_perf import backward_links, op_perf_table, owners
 from .ops import op_keys, op_tables
 from .sequences import SEQUENCE_COLUMNS, rank_sequences
@@ -371,12 +371,12 @@ def _counter_tables(m: RankModel, cutoffs: Cutoffs) -> tuple[pd.DataFrame, ...]:
     row, worst = launch_stats(start[call[launch]], end[call[launch]], g.start[launch], g.end[launch], described,
                               cutoffs)
     queued = np.flatnonzero(has & np.array([n in QUEUE_CALLS for n in names], dtype=bool)[code])
-    queue, _ = queue_length(start[call[queued]], g.start[queued], np.array([g.stream[i] for i in queued.tolist()],
-                                                                           dtype=object), cutoffs)
+    queue = queue_length(start[call[queued]], g.start[queued],
+                         np.array([g.stream[i] for i in queued.tolist()], dtype=object), cutoffs)
     copies = np.flatnonzero(g.ktype == "MEMORY")
     gbps = np.array([_number(g.args[i].memory_bw) for i in copies.tolist()], dtype=np.float64)
-    memory, _ = memory_bw(g.start[copies], g.end[copies], np.array([memory_kind(n) for n in g.name[copies]],
-                                                                     dtype=object), gbps)
+    memory = memory_bw(g.start[copies], g.end[copies], np.array([memory_kind(n) for n in g.name[copies]],
+                                                                dtype=object), gbps)
     return pd.DataFrame([row], columns=LAUNCH_COLUMNS), worst, queue, memory
 
 
@@ -587,28 +587,40 @@ def _by_step(g: GpuWork, spans: list[tuple[int, int, int]], start: np.ndarray) -
 
 def _kernel_tables(g: GpuWork, names: np.ndarray) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per kernel name and per category, over HTA's kernel breakdown set: every GPU event but type OTHER.
-    ``names``: what ``g.code`` stands for."""
+    ``names``: what ``g.code`` stands for. The sums are pandas' (compensated, as HTA's are), the rest numpy's."""
     use = g.ktype != "OTHER"
     dur = g.dur[use] / 1e3
-    cut = (g.end[use] - g.start[use] - g.dur[use]) / 1e3
-    df = pd.DataFrame({"name": g.code[use], "kind": g.kind[use], "dur": dur, "cut": cut})
-    if df.empty:
+    if not len(dur):
         kernels = pd.DataFrame(columns=["name", "category", "count", "total_us", "mean_us", "min_us", "max_us",
                                         "pct", "clipped_us"])
         return kernels, pd.DataFrame(columns=["category", "count", "total_us", "pct"])
+    cut = (g.end[use] - g.start[use] - g.dur[use]) / 1e3
+    kind = g.kind[use]
+    group, first = first_seen(g.code[use], pd.factorize(kind)[0])  # per (name, kind)
+    sums = pd.DataFrame({"dur": dur, "cut": cut}).groupby(group, sort=False).sum()
+    count = np.bincount(group)
+    by = np.argsort(group, kind="stable")
+    at = np.searchsorted(group[by], np.arange(len(first)))
+    total_us, clipped_us = sums["dur"].to_numpy(), sums["cut"].to_numpy()
+    name = names[g.code[use][first]]
     total = dur.sum()
-    by = df.groupby(["name", "kind"], sort=False)
-    kernels = pd.DataFrame({"count": by["dur"].count(), "total_us": by["dur"].sum(), "mean_us": by["dur"].mean(),
-                            "min_us": by["dur"].min(), "max_us": by["dur"].max(),
-                            "clipped_us": by["cut"].sum()}).reset_index()
-    kernels["name"] = names[kernels["name"].to_numpy()]
-    kernels.insert(1, "category", [kernel_category(n, k) for n, k in zip(kernels["name"], kernels["kind"])])
-    kernels = kernels.drop(columns="kind")
-    kernels.insert(len(kernels.columns) - 1, "pct", 100.0 * kernels["total_us"] / total if total else 0.0)
-    kernels = kernels.sort_values(["total_us", "name"], ascending=[False, True], ignore_index=True)
-    cats = kernels.groupby("category")[["count", "total_us"]].sum().reset_index()
-    cats["pct"] = 100.0 * cats["total_us"] / total if total else 0.0
-    return kernels, cats.sort_values(["total_us", "category"], ascending=[False, True], ignore_index=True)
+    order = np.lexsort((name, -total_us))  # the longest first, then by name
+    category = np.array([kernel_category(n, k) for n, k in zip(name.tolist(), kind[first].tolist())],
+                        dtype=object)[order]
+    kernels = pd.DataFrame({"name": name[order], "category": category, "count": count[order],
+                            "total_us": total_us[order], "mean_us": (total_us / count)[order],
+                            "min_us": np.minimum.reduceat(dur[by], at)[order],
+                            "max_us": np.maximum.reduceat(dur[by], at)[order],
+                            "pct": 100.0 * total_us[order] / total if total else 0.0,
+                            "clipped_us": clipped_us[order]})
+    code, cats = pd.factorize(category, sort=True)
+    cat_total = pd.Series(total_us[order]).groupby(code, sort=True).sum().to_numpy()
+    cat_count = np.zeros(len(cats), dtype=np.int64)
+    np.add.at(cat_count, code, count[order])
+    cat_order = np.lexsort((np.asarray(cats, dtype=object), -cat_total))
+    return kernels, pd.DataFrame({"category": np.asarray(cats, dtype=object)[cat_order],
+                                  "count": cat_count[cat_order], "total_us": cat_total[cat_order],
+                                  "pct": 100.0 * cat_total[cat_order] / total if total else 0.0})
 
 
 def _idle_table(g: GpuWork, start: np.ndarray) -> pd.DataFrame:
