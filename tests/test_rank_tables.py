@@ -1,20 +1,23 @@
-"""The per-rank tables' numpy steps against the pandas formulations they replaced (a groupby costs ~0.3 ms a call
-whatever its rows, most of a small rank's analysis): the same rows, in the same order, to the bit. Ties, repeated
-keys and empty inputs are drawn on purpose; the sums pandas compensates (Kahan) must stay pandas'."""
+"""The per-rank steps that left pandas' groupbys for numpy (a groupby costs ~0.3 ms a call whatever its rows, most of a
+small rank's analysis) against the pandas formulations they replaced: the same rows, in the same order, to the bit.
+Ties, repeated keys and empty inputs are drawn on purpose; the sums pandas compensates (Kahan) must stay pandas'.
+The sorts of the ops, launchers and op groups, and the queue's and bandwidth's rows, are held by the output hash
+tests on real traces (``tests/test_output_hashes.py``)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from tracefuse_dask.analysis.per_rank.collectives import CALL_COLUMNS, calls_frame
 from tracefuse_dask.analysis.per_rank.counters import _steps
-from tracefuse_dask.analysis.per_rank.model import first_seen
+from tracefuse_dask.analysis.per_rank.model import before_in_group, first_seen
 from tracefuse_dask.analysis.per_rank.op_perf import _main_kernels
 from tracefuse_dask.analysis.per_rank.rank import _kernel_tables
-from tracefuse_dask.analysis.per_rank.walker import _before_in_group, _sums
+from tracefuse_dask.analysis.per_rank.walker import _sums
 from tracefuse_dask.kineto.vocabulary import kernel_category
 
 LEAST = np.iinfo(np.int64).min
@@ -47,7 +50,7 @@ def test_before_in_group_is_the_groups_running_maximum_shifted(rows):
     group = np.array([g for g, _ in rows], dtype=np.int64)
     e = np.array([v for _, v in rows], dtype=np.int64)
     want = pd.Series(e, dtype=np.int64).groupby(group).cummax().groupby(group).shift(fill_value=LEAST).to_numpy()
-    assert _before_in_group(e, group).tolist() == want.tolist()
+    assert before_in_group(e, group).tolist() == want.tolist()
 
 
 @settings(max_examples=200, deadline=None)
@@ -110,7 +113,8 @@ def test_main_kernels_are_the_most_time_and_of_equal_times_the_first_name(rows):
     names = NAMES[[k for _, k, _ in rows]]
     dur = np.array([d * 1000 for _, _, d in rows], dtype=np.int64)  # few values: ties
     n = int(group.max()) + 2  # and groups without kernels: NaN
-    got, want = ([None if v != v else v for v in f(group, names, dur, n)] for f in (_main_kernels, _main_kernels_before))
+    got, want = ([None if pd.isna(v) else v for v in f(group, names, dur, n)]
+                 for f in (_main_kernels, _main_kernels_before))
     assert got == want and got[-1] is None
 
 
@@ -120,6 +124,10 @@ def _kernel_tables_before(g, names):
     dur = g.dur[use] / 1e3
     cut = (g.end[use] - g.start[use] - g.dur[use]) / 1e3
     df = pd.DataFrame({"name": g.code[use], "kind": g.kind[use], "dur": dur, "cut": cut})
+    if df.empty:
+        kernels = pd.DataFrame(columns=["name", "category", "count", "total_us", "mean_us", "min_us", "max_us",
+                                        "pct", "clipped_us"])
+        return kernels, pd.DataFrame(columns=["category", "count", "total_us", "pct"])
     total = dur.sum()
     by = df.groupby(["name", "kind"], sort=False)
     kernels = pd.DataFrame({"count": by["dur"].count(), "total_us": by["dur"].sum(), "mean_us": by["dur"].mean(),
@@ -135,17 +143,56 @@ def _kernel_tables_before(g, names):
     return kernels, cats.sort_values(["total_us", "category"], ascending=[False, True], ignore_index=True)
 
 
+# one kernel six times, whose times a plain sum (and so a mean from it) rounds otherwise than pandas' compensated one
+COMPENSATED = [(0, "kernel", "COMPUTATION", d, 0) for d in (8277025938204, 5495936876730, 7535131086748, 1000,
+                                                             7884287034284, 4534978894806)]
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, len(NAMES) - 1), st.sampled_from(["kernel", "memcpy", "memset"]),
                           st.sampled_from(["COMPUTATION", "COMMUNICATION", "MEMORY", "OTHER"]),
                           st.one_of(st.integers(0, 3).map(lambda d: d * 1000), st.integers(0, 10**13)),
-                          st.integers(0, 2000)), min_size=1, max_size=40))
+                          st.integers(0, 2000)), max_size=40))
+@example(COMPENSATED)
 def test_kernel_tables_are_the_rows_pandas_gave_to_the_bit(rows):
-    code, kind, ktype, dur, cut = (np.array(v) for v in zip(*rows))
+    code, kind, ktype, dur, cut = (np.array(v, dtype=t) for v, t in zip(zip(*rows) if rows else [()] * 5,
+                                                                          (np.int64, object, object, np.int64,
+                                                                           np.int64)))
     start = np.arange(len(rows), dtype=np.int64) * 10**6
-    g = SimpleNamespace(ktype=ktype.astype(object), kind=kind.astype(object), code=code.astype(np.int64),
-                        dur=dur.astype(np.int64), start=start, end=start + dur.astype(np.int64) + cut)
-    if (ktype == "OTHER").all():
-        return  # the empty tables, unchanged
+    g = SimpleNamespace(ktype=ktype, kind=kind, code=code, dur=dur, start=start, end=start + dur + cut)
     for got, want in zip(_kernel_tables(g, NAMES), _kernel_tables_before(g, NAMES)):
         pd.testing.assert_frame_equal(got, want, check_exact=True)
+
+
+_INT64 = ("group_size", "in_nelems", "out_nelems", "in_bytes", "out_bytes", "seq", "step", "gpu_start_ns",
+          "gpu_end_ns", "stream", "done_ns")
+
+
+def _calls_frame_before(rows):
+    """The collectives' frame as it was: pandas' frame of the rows, then a conversion a typed column."""
+    df = pd.DataFrame(rows, columns=CALL_COLUMNS)
+    for col in _INT64:
+        df[col] = pd.array([r[col] for r in rows], dtype="Int64")
+    for col in set(CALL_COLUMNS) - set(_INT64) - {"index", "cpu_start_ns", "cpu_end_ns"}:
+        df[col] = df[col].astype("string")
+    return df
+
+
+ABSOLUTE_NS = st.integers(1_700_000_000_000_000_000, 1_800_000_000_000_000_000)
+TEXTS = st.one_of(st.none(), st.sampled_from(["0", "default_pg", "[0, 1]", "c10::BFloat16", "ä"]),
+                  st.integers(0, 9), st.floats(0, 10, allow_nan=False))  # numbers, as a trace may write them
+CALL = st.fixed_dictionaries({c: ABSOLUTE_NS if c in ("cpu_start_ns", "cpu_end_ns") else
+                              st.integers(0, 100) if c == "index" else
+                              st.one_of(st.none(), ABSOLUTE_NS, st.integers(0, 64)) if c in _INT64 else TEXTS
+                              for c in CALL_COLUMNS})
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(CALL, max_size=6))
+@example([])  # a rank without collectives
+@example([dict.fromkeys(CALL_COLUMNS, 7) | {"pg_desc": None}, dict.fromkeys(CALL_COLUMNS, None)
+          | {"index": 1, "cpu_start_ns": 2, "cpu_end_ns": 3}])  # 7 beside a None: "7.0", as pandas gave it
+def test_the_collectives_frame_is_the_one_pandas_gave_to_the_bit(rows):
+    got, want = calls_frame(rows), _calls_frame_before(rows)
+    assert list(got.dtypes) == list(want.dtypes)
+    pd.testing.assert_frame_equal(got, want, check_exact=True)

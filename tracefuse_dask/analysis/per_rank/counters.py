@@ -1,8 +1,8 @@
 """What HolisticTraceAnalysis's kernel-launch statistics and trace counters measure, per rank: each launch's delay,
 the queue of outstanding work on each stream and the bandwidth of memory copies and sets
 (``hta/analyzers/cuda_kernel_analysis.py``, ``trace_counters.py``, HTA 0.5.0). Pure functions on one rank's
-arrays, no IO: the map task keeps the per-launch and per-sample series and returns small tables; the series
-themselves are the counter tracks of a merged trace.
+arrays, no IO: the analysis's map task returns small tables, not the per-launch and per-sample series; the series
+(``counter_series``) are the counter tracks of a merged trace.
 
 - **Launches** (``cuda_kernel_launch_stats``): each device event whose launch is a kernel, copy or set launch
   (``vocabulary.LAUNCH_CALLS``: HTA's CUDA names, and the ROCm ones HTA 0.5.0 does not count), with the call's

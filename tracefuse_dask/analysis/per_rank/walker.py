@@ -52,7 +52,7 @@ from ...kineto.vocabulary import (
     kernel_category,
 )
 from ..schema import ANCHOR_COLUMNS, CATEGORIES, KINDS, LABELS, NO_EVENT, SEGMENT_COLUMNS, WORK_COLUMNS, WORK_KINDS
-from .model import GpuWork, RankModel, first_seen, sorted_codes
+from .model import GpuWork, RankModel, before_in_group, first_seen, sorted_codes
 
 __all__ = ["rank_pieces"]
 
@@ -679,7 +679,7 @@ def _work(w: _Walker, gpu_ends: Mapping[int, int], arrivals: Mapping[int, tuple[
         s, e = gs[j], np.minimum(ge[j], b[at])
         by = np.lexsort((e, s, at))
         s, e, at = s[by], e[by], at[by]
-        reach = _before_in_group(e, at)
+        reach = before_in_group(e, at)
         covered = np.bincount(at, np.maximum(0, e - np.maximum(s, np.maximum(reach, a[at]))), len(spans))
         parts.append((seq, 3, one * WORK_KINDS.index("idle"), one * w.code("GPU idle"), one * none, one,
                       b - a - covered.astype(np.int64)))
@@ -688,21 +688,6 @@ def _work(w: _Walker, gpu_ends: Mapping[int, int], arrivals: Mapping[int, tuple[
     order = np.argsort(row_seq * 4 + np.concatenate([np.full(len(p[0]), p[1]) for p in parts]), kind="stable")
     return pd.DataFrame(dict(zip(WORK_COLUMNS, (call[row_seq[order]], kind[order], name[order], cat[order],
                                                 count[order], ns[order]))))
-
-
-def _before_in_group(e: np.ndarray, group: np.ndarray) -> np.ndarray:
-    """Per row, the largest ``e`` of the rows before it in its ``group`` (int64's least for a group's first row);
-    ``group`` sorted."""
-    n = len(e)
-    if not n:
-        return e
-    rank = np.empty(n, dtype=np.int64)
-    rank[np.argsort(e, kind="stable")] = np.arange(n)
-    # a group's rows outrank every row of the groups before it, so the running maximum restarts at each group
-    top = np.maximum.accumulate(group * n + rank) - group * n
-    reach = np.concatenate([[np.iinfo(np.int64).min], np.sort(e)[top[:-1]]])
-    reach[np.flatnonzero(group[1:] != group[:-1]) + 1] = np.iinfo(np.int64).min
-    return reach
 
 
 def _starting(t: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
