@@ -86,7 +86,7 @@ def _steps(t: np.ndarray, delta: np.ndarray, group: np.ndarray, first: np.ndarra
     that value lasts (``dur``, NaN for a group's last) and where each group's rows begin."""
     order = np.lexsort((~first, t, group))
     g, tt, d = group[order], t[order], delta[order]
-    head = np.flatnonzero(np.concatenate([[True], g[1:] != g[:-1]])) if len(g) else np.zeros(0, dtype=np.int64)
+    head = np.flatnonzero(np.concatenate([[True], g[1:] != g[:-1]]))
     if d.dtype.kind == "i":  # counts: a running sum, exact, restarted at each group
         total = np.cumsum(d)
         value = total - np.repeat(total[head] - d[head], np.diff(np.append(head, len(d))))
@@ -98,9 +98,9 @@ def _steps(t: np.ndarray, delta: np.ndarray, group: np.ndarray, first: np.ndarra
     return g, tt, value, later - tt, head
 
 
-def _groups(head: np.ndarray, n: int) -> list[tuple[int, slice]]:
-    """Each group's first row and its rows (``_steps``' ``head``, over ``n`` rows)."""
-    return [(int(a), slice(int(a), int(b))) for a, b in zip(head, np.append(head[1:], n))]
+def _groups(head: np.ndarray, n: int) -> list[slice]:
+    """Each group's rows (``_steps``' ``head``, over ``n`` rows)."""
+    return [slice(int(a), int(b)) for a, b in zip(head, np.append(head[1:], n))]
 
 
 def _queue(call_start: np.ndarray, gpu_start: np.ndarray, stream: np.ndarray) -> tuple[Any, ...]:
@@ -125,12 +125,12 @@ def queue_length(call_start: np.ndarray, gpu_start: np.ndarray, stream: np.ndarr
         return pd.DataFrame(columns=QUEUE_COLUMNS)
     streams, group, _, values, durs, head = _queue(call_start, gpu_start, stream)
     rows = []
-    for at, rows_of in _groups(head, len(group)):
+    for rows_of in _groups(head, len(group)):
         value, dur = values[rows_of], durs[rows_of]
         top = int(value.max())
         timed = ~np.isnan(dur)
         span = float(dur[timed].sum())
-        rows.append({"stream": streams[group[at]], "samples": len(value), "mean": float(value.mean()), "max": top,
+        rows.append({"stream": streams[group[rows_of.start]], "samples": len(value), "mean": float(value.mean()), "max": top,
                      "time_at_max_us": float(dur[timed & (value == top)].sum()) / 1e3,
                      "time_full_us": float(dur[timed & (value >= cutoffs.max_queue_length)].sum()) / 1e3,
                      "weighted_mean": float((value[timed] * dur[timed]).sum() / span) if span else float("nan")})
@@ -167,11 +167,11 @@ def memory_bw(start: np.ndarray, end: np.ndarray, kinds: np.ndarray, gbps: np.nd
         return pd.DataFrame(columns=MEMORY_COLUMNS)
     names, group, _, values, _, head = _bandwidth(start, end, kinds, gbps)
     rows = []
-    for at, rows_of in _groups(head, len(group)):
+    for rows_of in _groups(head, len(group)):
         v = values[rows_of]
         v = v[v > 0]
         if len(v):  # a kind whose copies give no bandwidth has no row, as in HTA's summary
-            rows.append({"kind": names[group[at]], "samples": len(v), "mean_gbps": float(v.mean()),
+            rows.append({"kind": names[group[rows_of.start]], "samples": len(v), "mean_gbps": float(v.mean()),
                          "max_gbps": float(v.max())})
     return pd.DataFrame(rows, columns=MEMORY_COLUMNS)
 

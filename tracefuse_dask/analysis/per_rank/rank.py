@@ -614,11 +614,12 @@ def _kernel_tables(g: GpuWork, names: np.ndarray) -> tuple[pd.DataFrame, pd.Data
                             "pct": 100.0 * total_us[order] / total if total else 0.0,
                             "clipped_us": clipped_us[order]})
     code, cats = pd.factorize(category, sort=True)
+    cats = np.asarray(cats, dtype=object)
     cat_total = pd.Series(total_us[order]).groupby(code, sort=True).sum().to_numpy()
     cat_count = np.zeros(len(cats), dtype=np.int64)
     np.add.at(cat_count, code, count[order])
-    cat_order = np.lexsort((np.asarray(cats, dtype=object), -cat_total))
-    return kernels, pd.DataFrame({"category": np.asarray(cats, dtype=object)[cat_order],
+    cat_order = np.lexsort((cats, -cat_total))
+    return kernels, pd.DataFrame({"category": cats[cat_order],
                                   "count": cat_count[cat_order], "total_us": cat_total[cat_order],
                                   "pct": 100.0 * cat_total[cat_order] / total if total else 0.0})
 
