@@ -83,7 +83,8 @@ def _steps_before(t, delta, group, first):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(0, 30).flatmap(lambda n: st.tuples(
+# at least one change: queue_length, memory_bw and counter_series make no step function of none
+@given(st.integers(1, 30).flatmap(lambda n: st.tuples(
     columns(n, 2, st.integers(0, 3)), st.lists(st.booleans(), min_size=n, max_size=n),
     st.lists(st.one_of(st.integers(-3, 3), st.floats(-1e16, 1e16, allow_nan=False)), min_size=n, max_size=n))))
 def test_steps_give_the_values_and_durations_pandas_gave_counts_exact_and_bandwidths_compensated(drawn):
